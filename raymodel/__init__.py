@@ -1,0 +1,75 @@
+"""raymodel: write one model class; train, tune, serve and version it on Ray.
+
+Example:
+    >>> import raymodel as rm
+    >>> class DigitsNet(rm.RayTorchModel): ...
+    >>> result = DigitsNet().train(rm.TrainSettings(num_workers=2), data=rm.data.from_numpy(X, y))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raymodel import data, exceptions
+from raymodel._internal.runtime import init
+from raymodel.exceptions import (
+    CheckpointError,
+    ChecksumError,
+    DataError,
+    HookError,
+    MissingDependencyError,
+    ModelDefinitionError,
+    RayModelError,
+    SettingsError,
+    TrainingError,
+)
+from raymodel.hooks import Callback
+from raymodel.model import RayModel
+from raymodel.train import TrainResult, TrainSettings
+
+__version__ = "0.1.0"
+
+# The backends import their frameworks lazily: `rm.RayTorchModel` imports torch
+# on first access, and a missing framework names the extra to install.
+_BACKENDS = {
+    "RayTorchModel": ("raymodel.backends.torch", "torch", "torch"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BACKENDS:
+        module_name, framework, extra = _BACKENDS[name]
+        from raymodel._internal.deps import require
+
+        require(framework, extra)
+        import importlib
+
+        value = getattr(importlib.import_module(module_name), name)
+        globals()[name] = value
+        return value
+    if name in ("tune", "serve", "registry"):
+        import importlib
+
+        return importlib.import_module(f"raymodel.{name}")
+    raise AttributeError(f"module 'raymodel' has no attribute {name!r}")
+
+
+__all__ = [
+    "RayModel",
+    "RayTorchModel",
+    "Callback",
+    "TrainSettings",
+    "TrainResult",
+    "data",
+    "exceptions",
+    "init",
+    "RayModelError",
+    "SettingsError",
+    "ModelDefinitionError",
+    "DataError",
+    "MissingDependencyError",
+    "HookError",
+    "CheckpointError",
+    "ChecksumError",
+    "TrainingError",
+]

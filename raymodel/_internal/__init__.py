@@ -1,0 +1,1 @@
+"""Internals shared by the drivers and the backends. Not a public API."""

@@ -1,0 +1,93 @@
+"""Starting or joining Ray, quietly, and where raymodel keeps its files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+_QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
+
+
+def home() -> str:
+    """``RAYMODEL_HOME`` (default ``~/.raymodel``): run outputs and the registry.
+
+    A local path is made absolute; a URI (``s3://...``) is returned as is.
+    """
+    value = os.environ.get("RAYMODEL_HOME") or "~/.raymodel"
+    if "://" in value:
+        return value.rstrip("/")
+    return str(Path(value).expanduser().resolve())
+
+
+def runs_root() -> str:
+    root = home()
+    if "://" in root:
+        return root + "/runs"
+    path = Path(root) / "runs"
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def run_name(prefix: str) -> str:
+    """A unique, readable run name: ``DigitsNet-2026-11-21_12-05-10-4f3a``."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", prefix)
+    return f"{safe}-{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.urandom(2).hex()}"
+
+
+def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs: Any) -> None:
+    """Start a local Ray instance, or join a cluster, unless Ray is already running.
+
+    ``RAY_ADDRESS`` (or ``address=``) joins a cluster; with neither, a local
+    instance is started (the dashboard stays on: Train V2 needs its state API).
+    With ``verbose=False`` Ray's own log lines are hidden on the driver.
+
+    Args:
+        address: A Ray cluster address, e.g. ``"ray://head:10001"`` or ``"auto"``.
+        verbose: Show Ray's internal logs and worker output on the driver.
+        **ray_init_kwargs: Passed to ``ray.init`` (e.g. ``num_cpus=2``).
+
+    Example:
+        >>> import raymodel as rm
+        >>> rm.init(num_cpus=2)
+    """
+    import ray
+
+    quiet(verbose)
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {
+        "log_to_driver": verbose,
+        "logging_level": logging.INFO if verbose else logging.ERROR,
+        "configure_logging": True,
+    }
+    if address is not None:
+        kwargs["address"] = address
+    kwargs.update(ray_init_kwargs)
+    ray.init(**kwargs)
+    quiet(verbose)
+
+
+def quiet(verbose: bool) -> None:
+    """Hide (or show again) Ray's driver-side logging and progress reporters."""
+    level = logging.INFO if verbose else logging.ERROR
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    if not verbose:
+        # Tune's console reporter and Ray's deprecation chatter.
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+        warnings.filterwarnings("ignore", module=r"ray(\.|$)")
+
+
+def ensure_ray(verbose: bool = False) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        init(verbose=verbose)
+    else:
+        quiet(verbose)

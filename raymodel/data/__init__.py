@@ -1,0 +1,85 @@
+"""Data for ``train`` and ``tune``: build it once, hand it to any verb.
+
+Example:
+    >>> from sklearn.datasets import load_digits
+    >>> X, y = load_digits(return_X_y=True)
+    >>> data = rm.data.from_numpy(X / 16.0, y, valid_fraction=0.2)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from raymodel.data._splits import (
+    Arrays,
+    Batches,
+    DataSpec,
+    RayDataset,
+    TorchDataset,
+    make_arrays,
+    resolve,
+)
+from raymodel.data._loading import prefetch, aprefetch, shard_indices
+from raymodel.exceptions import DataError
+
+__all__ = ["from_numpy", "from_pandas", "DataSpec", "Arrays", "TorchDataset", "Batches", "RayDataset",
+           "resolve", "prefetch", "aprefetch", "shard_indices"]
+
+
+def from_numpy(X: Any, y: Any = None, valid_fraction: float = 0.2, seed: int = 0) -> DataSpec:
+    """Split arrays into train and validation sets (a seeded shuffle).
+
+    Args:
+        X: Features, first dimension = rows.
+        y: Labels with one entry per row, or ``None`` for unsupervised data
+            (batches are then ``(x,)``).
+        valid_fraction: Share of rows held out for validation, in ``[0, 1)``;
+            ``0`` means no validation split.
+        seed: Seed of the shuffle that picks the validation rows.
+
+    Returns:
+        A :class:`DataSpec` with ``train`` (and ``valid``) splits.
+    """
+    if not isinstance(valid_fraction, (int, float)) or isinstance(valid_fraction, bool) or not 0 <= valid_fraction < 1:
+        raise DataError(f"`valid_fraction` must be a number in [0, 1) (got {valid_fraction!r}).")
+    arrays = make_arrays(X, y, "`from_numpy`")
+    n = len(arrays)
+    n_valid = int(round(n * valid_fraction))
+    if valid_fraction > 0 and (n_valid == 0 or n_valid == n):
+        raise DataError(f"`valid_fraction={valid_fraction}` of {n} rows leaves an empty split; use more rows "
+                        "or `valid_fraction=0`.")
+    order = np.random.default_rng(seed).permutation(n)
+    valid_idx, train_idx = np.sort(order[:n_valid]), np.sort(order[n_valid:])
+    splits = {"train": _take(arrays, train_idx)}
+    if n_valid:
+        splits["valid"] = _take(arrays, valid_idx)
+    return DataSpec(splits)
+
+
+def from_pandas(df: Any, label: str | None = None, valid_fraction: float = 0.2, seed: int = 0,
+                features: Sequence[str] | None = None) -> DataSpec:
+    """Like :func:`from_numpy`, from a DataFrame: ``label`` is the target column.
+
+    Args:
+        df: A pandas DataFrame with numeric columns.
+        label: Name of the label column, or ``None`` for unsupervised data.
+        features: Columns to use as features (default: every other column).
+    """
+    if not hasattr(df, "columns"):
+        raise DataError(f"`from_pandas` needs a pandas DataFrame (got {type(df).__name__}).")
+    columns = list(df.columns)
+    if label is not None and label not in columns:
+        raise DataError(f"`label={label!r}` is not a column of the DataFrame; columns are {columns}.")
+    feature_cols = list(features) if features is not None else [c for c in columns if c != label]
+    missing = [c for c in feature_cols if c not in columns]
+    if missing:
+        raise DataError(f"`features` names columns the DataFrame lacks: {missing}; columns are {columns}.")
+    X = df[feature_cols].to_numpy(dtype=np.float32)
+    y = None if label is None else df[label].to_numpy()
+    return from_numpy(X, y, valid_fraction=valid_fraction, seed=seed)
+
+
+def _take(arrays: Arrays, idx: np.ndarray) -> Arrays:
+    return Arrays(arrays.x[idx], None if arrays.y is None else arrays.y[idx])

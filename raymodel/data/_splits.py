@@ -1,0 +1,211 @@
+"""The forms a data split can take, and turning user data into them.
+
+``resolve(data)`` runs on the driver and checks everything it can before Ray
+is touched; the resulting :class:`DataSpec` is shipped to the workers, where
+``DataSpec.materialize(config)`` gives each backend a dict of splits.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from raymodel._internal import serialization
+from raymodel.exceptions import DataError
+
+SPLIT_NAMES = ("train", "valid")
+_ALIASES = {"validation": "valid", "val": "valid", "eval": "valid", "training": "train"}
+
+
+@dataclasses.dataclass
+class Arrays:
+    """In-memory features ``x`` and optional labels ``y`` (numpy, same number of rows)."""
+
+    x: Any
+    y: Any = None
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def fetch(self) -> "Arrays":
+        """Resolve object-store references (on a worker)."""
+        import ray
+
+        x = ray.get(self.x) if _is_ref(self.x) else self.x
+        y = ray.get(self.y) if _is_ref(self.y) else self.y
+        return Arrays(x, y)
+
+
+@dataclasses.dataclass
+class TorchDataset:
+    """A map-style ``torch.utils.data.Dataset`` (``__getitem__`` and ``__len__``)."""
+
+    dataset: Any
+
+
+@dataclasses.dataclass
+class Batches:
+    """A re-iterable (sync or async) of ready batches; each epoch iterates it again."""
+
+    iterable: Any
+    is_async: bool = False
+
+
+@dataclasses.dataclass
+class RayDataset:
+    """A ``ray.data`` Dataset, handed to the trainer and read with ``get_dataset_shard``."""
+
+    key: str
+    dataset: Any = None  # kept on the driver only
+
+
+@dataclasses.dataclass
+class DataSpec:
+    """What a verb was given as data, checked and ready to ship to the workers."""
+
+    splits: dict[str, Any] = dataclasses.field(default_factory=dict)
+    module: Any = None  # an object with setup(config) -> splits, run on each worker
+    module_blob: bytes | None = None  # the module, cloudpickled by value for the workers
+
+    @property
+    def ray_datasets(self) -> dict[str, Any]:
+        return {s.key: s.dataset for s in self.splits.values() if isinstance(s, RayDataset)}
+
+    def kinds(self) -> set[type]:
+        return {type(s) for s in self.splits.values()}
+
+    def for_workers(self) -> "DataSpec":
+        """A copy with arrays in Ray's object store and ``ray.data`` Datasets left out."""
+        import ray
+
+        splits = {}
+        for name, split in self.splits.items():
+            if isinstance(split, Arrays):
+                split = Arrays(ray.put(split.x), None if split.y is None else ray.put(split.y))
+            elif isinstance(split, RayDataset):
+                split = RayDataset(split.key)
+            splits[name] = split
+        blob = None if self.module is None else serialization.dumps(self.module, self.module)
+        return DataSpec(splits, None, blob)
+
+    def materialize(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """On a worker: the splits, with arrays fetched and a data module set up."""
+        module = self.module if self.module_blob is None else serialization.loads(self.module_blob)
+        if module is not None:
+            returned = module.setup(dict(config))
+            return dict(_splits_from_mapping(returned, where=f"`{type(module).__name__}.setup(config)`").splits)
+        return {name: split.fetch() if isinstance(split, Arrays) else split for name, split in self.splits.items()}
+
+
+def resolve(data: Any) -> DataSpec:
+    """Check ``data`` and turn it into a :class:`DataSpec`, or raise :class:`DataError`."""
+    if data is None:
+        raise DataError(
+            "No data given: pass `data=`, e.g. `data=rm.data.from_numpy(X, y)` or "
+            "`data={'train': (X, y), 'valid': (X_val, y_val)}`."
+        )
+    if isinstance(data, DataSpec):
+        return data
+    if isinstance(data, Mapping):
+        return _splits_from_mapping(data, where="`data`")
+    if callable(getattr(data, "setup", None)) and not _is_ray_dataset(data):
+        return DataSpec(module=data)
+    return DataSpec({"train": to_split(data, "train", where="`data`")})
+
+
+def _splits_from_mapping(data: Any, where: str) -> DataSpec:
+    if isinstance(data, DataSpec):
+        return data
+    if not isinstance(data, Mapping):
+        raise DataError(f"{where} must return a dict like {{'train': ..., 'valid': ...}} (got {type(data).__name__}).")
+    splits = {}
+    for key, value in data.items():
+        name = _ALIASES.get(key, key)
+        if name not in SPLIT_NAMES:
+            raise DataError(f"{where} has an unknown split `{key}`; the splits are `train` and `valid`.")
+        if value is not None:
+            splits[name] = to_split(value, name, where=f"{where}[{key!r}]")
+    if "train" not in splits:
+        raise DataError(f"{where} has no `train` split (got keys {sorted(map(str, data))}).")
+    return DataSpec(splits)
+
+
+def to_split(value: Any, name: str, where: str) -> Any:
+    """One split from a tuple of arrays, an array, a DataFrame, a Dataset, or an iterable."""
+    if isinstance(value, (Arrays, TorchDataset, Batches, RayDataset)):
+        return value
+    if isinstance(value, tuple):
+        if len(value) not in (1, 2):
+            raise DataError(f"{where} must be `(X, y)` or `(X,)` (got a tuple of {len(value)}).")
+        return make_arrays(value[0], value[1] if len(value) == 2 else None, where)
+    if isinstance(value, np.ndarray) or _is_dataframe(value):
+        return make_arrays(value, None, where)
+    if _is_ray_dataset(value):
+        return RayDataset(name, value)
+    if hasattr(value, "__getitem__") and hasattr(value, "__len__") and _is_torch_dataset(value):
+        if len(value) == 0:
+            raise DataError(f"{where} is an empty Dataset.")
+        return TorchDataset(value)
+    if hasattr(value, "__aiter__"):
+        return Batches(value, is_async=True)
+    if isinstance(value, cabc.Iterable) and not isinstance(value, (str, bytes)):
+        if isinstance(value, cabc.Iterator):
+            raise DataError(
+                f"{where} is a one-shot iterator (e.g. a generator), which cannot be re-read each epoch. "
+                "Pass a re-iterable: a list of batches, a `DataLoader`, or an object whose `__iter__` "
+                "starts over."
+            )
+        return Batches(value)
+    raise DataError(
+        f"{where} has an unsupported type `{type(value).__name__}`. Use `(X, y)` numpy arrays, "
+        "a pandas DataFrame via `rm.data.from_pandas`, a torch `Dataset`, a `ray.data` Dataset, "
+        "or an iterable of batches."
+    )
+
+
+def make_arrays(x: Any, y: Any, where: str) -> Arrays:
+    x = _as_array(x, f"{where} X")
+    if x.ndim == 0 or x.shape[0] == 0:
+        raise DataError(f"{where}: X must have at least one row (got shape {x.shape}).")
+    if y is not None:
+        y = _as_array(y, f"{where} y")
+        if y.ndim == 0 or y.shape[0] != x.shape[0]:
+            raise DataError(
+                f"{where}: X and y must have the same number of rows "
+                f"(got X with shape {x.shape} and y with shape {y.shape})."
+            )
+    return Arrays(x, y)
+
+
+def _as_array(value: Any, what: str) -> np.ndarray:
+    if _is_dataframe(value) or hasattr(value, "to_numpy"):
+        value = value.to_numpy()
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    try:
+        array = np.asarray(value)
+    except Exception as exc:  # ragged lists and the like
+        raise DataError(f"{what} cannot be turned into an array: {exc}") from exc
+    if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+        raise DataError(f"{what} must be numeric (got dtype {array.dtype}). Encode categories as numbers first.")
+    return array
+
+
+def _is_ref(value: Any) -> bool:
+    return type(value).__name__ == "ObjectRef"
+
+
+def _is_dataframe(value: Any) -> bool:
+    return type(value).__name__ == "DataFrame" and hasattr(value, "columns")
+
+
+def _is_ray_dataset(value: Any) -> bool:
+    cls = type(value)
+    return cls.__module__.startswith("ray.data") and cls.__name__ in ("Dataset", "MaterializedDataset")
+
+
+def _is_torch_dataset(value: Any) -> bool:
+    return any(c.__module__.startswith("torch.utils.data") and c.__name__ == "Dataset" for c in type(value).__mro__)

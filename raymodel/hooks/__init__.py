@@ -1,0 +1,25 @@
+"""When things happen: the hook list, the :class:`Callback` base, and the dispatcher."""
+
+from raymodel.hooks._hooks import (
+    CALLBACK_HOOK_NAMES,
+    HOOK_NAMES,
+    Callback,
+    ModelHooks,
+    TrainingHooks,
+    default,
+    is_default,
+)
+from raymodel.hooks._runner import HookRunner, call_sync, maybe_await
+
+__all__ = [
+    "HOOK_NAMES",
+    "CALLBACK_HOOK_NAMES",
+    "Callback",
+    "ModelHooks",
+    "TrainingHooks",
+    "HookRunner",
+    "default",
+    "is_default",
+    "maybe_await",
+    "call_sync",
+]

@@ -1,0 +1,167 @@
+"""The hooks: one list, one order, declared once as documented no-ops.
+
+A model overrides any of them; a :class:`Callback` passed in
+``TrainSettings(callbacks=[...])`` receives the same training calls (its
+``self.model`` is the model instance it observes). Any hook may be
+``async def``.
+
+Order of a training run on each train worker (epochs count from 1)::
+
+    before_setup, after_setup,              # around the user's setup(config)
+    [on_load_checkpoint(state)]             # when resuming after a worker failure
+    before_fit,
+    for each epoch:
+        before_epoch(epoch),
+        for each batch:  before_batch(batch, i) -> batch,  after_batch(i, outputs)
+        before_validation, after_validation(metrics)        # when there is a validation split
+        after_epoch(epoch, metrics),
+        [on_save_checkpoint(state)]         # every `checkpoint_every` epochs and after the last
+    after_fit(result)
+
+On the driver, after ``train()`` / ``tune()`` returns and wherever a
+checkpoint is loaded (``from_checkpoint``, the registry, a serve replica):
+``before_setup, after_setup, on_load_checkpoint(state)``. A serve replica and
+``predict`` call ``preprocess(payload)`` and ``postprocess(output)`` around
+``forward``.
+
+Backends call what makes sense for them and say which in their docstring
+(boosted trees have boosting rounds for epochs and no batches).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Every hook, in the order a training run calls them.
+HOOK_NAMES: tuple[str, ...] = (
+    "before_setup",
+    "after_setup",
+    "before_fit",
+    "before_epoch",
+    "before_batch",
+    "after_batch",
+    "before_validation",
+    "after_validation",
+    "after_epoch",
+    "on_save_checkpoint",
+    "on_load_checkpoint",
+    "after_fit",
+    "preprocess",
+    "postprocess",
+)
+
+#: Hooks a ``Callback`` receives (preprocess/postprocess transform data and stay the model's).
+CALLBACK_HOOK_NAMES: tuple[str, ...] = HOOK_NAMES[:-2]
+
+
+def default(fn: F) -> F:
+    """Mark a hook implementation as the no-op default, so dispatch can skip it."""
+    fn._raymodel_default = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_default(obj: Any, name: str) -> bool:
+    """True when ``obj.name`` is still the no-op default (the user did not override it)."""
+    fn = getattr(type(obj), name, None)
+    return fn is None or getattr(fn, "_raymodel_default", False)
+
+
+class TrainingHooks:
+    """The training hooks shared by models and callbacks. All are no-ops by default."""
+
+    @default
+    def before_setup(self) -> None:
+        """Called before the model's ``setup(config)``, wherever the model is built:
+        a train worker, a serve replica, or the driver when weights are loaded."""
+
+    @default
+    def after_setup(self) -> None:
+        """Called right after ``setup(config)`` returned, in the same process."""
+
+    @default
+    def before_fit(self) -> None:
+        """Called on every train worker once the model, optimizers and data are ready,
+        before the first epoch."""
+
+    @default
+    def before_epoch(self, epoch: int) -> None:
+        """Called on every train worker at the start of epoch ``epoch`` (1-based)."""
+
+    @default
+    def before_batch(self, batch: Any, batch_idx: int) -> Any:
+        """Called on every train worker before ``train_step``. Return the batch to use
+        (``None`` keeps it unchanged): a place to augment or move data."""
+        return batch
+
+    @default
+    def after_batch(self, batch_idx: int, outputs: Any) -> None:
+        """Called on every train worker after the optimizer step, with what
+        ``train_step`` returned."""
+
+    @default
+    def before_validation(self) -> None:
+        """Called on every train worker before the validation pass of an epoch
+        (only when there is a validation split)."""
+
+    @default
+    def after_validation(self, metrics: dict[str, float]) -> None:
+        """Called on every train worker with the validation metrics, already
+        averaged over the whole validation split across workers."""
+
+    @default
+    def after_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        """Called on every train worker at the end of epoch ``epoch`` with the epoch's
+        metrics (``loss`` averaged over all workers, plus validation metrics)."""
+
+    @default
+    def on_save_checkpoint(self, state: dict[str, Any]) -> None:
+        """Called on train worker rank 0 before a checkpoint is written; ``state`` is the
+        dict the backend is about to save. Add entries to it to save them too."""
+
+    @default
+    def on_load_checkpoint(self, state: dict[str, Any]) -> None:
+        """Called after the backend restored its state from a checkpoint (driver,
+        train worker on restart, serve replica); ``state`` holds what was saved."""
+
+    @default
+    def after_fit(self, result: dict[str, Any]) -> None:
+        """Called on every train worker after the last epoch, with
+        ``{"metrics": last epoch's metrics, "history": [...]}``."""
+
+
+class ModelHooks(TrainingHooks):
+    """Every hook of a model: the training hooks plus the serving transforms."""
+
+    def preprocess(self, payload: Any) -> Any:
+        """Turn a request payload (decoded JSON) into one model input.
+
+        Runs in ``predict`` and on every serve replica, once per request. Raise
+        ``ValueError``, ``TypeError`` or ``KeyError`` for a payload you reject: the
+        server answers 422 with your message. The default lives in each backend.
+        """
+        return payload
+
+    def postprocess(self, output: Any) -> Any:
+        """Turn the model output for one request into a JSON-serializable answer.
+
+        Runs in ``predict`` and on every serve replica, once per request.
+        """
+        return output
+
+
+class Callback(TrainingHooks):
+    """Receives the training hooks of a run; pass instances in ``TrainSettings(callbacks=...)``.
+
+    A callback is pickled and runs on every train worker; ``self.model`` is the
+    model instance of that worker. Override any ``before_*`` / ``after_*`` /
+    ``on_*_checkpoint`` method; ``async def`` works too.
+
+    Example:
+        >>> class PrintLoss(rm.Callback):
+        ...     def after_epoch(self, epoch, metrics):
+        ...         print(epoch, metrics["loss"])
+    """
+
+    model: Any = None

@@ -1,0 +1,243 @@
+"""``RayModel``: the one class a user subclasses, and its four verbs."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
+
+from raymodel._internal import checkpoint as ckpt
+from raymodel.exceptions import CheckpointError, ModelDefinitionError
+from raymodel.hooks import ModelHooks, call_sync, is_default
+
+if TYPE_CHECKING:
+    from raymodel.backends.base import Backend
+    from raymodel.serve import ServedModel, ServeSettings
+    from raymodel.train import TrainResult, TrainSettings
+    from raymodel.tune import TuneResult, TuneSettings
+
+M = TypeVar("M", bound="RayModel")
+
+
+class RayModel(ModelHooks):
+    """Base of every raymodel model. Subclass a backend's class, not this one.
+
+    A subclass says *what* the model is (``setup``, ``forward``, the steps, the
+    hooks); the verbs ``train``, ``tune``, ``serve`` (and ``raymodel.registry``)
+    say *where and how much*. Construction is cheap: ``setup(config)`` runs
+    lazily, in the process where the model is used.
+
+    Args:
+        config: Merged over the class's ``default_config`` (unknown keys are
+            kept); the result is ``self.config``.
+    """
+
+    #: Defaults for ``self.config``; ``Model(config=...)`` is merged over it.
+    default_config: ClassVar[Mapping[str, Any]] = {}
+    #: The framework seam; set by each backend's model base class.
+    backend: ClassVar["Backend"]
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        if config is not None and not isinstance(config, Mapping):
+            raise TypeError(f"`config` must be a dict (got {config!r} that is a {type(config).__name__}).")
+        self.config: dict[str, Any] = {**copy.deepcopy(dict(self.default_config)), **dict(config or {})}
+        self._is_setup = False
+        #: Where the current weights came from (a checkpoint path or registry ref), if anywhere.
+        self.source: dict[str, Any] = {}
+
+    # ------------------------------------------------------ user-defined parts
+    def setup(self, config: dict[str, Any]) -> Any:
+        """Build the native model(s) from ``config``. Runs wherever the model lives."""
+        raise ModelDefinitionError(f"`{type(self).__name__}` must define `setup(self, config)`.")
+
+    def forward(self, x: Any) -> Any:
+        """Run the model on a batch ``x``. Each backend has a default."""
+        return self.backend.forward(self, x)
+
+    def preprocess(self, payload: Any) -> Any:  # noqa: D102 - documented in ModelHooks
+        return self.backend.preprocess(self, payload)
+
+    def postprocess(self, output: Any) -> Any:  # noqa: D102 - documented in ModelHooks
+        return self.backend.postprocess(self, output)
+
+    def hyperparameter_space(self) -> dict[str, Any]:
+        """The default search space of :meth:`tune`: ``{config key: rm.tune.<sampler>}``."""
+        return {}
+
+    def __call__(self, x: Any) -> Any:
+        return self.forward(x)
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def is_setup(self) -> bool:
+        """True once ``setup(config)`` has run in this process."""
+        return self._is_setup
+
+    def ensure_setup(self) -> None:
+        """Run ``before_setup``, ``setup(config)``, ``after_setup`` once, if not done yet."""
+        if self._is_setup:
+            return
+        if not is_default(self, "before_setup"):
+            call_sync(self.before_setup)
+        returned = call_sync(self.setup, self.config)
+        self.backend.after_user_setup(self, returned)
+        self._is_setup = True
+        if not is_default(self, "after_setup"):
+            call_sync(self.after_setup)
+
+    def predict(self, payload: Any) -> Any:
+        """``postprocess(forward(preprocess(payload)))`` locally, in inference mode.
+
+        Example:
+            >>> model.predict({"pixels": X[:2].tolist()})
+            {'digit': [0, 1]}
+        """
+        self.ensure_setup()
+        x = self.preprocess(payload)
+        with self.backend.inference(self):
+            out = self.forward(x)
+        return self.postprocess(out)
+
+    # ---------------------------------------------------------------- verbs
+    def train(self, settings: "TrainSettings | Mapping[str, Any] | None" = None, *, data: Any = None) -> "TrainResult":
+        """Train on Ray Train workers; afterwards this instance holds the trained weights.
+
+        Args:
+            settings: A :class:`~raymodel.TrainSettings` or a dict of its fields.
+            data: ``rm.data.from_numpy(...)``, ``rm.data.from_pandas(...)``, a dict
+                ``{"train": ..., "valid": ...}``, a torch ``Dataset``, a
+                ``ray.data`` Dataset, or an object with ``setup(config)``
+                returning such a dict.
+
+        Returns:
+            A :class:`~raymodel.TrainResult` (metrics, history, checkpoints, path).
+
+        Raises:
+            SettingsError: a bad setting, before any Ray resource is taken.
+            DataError: missing data or data of the wrong shape, likewise.
+            TrainingError: the run failed on the workers.
+
+        Example:
+            >>> result = model.train(rm.TrainSettings(num_workers=2, num_epochs=5), data=data)
+            >>> result.metrics["val_acc"]
+            0.97
+        """
+        from raymodel.train import run_training
+
+        return run_training(self, settings, data)
+
+    def tune(self, space: Mapping[str, Any] | None = None, *, settings: "TuneSettings | Mapping[str, Any] | None" = None,
+             data: Any = None, resume: bool = False) -> "TuneResult":
+        """Search hyperparameters with Ray Tune (ASHA by default); each trial is a ``train()`` run.
+
+        Afterwards this instance holds the best trial's config and weights.
+
+        Args:
+            space: ``{config key: rm.tune.<sampler>}`` merged over ``self.config``;
+                ``None`` uses :meth:`hyperparameter_space`.
+            settings: A :class:`~raymodel.TuneSettings` or a dict of its fields.
+            data: As for :meth:`train`.
+            resume: Continue an interrupted experiment of the same ``settings.name``.
+
+        Example:
+            >>> tuned = model.tune(settings=rm.TuneSettings(num_samples=8, metric="val_loss"), data=data)
+            >>> tuned.best_config
+        """
+        from raymodel.tune import run_tuning
+
+        return run_tuning(self, space, settings, data, resume=resume)
+
+    def serve(self, route: str = "/", *, settings: "ServeSettings | Mapping[str, Any] | None" = None) -> "ServedModel":
+        """Serve this instance's current weights over HTTP with Ray Serve.
+
+        Example:
+            >>> app = model.serve("/digits")
+            >>> requests.post(app.url, json={"pixels": X[:1].tolist()}).json()
+        """
+        from raymodel.serve import serve_model
+
+        return serve_model(self, route, settings)
+
+    # ---------------------------------------------------------- checkpoints
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write this model (class, config, weights) as a checkpoint directory at ``path``.
+
+        The directory appears whole or not at all: it is written beside the
+        target and renamed into place.
+        """
+        self.ensure_setup()
+        target = Path(path).resolve()
+        if target.exists() and any(target.iterdir()):
+            raise CheckpointError(f"`{target}` already exists and is not empty; choose a new path.")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".raymodel-save-", dir=target.parent))
+        state = self.backend.get_state(self)
+        if not is_default(self, "on_save_checkpoint"):
+            call_sync(self.on_save_checkpoint, state)
+        ckpt.write(self, tmp, state)
+        if target.exists():
+            target.rmdir()
+        os.replace(tmp, target)
+        return str(target)
+
+    @classmethod
+    def from_checkpoint(cls: type[M], path: str | os.PathLike[str]) -> M:
+        """Load a model (class, config, weights) from a checkpoint, in any process.
+
+        The class travels inside the checkpoint, so a class defined in a script
+        or notebook loads elsewhere. Every file's sha256 is checked before
+        anything is unpickled.
+
+        Raises:
+            CheckpointError: not a checkpoint; ChecksumError: a file was changed.
+        """
+        with ckpt.local_copy(path) as directory:
+            manifest = ckpt.verify(directory)
+            _warn_on_version_mismatch(manifest)
+            klass, config = ckpt.load_class(directory, manifest)
+            if not (isinstance(klass, type) and issubclass(klass, cls)):
+                raise CheckpointError(
+                    f"The checkpoint at `{path}` holds a `{getattr(klass, '__name__', klass)}`, which is "
+                    f"not a `{cls.__name__}`. Load it with `raymodel.RayModel.from_checkpoint`."
+                )
+            model = klass(config=config)
+            model.load_weights(directory, _verified=manifest)
+        model.source = {"checkpoint": os.fspath(path)}
+        return model
+
+    def load_weights(self, path: str | os.PathLike[str], *, _verified: dict[str, Any] | None = None) -> None:
+        """Replace this instance's weights with a checkpoint's (same class and config shape)."""
+        with ckpt.local_copy(path) as directory:
+            manifest = _verified or ckpt.verify(directory)
+            if manifest.get("backend") != self.backend.name:
+                raise CheckpointError(
+                    f"The checkpoint at `{path}` was written by the `{manifest.get('backend')}` backend; "
+                    f"`{type(self).__name__}` uses `{self.backend.name}`."
+                )
+            self.ensure_setup()
+            state = self.backend.read_state(self, Path(directory) / ckpt.STATE_DIR)
+            self.backend.set_state(self, state)
+            if not is_default(self, "on_load_checkpoint"):
+                call_sync(self.on_load_checkpoint, state)
+        self.source = {"checkpoint": os.fspath(path)}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(config={self.config!r})"
+
+
+def _warn_on_version_mismatch(manifest: dict[str, Any]) -> None:
+    saved = manifest.get("versions", {})
+    current = ckpt.library_versions()
+    diffs = [f"{name} {saved[name]} (now {current[name]})" for name in ("python", "ray", "cloudpickle", "torch",
+                                                                          "tensorflow", "xgboost", "lightgbm")
+             if name in saved and name in current and saved[name] != current[name]]
+    if diffs:
+        warnings.warn(
+            "This checkpoint was written with other library versions: " + ", ".join(diffs)
+            + ". Loading usually works, but pickled code may behave differently.",
+            RuntimeWarning,
+            stacklevel=3,
+        )

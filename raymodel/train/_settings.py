@@ -1,0 +1,101 @@
+"""``TrainSettings``: how much, and how, to train."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from raymodel._internal.settings import (
+    check_choice,
+    check_int,
+    check_type,
+    collect,
+    settings_class,
+)
+
+
+@settings_class
+class TrainSettings:
+    """How to run ``model.train()``. Keyword-only; a plain dict is accepted too.
+
+    Args:
+        num_workers: Ray Train workers (one model replica each, DDP for torch).
+        num_epochs: Epochs (boosting rounds for tree backends). Counted from 1.
+        batch_size: Rows per batch *on each worker*.
+        use_gpu: One GPU per worker; torch then uses NCCL instead of gloo.
+        resources_per_worker: Ray resources of each worker, e.g. ``{"CPU": 2}``.
+        max_failures: Worker failures to recover from, from the latest checkpoint
+            (Ray's ``FailureConfig``); ``-1`` retries forever.
+        checkpoint_every: Write a checkpoint every this many epochs (the last
+            epoch is always checkpointed).
+        keep_checkpoints: How many checkpoints to keep (``None`` keeps all). With
+            ``metric`` set, the best ones are kept.
+        metric: Metric that ranks checkpoints for ``TrainResult.best_checkpoint``
+            (e.g. ``"val_loss"``).
+        mode: ``"min"`` or ``"max"``: whether a lower or higher ``metric`` is better.
+        shuffle: Reshuffle the training rows every epoch.
+        seed: Seed for the shuffle and ``torch.manual_seed`` on every worker.
+        callbacks: :class:`raymodel.Callback` objects that receive every hook.
+        name: Run name (a folder under ``storage_path``); default: class name + time.
+        storage_path: Where runs are written; default ``$RAYMODEL_HOME/runs``.
+            Any ``pyarrow.fs`` URI works (``s3://bucket/runs``).
+        verbose: Show Ray's own logs. Progress lines are printed either way
+            unless ``progress=False``.
+        progress: Print one line per epoch on the driver.
+    """
+
+    num_workers: int = 1
+    num_epochs: int = 1
+    batch_size: int = 32
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    max_failures: int = 0
+    checkpoint_every: int = 1
+    keep_checkpoints: int | None = None
+    metric: str | None = None
+    mode: str = "min"
+    shuffle: bool = True
+    seed: int = 0
+    callbacks: Sequence[Any] = ()
+    name: str | None = None
+    storage_path: str | None = None
+    verbose: bool = False
+    progress: bool = True
+
+    def _validate(self) -> list[str]:
+        from raymodel.hooks import Callback
+
+        problems = collect(
+            check_int("num_workers", self.num_workers, minimum=1),
+            check_int("num_epochs", self.num_epochs, minimum=1),
+            check_int("batch_size", self.batch_size, minimum=1),
+            check_type("use_gpu", self.use_gpu, (bool,), "True or False"),
+            check_int("max_failures", self.max_failures, minimum=-1),
+            check_int("checkpoint_every", self.checkpoint_every, minimum=1),
+            check_int("keep_checkpoints", self.keep_checkpoints, minimum=1, allow_none=True),
+            check_type("metric", self.metric, (str,), "a metric name such as 'val_loss'", allow_none=True),
+            check_choice("mode", self.mode, ("min", "max")),
+            check_type("shuffle", self.shuffle, (bool,), "True or False"),
+            check_int("seed", self.seed),
+            check_type("name", self.name, (str,), "a string", allow_none=True),
+            check_type("storage_path", self.storage_path, (str,), "a path or URI string", allow_none=True),
+            check_type("verbose", self.verbose, (bool,), "True or False"),
+            check_type("progress", self.progress, (bool,), "True or False"),
+        )
+        rpw = self.resources_per_worker
+        if rpw is not None and (not isinstance(rpw, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                for k, v in rpw.items())):
+            problems.append(f"`resources_per_worker` must be a dict like {{'CPU': 1}} of non-negative numbers "
+                            f"(got {rpw!r}).")
+        if isinstance(self.callbacks, (str, bytes)) or not isinstance(self.callbacks, (list, tuple)):
+            problems.append(f"`callbacks` must be a list of `raymodel.Callback` (got {self.callbacks!r}).")
+        else:
+            bad = [cb for cb in self.callbacks if not isinstance(cb, Callback)]
+            if bad:
+                problems.append(f"`callbacks` must hold `raymodel.Callback` instances (got {bad[0]!r}).")
+        return problems
+
+    def to_dict(self) -> dict[str, Any]:
+        from raymodel._internal.settings import as_plain_dict
+
+        return as_plain_dict(self)
