@@ -60,6 +60,11 @@ def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs
     quiet(verbose)
     if ray.is_initialized():
         return
+    # Train V2's controller collects each `ray.train.report` when it polls the
+    # workers (every 2 s by default), and a worker's next report waits for
+    # that: 2 s per epoch. A local instance started here polls every 0.2 s;
+    # set the variable yourself to choose another interval.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     kwargs: dict[str, Any] = {
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,

@@ -37,15 +37,12 @@ def settings_class(cls: type[S]) -> type[S]:
         if unknown:
             raise SettingsError(_unknown_keys_message(cls.__name__, unknown, names))
         dataclass_init(self, **kwargs)
-
-    def __post_init__(self) -> None:
         problems = self._validate() if hasattr(self, "_validate") else []
         if problems:
             bullet = "\n  - "
             raise SettingsError(f"Invalid `{cls.__name__}`:{bullet}{bullet.join(problems)}")
 
     cls.__init__ = __init__  # type: ignore[method-assign]
-    cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
     cls.coerce = classmethod(_coerce)  # type: ignore[attr-defined]
     return cls
 

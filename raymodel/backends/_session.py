@@ -106,17 +106,29 @@ class WorkerRun:
         if self.rank == 0:
             state = self.backend.get_state(self.model)
             await self.hooks.call("on_save_checkpoint", state)
-            tmp = tempfile.mkdtemp(prefix="raymodel-ckpt-")
+            tmp = self._checkpoint_dir(epoch)
             ckpt.write(self.model, tmp, state, extra={
                 "epoch": epoch, "metrics": row, "history": self.history, "run": self.info,
             })
             checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            if self.settings.num_workers == 0:
+                tmp = None  # local mode keeps the checkpoint where it was written
         try:
             ray.train.report(row, checkpoint=checkpoint)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
         return row
+
+    def _checkpoint_dir(self, epoch: int) -> str:
+        """A temporary folder that Ray Train uploads from; in local mode (no workers,
+        no upload) the run's own folder."""
+        run_dir = self.info.get("path", "")
+        if self.settings.num_workers == 0 and run_dir and "://" not in run_dir:
+            path = Path(run_dir) / f"checkpoint_epoch_{epoch:06d}"
+            path.mkdir(parents=True, exist_ok=True)
+            return str(path)
+        return tempfile.mkdtemp(prefix="raymodel-ckpt-")
 
     async def finish(self) -> dict[str, Any]:
         result = {"metrics": self.history[-1] if self.history else {}, "history": self.history}

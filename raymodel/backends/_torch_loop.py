@@ -269,10 +269,9 @@ def _accumulate(sums: dict[str, torch.Tensor], outputs: Any, loss: torch.Tensor)
 
 
 def _tensor(a: np.ndarray, label: bool = False) -> torch.Tensor:
-    a = np.ascontiguousarray(a)
-    if np.issubdtype(a.dtype, np.floating) or a.dtype == bool:
-        return torch.from_numpy(a.astype(np.float32, copy=False))
-    return torch.from_numpy(a.astype(np.int64, copy=False))
+    # A copy: arrays from the object store are read-only, and torch wants writable memory.
+    dtype = np.float32 if np.issubdtype(a.dtype, np.floating) or a.dtype == bool else np.int64
+    return torch.from_numpy(np.array(a, dtype=dtype, order="C", copy=True))
 
 
 def _array_batches(x: torch.Tensor, y: torch.Tensor | None, idx: torch.Tensor, batch_size: int) -> Iterable[Any]:

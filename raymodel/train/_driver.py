@@ -48,7 +48,7 @@ def run_training(model: "RayModel", settings: TrainSettings | Mapping[str, Any] 
     payload = {
         "model": serialization.dumps((type(model), model.config), type(model)),
         "settings": settings,
-        "info": {"name": name, **(info or {})},
+        "info": {"name": name, "path": _join(storage, name), **(info or {})},
         "initial_state": _initial_state(model),
     }
     blob = serialization.dumps(payload, type(model), *settings.callbacks)
@@ -135,6 +135,10 @@ def _best_checkpoint(result: Any, metric: str, mode: str, history: list[dict[str
         return None
     pick = min if mode == "min" else max
     return pick(scored, key=lambda cm: cm[1][metric])[0].path
+
+
+def _join(storage: str, name: str) -> str:
+    return f"{storage.rstrip('/')}/{name}"
 
 
 def _initial_state(model: "RayModel") -> dict[str, bytes] | None:

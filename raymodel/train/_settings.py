@@ -19,6 +19,7 @@ class TrainSettings:
 
     Args:
         num_workers: Ray Train workers (one model replica each, DDP for torch).
+            ``0`` runs the loop in this process (Ray Train's local mode), for debugging.
         num_epochs: Epochs (boosting rounds for tree backends). Counted from 1.
         batch_size: Rows per batch *on each worker*.
         use_gpu: One GPU per worker; torch then uses NCCL instead of gloo.
@@ -65,7 +66,7 @@ class TrainSettings:
         from raymodel.hooks import Callback
 
         problems = collect(
-            check_int("num_workers", self.num_workers, minimum=1),
+            check_int("num_workers", self.num_workers, minimum=0),
             check_int("num_epochs", self.num_epochs, minimum=1),
             check_int("batch_size", self.batch_size, minimum=1),
             check_type("use_gpu", self.use_gpu, (bool,), "True or False"),

@@ -1,0 +1,55 @@
+"""One local Ray instance for the whole session; tiny seeded data; shared models."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def raymodel_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Runs and the registry go to a temporary RAYMODEL_HOME."""
+    home = tmp_path_factory.mktemp("raymodel_home")
+    os.environ["RAYMODEL_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def ray_session(raymodel_home: Path):
+    """The one local Ray instance of the test session (2 CPUs, dashboard on)."""
+    import ray
+
+    import raymodel as rm
+
+    rm.init(num_cpus=2)
+    yield ray
+    try:
+        from ray import serve
+
+        serve.shutdown()
+    except Exception:
+        pass
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    return (X / 16.0).astype(np.float32), y
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """16 rows, 4 features, 2 classes: batches are cheap and counts are predictable."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(16, 4)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    return X, y

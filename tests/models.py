@@ -1,0 +1,145 @@
+"""Models shared by the tests (pickled to workers by value, like a user's module)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import raymodel as rm
+
+
+class TinyNet(rm.RayTorchModel):
+    default_config = {"hidden": 8, "lr": 0.05, "in_features": 4, "classes": 2}
+
+    def setup(self, config):
+        self.net = nn.Sequential(nn.Linear(config["in_features"], config["hidden"]), nn.ReLU(),
+                                 nn.Linear(config["hidden"], config["classes"]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.net.parameters(), lr=self.config["lr"])
+
+    def forward(self, x):
+        return self.net(x)
+
+    def train_step(self, batch):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def validation_step(self, batch):
+        x, y = batch
+        logits = self(x)
+        return {"val_loss": F.cross_entropy(logits, y), "val_acc": (logits.argmax(1) == y).float().mean()}
+
+
+class DigitsNet(TinyNet):
+    default_config = {"hidden": 64, "lr": 3e-3, "in_features": 64, "classes": 10}
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.net.parameters(), lr=self.config["lr"])
+
+    def preprocess(self, payload):
+        return torch.tensor(payload["pixels"], dtype=torch.float32)
+
+    def postprocess(self, output):
+        return {"digit": output.argmax(-1).tolist()}
+
+
+class Recorder(rm.Callback):
+    """Appends every hook call of its worker to `<dir>/rank<r>.jsonl`."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def _log(self, name, *args):
+        import ray.train
+
+        rank = ray.train.get_context().get_world_rank()
+        with open(os.path.join(self.directory, f"rank{rank}.jsonl"), "a") as fh:
+            fh.write(json.dumps([name, *args]) + "\n")
+
+    def before_setup(self): self._log("before_setup")
+    def after_setup(self): self._log("after_setup")
+    def before_fit(self): self._log("before_fit")
+    def before_epoch(self, epoch): self._log("before_epoch", epoch)
+    def before_batch(self, batch, batch_idx): self._log("before_batch", batch_idx)
+    def after_batch(self, batch_idx, outputs): self._log("after_batch", batch_idx)
+    def before_validation(self): self._log("before_validation")
+    def after_validation(self, metrics): self._log("after_validation", sorted(metrics))
+    def after_epoch(self, epoch, metrics): self._log("after_epoch", epoch, sorted(metrics))
+    def on_save_checkpoint(self, state): self._log("on_save_checkpoint")
+    def on_load_checkpoint(self, state): self._log("on_load_checkpoint")
+    def after_fit(self, result): self._log("after_fit", len(result["history"]))
+
+
+class RankLossNet(rm.RayTorchModel):
+    """Its loss on worker r is exactly r, and its validation metric is r: so the
+    history shows whether metrics were averaged over every worker or taken from rank 0."""
+
+    def setup(self, config):
+        self.w = nn.Linear(4, 1)
+        self.calls = []
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.w.parameters(), lr=0.0)
+
+    def _rank(self):
+        import ray.train
+
+        return float(ray.train.get_context().get_world_rank())
+
+    def train_step(self, batch):
+        (x, y) = batch
+        return self.w(x).sum() * 0.0 + self._rank()
+
+    def validation_step(self, batch):
+        return {"rank": torch.tensor(self._rank())}
+
+
+class AsyncRankLossNet(RankLossNet):
+    """The same, with `async def` steps and hooks."""
+
+    async def train_step(self, batch):
+        await asyncio.sleep(0)
+        return RankLossNet.train_step(self, batch)
+
+    async def validation_step(self, batch):
+        await asyncio.sleep(0)
+        return RankLossNet.validation_step(self, batch)
+
+    async def before_epoch(self, epoch):
+        await asyncio.sleep(0)
+
+
+class ManualNet(TinyNet):
+    """Manual optimization: the step zeroes, back-propagates and steps itself."""
+
+    automatic_optimization = False
+
+    def train_step(self, batch):
+        x, y = batch
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = F.cross_entropy(self(x), y)
+        self.manual_backward(loss)
+        opt.step()
+        return {"loss": loss}
+
+
+class WeightsReporter(rm.Callback):
+    """Writes each worker's final weights checksum to `<dir>/weights<r>.txt`."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def after_fit(self, result):
+        import ray.train
+
+        rank = ray.train.get_context().get_world_rank()
+        total = sum(float(p.double().sum()) for p in self.model.net.parameters())
+        with open(os.path.join(self.directory, f"weights{rank}.txt"), "w") as fh:
+            fh.write(repr(total))

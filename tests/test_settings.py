@@ -1,0 +1,94 @@
+"""Settings are validated, keyword-only, and fail before any Ray resource is taken."""
+
+from __future__ import annotations
+
+import pytest
+
+import raymodel as rm
+from raymodel.exceptions import DataError, ModelDefinitionError, SettingsError
+
+from models import TinyNet
+
+
+def test_defaults_and_dict_form_are_equivalent():
+    assert rm.TrainSettings.coerce({"num_workers": 2}) == rm.TrainSettings(num_workers=2)
+    assert rm.TrainSettings.coerce(None) == rm.TrainSettings()
+
+
+def test_unknown_key_suggests_the_right_one():
+    with pytest.raises(SettingsError, match=r"no setting `num_worker`\. Did you mean `num_workers`\?"):
+        rm.TrainSettings(num_worker=2)
+    with pytest.raises(SettingsError, match="Did you mean `num_epochs`"):
+        rm.TrainSettings.coerce({"num_epoch": 3})
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("num_workers", -1, "`num_workers` must be an int >= 0 (got -1)"),
+    ("num_epochs", 0, "`num_epochs` must be an int >= 1 (got 0)"),
+    ("batch_size", 2.5, "`batch_size` must be an int >= 1 (got 2.5)"),
+    ("mode", "lowest", "`mode` must be one of 'min', 'max' (got 'lowest')"),
+    ("use_gpu", "yes", "`use_gpu` must be True or False"),
+    ("resources_per_worker", {"CPU": -1}, "`resources_per_worker` must be a dict"),
+    ("callbacks", [object()], "`callbacks` must hold `raymodel.Callback` instances"),
+    ("max_failures", -2, "`max_failures` must be an int >= -1"),
+])
+def test_bad_values_name_the_key_and_what_is_allowed(key, value, fragment):
+    with pytest.raises(SettingsError) as info:
+        rm.TrainSettings(**{key: value})
+    assert fragment in str(info.value)
+
+
+def test_all_problems_are_reported_together():
+    with pytest.raises(SettingsError) as info:
+        rm.TrainSettings(num_workers=0.5, num_epochs=-1)
+    assert "`num_workers`" in str(info.value) and "`num_epochs`" in str(info.value)
+
+
+def test_positional_arguments_are_refused():
+    with pytest.raises(SettingsError, match="keyword arguments only"):
+        rm.TrainSettings(2)
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fail the test if anything tries to start or join Ray."""
+    import raymodel._internal.runtime as runtime
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("Ray was touched before the input was checked")
+
+    monkeypatch.setattr(runtime, "ensure_ray", forbidden)
+    monkeypatch.setattr(runtime, "init", forbidden)
+
+
+def test_bad_settings_fail_before_ray(no_ray, tiny):
+    X, y = tiny
+    with pytest.raises(SettingsError, match="num_epochs"):
+        TinyNet().train({"num_epochs": 0}, data=rm.data.from_numpy(X, y))
+
+
+@pytest.mark.parametrize("data,fragment", [
+    (None, "No data given"),
+    ({"valid": None}, "no `train` split"),
+    ({"train": ([[1.0, 2.0]] * 4, [0, 1, 0])}, "same number of rows"),
+    ({"train": (["a", "b"], [0, 1])}, "must be numeric"),
+    ({"tr": ([[1.0]], [0])}, "unknown split `tr`"),
+    (iter([1, 2]), "one-shot iterator"),
+    (42, "unsupported type `int`"),
+])
+def test_bad_data_fails_before_ray(no_ray, data, fragment):
+    with pytest.raises(DataError, match=fragment):
+        TinyNet().train({"num_epochs": 1}, data=data)
+
+
+def test_a_model_missing_a_method_fails_before_ray(no_ray, tiny):
+    class NoStep(rm.RayTorchModel):
+        def setup(self, config):
+            pass
+
+        def configure_optimizers(self):
+            pass
+
+    X, y = tiny
+    with pytest.raises(ModelDefinitionError, match="must define `train_step`"):
+        NoStep().train({}, data=rm.data.from_numpy(X, y))
