@@ -143,3 +143,15 @@ class WeightsReporter(rm.Callback):
         total = sum(float(p.double().sum()) for p in self.model.net.parameters())
         with open(os.path.join(self.directory, f"weights{rank}.txt"), "w") as fh:
             fh.write(repr(total))
+
+
+class FailOnce(rm.Callback):
+    """Raises in epoch `epoch` of the first attempt (a marker file remembers it)."""
+
+    def __init__(self, marker: str, epoch: int) -> None:
+        self.marker, self.epoch = marker, epoch
+
+    def before_epoch(self, epoch):
+        if epoch == self.epoch and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError("simulated worker crash")

@@ -114,7 +114,7 @@ class WorkerRun:
             if self.settings.num_workers == 0:
                 tmp = None  # local mode keeps the checkpoint where it was written
         try:
-            ray.train.report(row, checkpoint=checkpoint)
+            ray.train.report(row, checkpoint=checkpoint, checkpoint_dir_name=f"checkpoint_epoch_{epoch:06d}")
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from raymodel._internal import runtime, serialization
 from raymodel._internal import checkpoint as ckpt
 from raymodel.data import resolve
-from raymodel.exceptions import TrainingError
+from raymodel.exceptions import HookError, TrainingError
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
 from raymodel.train._settings import TrainSettings
@@ -89,6 +89,8 @@ def _fit(trainer: Any, printer: ProgressPrinter | None) -> Any:
             return trainer.fit()
     except TrainingFailedError as exc:
         raise TrainingError(f"Training failed on the Ray workers: {_root_message(exc)}") from exc
+    except HookError as exc:  # local mode (num_workers=0) raises in this process
+        raise TrainingError(f"Training failed: {exc}") from exc
 
 
 def _root_message(exc: BaseException) -> str:

@@ -1,0 +1,102 @@
+"""The checkpoint format: round trips, classes by value, checksums."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import raymodel as rm
+from raymodel.exceptions import CheckpointError, ChecksumError
+
+from models import TinyNet
+
+PYTHON = sys.executable
+
+
+def test_save_and_load_give_identical_predictions(tmp_path, tiny):
+    X, _ = tiny
+    model = TinyNet(config={"hidden": 5})
+    path = model.save(tmp_path / "ckpt")
+    manifest = json.loads((Path(path) / "raymodel.json").read_text())
+    assert manifest["backend"] == "torch"
+    assert manifest["config"]["hidden"] == 5
+    assert {"python", "ray", "torch", "cloudpickle"} <= set(manifest["versions"])
+    assert set(manifest["files"]) == {"class.pkl", "state/model.pt"}
+    again = rm.RayModel.from_checkpoint(path)
+    assert type(again).__name__ == "TinyNet" and again.config == model.config
+    np.testing.assert_array_equal(np.array(again.predict(X)), np.array(model.predict(X)))
+
+
+def test_saving_over_a_non_empty_folder_is_refused(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="already exists"):
+        TinyNet().save(tmp_path / "taken")
+
+
+def test_a_class_from_a_scripts_main_loads_in_a_fresh_process(tmp_path):
+    script = tmp_path / "train_script.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys, numpy as np, torch, torch.nn as nn
+        import raymodel as rm
+
+        class ScriptNet(rm.RayTorchModel):
+            def setup(self, config):
+                torch.manual_seed(1)
+                self.lin = nn.Linear(3, 2)
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.lin.parameters(), lr=0.1)
+            def train_step(self, batch):
+                return self.lin(batch[0]).sum()
+            def postprocess(self, output):
+                return {{"scores": output.tolist(), "from": "main"}}
+
+        model = ScriptNet()
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        print(json.dumps(model.predict(x)))
+        model.save(sys.argv[1])
+    """))
+    ckpt = tmp_path / "ckpt"
+    made = subprocess.run([PYTHON, str(script), str(ckpt)], capture_output=True, text=True, check=True)
+    loader = tmp_path / "load.py"  # a different process that never saw ScriptNet's source
+    loader.write_text(textwrap.dedent("""
+        import json, sys, numpy as np
+        import raymodel as rm
+        model = rm.RayModel.from_checkpoint(sys.argv[1])
+        print(type(model).__name__)
+        print(json.dumps(model.predict(np.arange(6, dtype=np.float32).reshape(2, 3))))
+    """))
+    loaded = subprocess.run([PYTHON, str(loader), str(ckpt)], capture_output=True, text=True, check=True)
+    name, prediction = loaded.stdout.strip().splitlines()[-2:]
+    assert name == "ScriptNet"
+    assert json.loads(prediction) == json.loads(made.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("victim", ["state/model.pt", "class.pkl"])
+def test_a_tampered_file_is_refused_before_anything_is_unpickled(tmp_path, victim):
+    path = Path(TinyNet().save(tmp_path / "ckpt"))
+    # Garbage that would raise an UnpicklingError if it were ever unpickled.
+    (path / victim).write_bytes(b"not a pickle at all")
+    with pytest.raises(ChecksumError, match=f"Checksum mismatch for `{victim}`"):
+        rm.RayModel.from_checkpoint(path)
+
+
+def test_a_folder_without_manifest_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="is not a raymodel checkpoint"):
+        rm.RayModel.from_checkpoint(tmp_path)
+
+
+def test_loading_through_the_wrong_subclass_is_refused(tmp_path):
+    path = TinyNet().save(tmp_path / "ckpt")
+
+    class Other(rm.RayTorchModel):
+        pass
+
+    with pytest.raises(CheckpointError, match="not a `Other`"):
+        Other.from_checkpoint(path)
