@@ -22,6 +22,9 @@ from raymodel.exceptions import (
     RayModelError,
     SettingsError,
     TrainingError,
+    TuneError,
+    ServeError,
+    RegistryError,
 )
 from raymodel.hooks import Callback
 from raymodel.model import RayModel
@@ -36,6 +39,19 @@ _BACKENDS = {
 }
 
 
+# Submodules and classes that import Ray Tune / Serve only when first used.
+_LAZY = {
+    "tune": ("raymodel.tune", None),
+    "serve": ("raymodel.serve", None),
+    "registry": ("raymodel.registry", None),
+    "TuneSettings": ("raymodel.tune", "TuneSettings"),
+    "TuneResult": ("raymodel.tune", "TuneResult"),
+    "ServeSettings": ("raymodel.serve", "ServeSettings"),
+    "ServedModel": ("raymodel.serve", "ServedModel"),
+    "ModelRef": ("raymodel.registry", "ModelRef"),
+}
+
+
 def __getattr__(name: str) -> Any:
     if name in _BACKENDS:
         module_name, framework, extra = _BACKENDS[name]
@@ -47,10 +63,14 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module_name), name)
         globals()[name] = value
         return value
-    if name in ("tune", "serve", "registry"):
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module(f"raymodel.{name}")
+        module_name, attr = _LAZY[name]
+        module = importlib.import_module(module_name)
+        value = module if attr is None else getattr(module, attr)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'raymodel' has no attribute {name!r}")
 
 
@@ -60,6 +80,14 @@ __all__ = [
     "Callback",
     "TrainSettings",
     "TrainResult",
+    "TuneSettings",
+    "TuneResult",
+    "ServeSettings",
+    "ServedModel",
+    "ModelRef",
+    "tune",
+    "serve",
+    "registry",
     "data",
     "exceptions",
     "init",
@@ -72,4 +100,7 @@ __all__ = [
     "CheckpointError",
     "ChecksumError",
     "TrainingError",
+    "TuneError",
+    "ServeError",
+    "RegistryError",
 ]

@@ -74,6 +74,13 @@ class DataSpec:
     def ray_datasets(self) -> dict[str, Any]:
         return {s.key: s.dataset for s in self.splits.values() if isinstance(s, RayDataset)}
 
+    @property
+    def has_validation(self) -> bool | None:
+        """Whether there is a ``valid`` split (``None``: a data module decides on the worker)."""
+        if self.module is not None or self.module_blob is not None:
+            return None
+        return "valid" in self.splits
+
     def kinds(self) -> set[type]:
         return {type(s) for s in self.splits.values()}
 
@@ -83,12 +90,14 @@ class DataSpec:
 
         splits = {}
         for name, split in self.splits.items():
-            if isinstance(split, Arrays):
+            if isinstance(split, Arrays) and not _is_ref(split.x):
                 split = Arrays(ray.put(split.x), None if split.y is None else ray.put(split.y))
             elif isinstance(split, RayDataset):
                 split = RayDataset(split.key)
             splits[name] = split
-        blob = None if self.module is None else serialization.dumps(self.module, self.module)
+        blob = self.module_blob
+        if self.module is not None:
+            blob = serialization.dumps(self.module, self.module)
         return DataSpec(splits, None, blob)
 
     def materialize(self, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,159 @@
+"""``model.tune()`` on the driver: a Ray Tune ``Tuner`` whose trials are training runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+import os
+from typing import TYPE_CHECKING, Any, Mapping
+
+from raymodel._internal import runtime, serialization
+from raymodel.exceptions import SettingsError, TuneError
+from raymodel.train import prepare
+from raymodel.tune._progress import TrialPrinter, summary_table
+from raymodel.tune._result import TuneResult
+from raymodel.tune._settings import TuneSettings
+from raymodel.tune._trial import trial
+
+if TYPE_CHECKING:
+    from raymodel.model import RayModel
+
+#: CPU share of each trial's own function (it only drives the Train run).
+TRIAL_CPU = 0.01
+_TUNE_KEYS = ("training_iteration", "checkpoint_path", "time_this_iter_s", "time_total_s", "timestamp",
+              "trial_id", "date", "pid", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
+              "done", "config", "experiment_tag")
+
+
+def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any, data: Any, *,
+               resume: bool = False) -> TuneResult:
+    settings = TuneSettings.coerce(settings)
+    train_settings = dataclasses.replace(settings.train, num_epochs=settings.max_epochs, progress=False,
+                                         verbose=settings.verbose)
+    train_settings, spec = prepare(model, train_settings, data)
+    space = model.hyperparameter_space() if space is None else space
+    if not isinstance(space, Mapping):
+        raise SettingsError(f"`space` must be a dict of config keys to `rm.tune` samplers (got {space!r}).")
+    metric = settings.metric or ("loss" if spec.has_validation is False else "val_loss")
+    if metric.startswith("val_") and spec.has_validation is False:
+        raise SettingsError(
+            f"`metric={metric!r}` is a validation metric, but the data has no `valid` split, so only "
+            "`loss` is reported. Add a validation split (e.g. `rm.data.from_numpy(X, y, valid_fraction=0.2)`) "
+            "or tune on `metric='loss'`."
+        )
+    runtime.ensure_ray(settings.verbose)
+
+    from ray import tune
+
+    name = settings.name or runtime.run_name(f"{type(model).__name__}-tune")
+    storage = settings.storage_path or runtime.runs_root()
+    path = f"{storage.rstrip('/')}/{name}"
+    shipped = spec.for_workers()
+    payload = serialization.dumps({"class": type(model), "train": train_settings}, type(model),
+                                  *train_settings.callbacks)
+    trainable = tune.with_resources(tune.with_parameters(trial, payload=payload, data=shipped), {"CPU": TRIAL_CPU})
+    param_space = {**model.config, **dict(space)}
+    callbacks = list(settings.callbacks)
+    if settings.progress:
+        callbacks.insert(0, TrialPrinter(type(model).__name__, list(space), metric, settings.max_epochs))
+    run_config = tune.RunConfig(name=name, storage_path=storage, callbacks=callbacks,
+                                verbose=1 if settings.verbose else 0)
+    if resume:
+        if not tune.Tuner.can_restore(path):
+            raise TuneError(f"Nothing to resume at `{path}`: no experiment of that name was started there. "
+                            "Pass the `name` (and `storage_path`) of the interrupted experiment.")
+        tuner = tune.Tuner.restore(path, trainable=trainable, param_space=param_space, resume_unfinished=True,
+                                   resume_errored=True)
+    else:
+        if settings.name and os.path.exists(path):
+            raise SettingsError(f"An experiment named `{name}` already exists at `{path}`. Continue it with "
+                                "`resume=True`, or choose another `name`.")
+        tune_config = tune.TuneConfig(
+            metric=metric, mode=settings.mode, num_samples=settings.num_samples,
+            scheduler=_scheduler(settings), search_alg=_searcher(settings),
+            max_concurrent_trials=settings.max_concurrent_trials or _fits_at_once(train_settings),
+            time_budget_s=settings.time_budget_s,
+        )
+        tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
+    results = tuner.fit()
+    result = _collect(results, metric, settings, list(space), path)
+    if settings.progress:
+        print(f"[{type(model).__name__}] {result.num_trials} trials; best {metric} "
+              f"{result.best_metrics.get(metric, float('nan')):.4f}:\n"
+              + summary_table(result.trials, list(space), metric, settings.mode), flush=True)
+    _load_best(model, result)
+    return result
+
+
+def _scheduler(settings: TuneSettings) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if settings.scheduler == "asha":
+        return ASHAScheduler(time_attr="training_iteration", max_t=settings.max_epochs,
+                             grace_period=settings.grace_period, reduction_factor=settings.reduction_factor)
+    if settings.scheduler == "fifo":
+        return FIFOScheduler()
+    return settings.scheduler
+
+
+def _searcher(settings: TuneSettings) -> Any:
+    if settings.search_alg is not None:
+        return settings.search_alg
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    return BasicVariantGenerator(random_state=settings.seed)
+
+
+def _fits_at_once(train_settings: Any) -> int:
+    """How many trials the cluster's CPUs hold at once, given each trial's workers."""
+    import ray
+
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    per_worker = float((train_settings.resources_per_worker or {}).get("CPU", 1))
+    per_trial = max(train_settings.num_workers, 1) * per_worker + TRIAL_CPU
+    return max(1, math.floor(cpus / per_trial + 1e-9))
+
+
+def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list[str], path: str) -> TuneResult:
+    rows, reported = [], set()
+    for r in results:
+        metrics = dict(r.metrics or {})
+        reported |= {k for k in metrics if k not in _TUNE_KEYS and not k.startswith("config")}
+        epochs = int(metrics.get("training_iteration", 0))
+        row = {"trial_id": metrics.get("trial_id") or os.path.basename(r.path),
+               **{f"config/{k}": (r.config or {}).get(k) for k in space_keys},
+               **{k: v for k, v in metrics.items() if k not in _TUNE_KEYS and not k.startswith("config")},
+               "epochs": epochs,
+               "stopped_early": r.error is None and epochs < settings.max_epochs,
+               "status": "ERROR" if r.error is not None else "TERMINATED",
+               "checkpoint": metrics.get("checkpoint_path") or _latest_checkpoint(r.path),
+               "path": r.path, "error": None if r.error is None else str(r.error).strip().splitlines()[-1]}
+        rows.append(row)
+    ok = [r for r in rows if isinstance(r.get(metric), (int, float)) and not math.isnan(r[metric])]
+    if not ok:
+        errors = [r["error"] for r in rows if r["error"]]
+        if errors:
+            raise TuneError(f"All {len(rows)} trials failed; the first error: {errors[0]}")
+        raise TuneError(f"No trial reported `{metric}`. The model reports: {sorted(reported) or 'nothing'}. "
+                        f"Set `TuneSettings(metric=...)` to one of those.")
+    best = (min if settings.mode == "min" else max)(ok, key=lambda r: r[metric])
+    best_result = next(r for r in results if r.path == best["path"])
+    best_metrics = {k: v for k, v in (best_result.metrics or {}).items()
+                    if k not in _TUNE_KEYS and not k.startswith("config")}
+    return TuneResult(best_config=dict(best_result.config), best_metrics=best_metrics,
+                      best_checkpoint=best["checkpoint"], num_trials=len(rows), path=path, metric=metric,
+                      mode=settings.mode, trials=rows, best_trial_id=best["trial_id"])
+
+
+def _latest_checkpoint(trial_path: str) -> str | None:
+    found = sorted(glob.glob(os.path.join(trial_path, "train", "checkpoint_epoch_*")))
+    return found[-1] if found else None
+
+
+def _load_best(model: "RayModel", result: TuneResult) -> None:
+    """The instance takes the best trial's config and weights."""
+    model.config = dict(result.best_config)
+    model._is_setup = False
+    if result.best_checkpoint:
+        model.load_weights(result.best_checkpoint)

@@ -1,0 +1,56 @@
+"""A line per finished trial, and a summary table of the best trials at the end."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from ray.tune import Callback
+
+
+class TrialPrinter(Callback):
+    """Runs on the driver inside Tune's loop; prints when a trial ends."""
+
+    def __init__(self, label: str, space_keys: list[str], metric: str, max_epochs: int,
+                 stream: TextIO | None = None) -> None:
+        self.label, self.space_keys, self.metric, self.max_epochs = label, space_keys, metric, max_epochs
+        self.stream = stream or sys.stdout
+        self.done = 0
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._line(trial, error=False)
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._line(trial, error=True)
+
+    def _line(self, trial: Any, error: bool) -> None:
+        self.done += 1
+        result = trial.last_result or {}
+        epochs = int(result.get("training_iteration", 0))
+        value = result.get(self.metric)
+        shown = f"{value:.4f}" if isinstance(value, float) else "n/a"
+        config = ", ".join(f"{k}={_short(trial.config.get(k))}" for k in self.space_keys)
+        if error:
+            status = "ERROR"
+        elif epochs < self.max_epochs:
+            status = "stopped early"
+        else:
+            status = "completed"
+        print(f"[{self.label}] trial {self.done} {trial.trial_id}  {config}  {self.metric} {shown}  "
+              f"epochs {epochs}/{self.max_epochs}  {status}", file=self.stream, flush=True)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def summary_table(rows: list[dict[str, Any]], space_keys: list[str], metric: str, mode: str, top: int = 5) -> str:
+    ranked = sorted((r for r in rows if isinstance(r.get(metric), (int, float))),
+                    key=lambda r: r[metric], reverse=mode == "max")[:top]
+    headers = ["rank", "trial", *space_keys, metric, "epochs", "stopped early"]
+    body = [[str(i + 1), r["trial_id"], *(_short(r.get(f"config/{k}")) for k in space_keys), f"{r[metric]:.4f}",
+             str(r["epochs"]), "yes" if r["stopped_early"] else "no"] for i, r in enumerate(ranked)]
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in body]
+    return "\n".join(lines)
