@@ -184,12 +184,16 @@ class RayModel(ModelHooks):
         return str(target)
 
     @classmethod
-    def from_checkpoint(cls: type[M], path: str | os.PathLike[str]) -> M:
+    def from_checkpoint(cls: type[M], path: str | os.PathLike[str], config: Mapping[str, Any] | None = None) -> M:
         """Load a model (class, config, weights) from a checkpoint, in any process.
 
         The class travels inside the checkpoint, so a class defined in a script
         or notebook loads elsewhere. Every file's sha256 is checked before
         anything is unpickled.
+
+        Args:
+            path: The checkpoint folder (or a URI).
+            config: Entries merged over the saved config before ``setup``.
 
         Raises:
             CheckpointError: not a checkpoint; ChecksumError: a file was changed.
@@ -197,13 +201,13 @@ class RayModel(ModelHooks):
         with ckpt.local_copy(path) as directory:
             manifest = ckpt.verify(directory)
             _warn_on_version_mismatch(manifest)
-            klass, config = ckpt.load_class(directory, manifest)
+            klass, saved_config = ckpt.load_class(directory, manifest)
             if not (isinstance(klass, type) and issubclass(klass, cls)):
                 raise CheckpointError(
                     f"The checkpoint at `{path}` holds a `{getattr(klass, '__name__', klass)}`, which is "
                     f"not a `{cls.__name__}`. Load it with `raymodel.RayModel.from_checkpoint`."
                 )
-            model = klass(config=config)
+            model = klass(config={**saved_config, **dict(config or {})})
             model.load_weights(directory, _verified=manifest)
         model.source = {"checkpoint": os.fspath(path)}
         return model

@@ -42,13 +42,13 @@ def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any
             "`loss` is reported. Add a validation split (e.g. `rm.data.from_numpy(X, y, valid_fraction=0.2)`) "
             "or tune on `metric='loss'`."
         )
-    runtime.ensure_ray(settings.verbose)
-
-    from ray import tune
-
     name = settings.name or runtime.run_name(f"{type(model).__name__}-tune")
     storage = settings.storage_path or runtime.runs_root()
     path = f"{storage.rstrip('/')}/{name}"
+    _check_experiment_path(path, name, resume, named=settings.name is not None)
+    runtime.ensure_ray(settings.verbose)
+
+    from ray import tune
     shipped = spec.for_workers()
     payload = serialization.dumps({"class": type(model), "train": train_settings}, type(model),
                                   *train_settings.callbacks)
@@ -60,15 +60,9 @@ def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any
     run_config = tune.RunConfig(name=name, storage_path=storage, callbacks=callbacks,
                                 verbose=1 if settings.verbose else 0)
     if resume:
-        if not tune.Tuner.can_restore(path):
-            raise TuneError(f"Nothing to resume at `{path}`: no experiment of that name was started there. "
-                            "Pass the `name` (and `storage_path`) of the interrupted experiment.")
         tuner = tune.Tuner.restore(path, trainable=trainable, param_space=param_space, resume_unfinished=True,
                                    resume_errored=True)
     else:
-        if settings.name and os.path.exists(path):
-            raise SettingsError(f"An experiment named `{name}` already exists at `{path}`. Continue it with "
-                                "`resume=True`, or choose another `name`.")
         tune_config = tune.TuneConfig(
             metric=metric, mode=settings.mode, num_samples=settings.num_samples,
             scheduler=_scheduler(settings), search_alg=_searcher(settings),
@@ -84,6 +78,17 @@ def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any
               + summary_table(result.trials, list(space), metric, settings.mode), flush=True)
     _load_best(model, result)
     return result
+
+
+def _check_experiment_path(path: str, name: str, resume: bool, named: bool) -> None:
+    from ray import tune
+
+    if resume and not tune.Tuner.can_restore(path):
+        raise TuneError(f"Nothing to resume at `{path}`: no experiment of that name was started there. "
+                        "Pass the `name` (and `storage_path`) of the interrupted experiment.")
+    if not resume and named and os.path.exists(path):
+        raise SettingsError(f"An experiment named `{name}` already exists at `{path}`. Continue it with "
+                            "`resume=True`, or choose another `name`.")
 
 
 def _scheduler(settings: TuneSettings) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import Any
 
 from ray.tune import Callback
 
@@ -11,10 +11,9 @@ from ray.tune import Callback
 class TrialPrinter(Callback):
     """Runs on the driver inside Tune's loop; prints when a trial ends."""
 
-    def __init__(self, label: str, space_keys: list[str], metric: str, max_epochs: int,
-                 stream: TextIO | None = None) -> None:
+    def __init__(self, label: str, space_keys: list[str], metric: str, max_epochs: int) -> None:
+        # No stream is kept: Tune pickles its callbacks with the experiment state.
         self.label, self.space_keys, self.metric, self.max_epochs = label, space_keys, metric, max_epochs
-        self.stream = stream or sys.stdout
         self.done = 0
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -37,7 +36,7 @@ class TrialPrinter(Callback):
         else:
             status = "completed"
         print(f"[{self.label}] trial {self.done} {trial.trial_id}  {config}  {self.metric} {shown}  "
-              f"epochs {epochs}/{self.max_epochs}  {status}", file=self.stream, flush=True)
+              f"epochs {epochs}/{self.max_epochs}  {status}", file=sys.stdout, flush=True)
 
 
 def _short(value: Any) -> str:

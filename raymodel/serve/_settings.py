@@ -1,0 +1,67 @@
+"""``ServeSettings``: how to serve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raymodel._internal.settings import (
+    check_int,
+    check_number,
+    check_type,
+    collect,
+    settings_class,
+)
+
+
+@settings_class
+class ServeSettings:
+    """How to run ``model.serve(route)``. Keyword-only; a plain dict is accepted too.
+
+    Args:
+        num_replicas: Replicas of the model, or ``"auto"`` to autoscale between
+            ``min_replicas`` and ``max_replicas``.
+        min_replicas, max_replicas: Autoscaling bounds (``num_replicas="auto"``).
+        max_batch_size: Requests stacked into one ``forward`` at most.
+        batch_wait_timeout_s: How long a batch waits to fill up.
+        max_ongoing_requests: Requests one replica accepts at once.
+        ray_actor_options: Resources of each replica, e.g. ``{"num_cpus": 1}``.
+        host, port: Where Ray Serve's HTTP proxy listens (127.0.0.1 by default).
+            Serve has one proxy per cluster: the first ``serve()`` sets them.
+        name: The Serve application's name; default: derived from the route.
+        max_body_bytes: Larger request bodies are refused with 413.
+    """
+
+    num_replicas: Any = 1
+    min_replicas: int = 1
+    max_replicas: int = 4
+    max_batch_size: int = 16
+    batch_wait_timeout_s: float = 0.005
+    max_ongoing_requests: int = 64
+    ray_actor_options: dict[str, Any] | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    name: str | None = None
+    max_body_bytes: int = 1 << 20
+
+    def _validate(self) -> list[str]:
+        problems = collect(
+            check_int("min_replicas", self.min_replicas, minimum=0),
+            check_int("max_replicas", self.max_replicas, minimum=1),
+            check_int("max_batch_size", self.max_batch_size, minimum=1),
+            check_number("batch_wait_timeout_s", self.batch_wait_timeout_s, minimum=0),
+            check_int("max_ongoing_requests", self.max_ongoing_requests, minimum=1),
+            check_type("ray_actor_options", self.ray_actor_options, (dict,), "a dict like {'num_cpus': 1}",
+                       allow_none=True),
+            check_type("host", self.host, (str,), "a host name or IP address"),
+            check_int("port", self.port, minimum=1),
+            check_type("name", self.name, (str,), "a string", allow_none=True),
+            check_int("max_body_bytes", self.max_body_bytes, minimum=1),
+        )
+        if self.num_replicas != "auto" and check_int("num_replicas", self.num_replicas, minimum=1):
+            problems.append(f"`num_replicas` must be an int >= 1 or 'auto' (got {self.num_replicas!r}).")
+        if isinstance(self.port, int) and self.port > 65535:
+            problems.append(f"`port` must be <= 65535 (got {self.port}).")
+        if (isinstance(self.min_replicas, int) and isinstance(self.max_replicas, int)
+                and self.min_replicas > self.max_replicas):
+            problems.append(f"`min_replicas` ({self.min_replicas}) must be <= `max_replicas` ({self.max_replicas}).")
+        return problems

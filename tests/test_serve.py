@@ -1,0 +1,130 @@
+"""`model.serve(route)` on real Ray Serve, over real HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+import raymodel as rm
+from raymodel.exceptions import SettingsError
+
+from models import DigitsNet, TinyNet
+
+pytestmark = pytest.mark.integration
+SMALL = {"ray_actor_options": {"num_cpus": 0.25}, "max_batch_size": 8, "batch_wait_timeout_s": 0.05,
+         "max_body_bytes": 20_000}
+
+
+@pytest.fixture(scope="module")
+def served(ray_session, digits):
+    model = DigitsNet(config={"hidden": 16})
+    model.ensure_setup()
+    app = model.serve("/digits", settings=SMALL)
+    yield model, app
+    app.shutdown()
+
+
+def test_a_good_payload_answers_like_local_predict(served, digits):
+    model, app = served
+    X, _ = digits
+    payload = {"pixels": X[:3].tolist()}
+    response = requests.post(app.url, json=payload, timeout=30)
+    assert response.status_code == 200
+    assert response.json() == model.predict(payload)
+    assert app.predict(payload) == model.predict(payload)  # through a Serve handle
+
+
+def test_health_and_info(served):
+    model, app = served
+    assert requests.get(app.url + "/health", timeout=30).json() == {"status": "ok"}
+    info = requests.get(app.url + "/info", timeout=30).json()
+    assert info["class"].endswith("DigitsNet") and info["backend"] == "torch"
+    assert info["config"]["hidden"] == 16 and "checkpoint" in info["source"]
+
+
+@pytest.mark.parametrize("call,status,fragment", [
+    (lambda url: requests.post(url, data=b"{not json", timeout=30), 400, "not valid JSON"),
+    (lambda url: requests.post(url, json={"pixel": [[0.0] * 64]}, timeout=30), 422, "KeyError: pixels"),
+    (lambda url: requests.post(url, json={"pixels": [[0.0] * 3]}, timeout=30), 500, "mat1 and mat2"),
+    (lambda url: requests.get(url, timeout=30), 405, "POST a JSON body"),
+    (lambda url: requests.post(url, json={"pixels": [[0.0] * 64] * 200}, timeout=30), 413, "limit is 20000"),
+])
+def test_errors_are_json_and_the_replica_keeps_serving(served, digits, call, status, fragment):
+    _, app = served
+    response = call(app.url)
+    assert response.status_code == status
+    body = response.json()
+    assert set(body) >= {"error", "detail"} and fragment in body["detail"]
+    if status == 500:
+        assert len(body["request_id"]) == 12
+    X, _ = digits
+    assert requests.post(app.url, json={"pixels": X[:1].tolist()}, timeout=30).status_code == 200
+
+
+def test_concurrent_requests_are_batched_and_one_bad_request_spoils_nothing(served, digits):
+    model, app = served
+    X, _ = digits
+    payloads = [{"pixels": X[i:i + 1].tolist()} for i in range(24)]
+    payloads[5] = {"pixels": [[1.0] * 7]}      # passes preprocess, fails in forward
+    payloads[11] = {"wrong": 1}               # rejected by preprocess
+
+    def post(p):
+        r = requests.post(app.url, json=p, timeout=60)
+        return r.status_code, r.json(), int(r.headers.get("x-raymodel-batch-size", 0))
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        answers = list(pool.map(post, payloads))
+    for i, (status, body, _) in enumerate(answers):
+        if i == 5:
+            assert status == 500
+        elif i == 11:
+            assert status == 422
+        else:
+            assert status == 200 and body == model.predict(payloads[i]), i
+    assert max(size for _, _, size in answers) > 1, "no request was batched with another"
+
+
+def test_two_routes_reserve_without_drops_and_shutdown(ray_session, served, digits):
+    _, app = served
+    X, _ = digits
+    first, second = TinyNet(config={"in_features": 64, "classes": 3}), TinyNet(config={"in_features": 64, "classes": 3})
+    first.ensure_setup()
+    second.ensure_setup()
+    other = first.serve("/other", settings=SMALL)
+    payload = X[:2].tolist()
+    assert requests.post(other.url, json=payload, timeout=30).json() == first.predict(payload)
+    assert requests.post(app.url, json={"pixels": payload}, timeout=30).status_code == 200
+
+    statuses, stop = [], threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            statuses.append(requests.post(other.url, json=payload, timeout=60).status_code)
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        replaced = second.serve("/other", settings=SMALL)  # new weights, same route
+    finally:
+        time.sleep(0.5)
+        stop.set()
+        thread.join()
+    assert statuses and set(statuses) == {200}, f"requests dropped during re-serve: {set(statuses)}"
+    assert requests.post(replaced.url, json=payload, timeout=30).json() == second.predict(payload)
+
+    replaced.shutdown()
+    assert requests.post(other.url, json=payload, timeout=30).status_code == 404
+    assert requests.post(app.url, json={"pixels": payload}, timeout=30).status_code == 200
+
+
+def test_serve_settings_are_validated(tiny):
+    with pytest.raises(SettingsError, match="`num_replicas` must be an int >= 1 or 'auto'"):
+        rm.ServeSettings(num_replicas=0)
+    with pytest.raises(SettingsError, match="Did you mean `max_batch_size`"):
+        rm.ServeSettings(max_batchsize=4)
+    with pytest.raises(SettingsError, match="`route` must be a URL path"):
+        TinyNet().serve("digits")
