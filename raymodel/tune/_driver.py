@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 from raymodel._internal import runtime, serialization
 from raymodel.exceptions import SettingsError, TuneError
 from raymodel.train import prepare
+from ray.tune import Callback
+
 from raymodel.tune._progress import TrialPrinter, summary_table
 from raymodel.tune._result import TuneResult
 from raymodel.tune._settings import TuneSettings
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 TRIAL_CPU = 0.01
 _TUNE_KEYS = ("training_iteration", "checkpoint_path", "time_this_iter_s", "time_total_s", "timestamp",
               "trial_id", "date", "pid", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
-              "done", "config", "experiment_tag")
+              "done", "config", "experiment_tag", "checkpoint_dir_name")
 
 
 def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any, data: Any, *,
@@ -50,11 +52,12 @@ def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any
 
     from ray import tune
     shipped = spec.for_workers()
-    payload = serialization.dumps({"class": type(model), "train": train_settings}, type(model),
+    payload = serialization.dumps({"class": type(model), "train": train_settings, "path": path}, type(model),
                                   *train_settings.callbacks)
     trainable = tune.with_resources(tune.with_parameters(trial, payload=payload, data=shipped), {"CPU": TRIAL_CPU})
     param_space = {**model.config, **dict(space)}
-    callbacks = list(settings.callbacks)
+    guard = MetricGuard(metric)
+    callbacks = [guard, *settings.callbacks]
     if settings.progress:
         callbacks.insert(0, TrialPrinter(type(model).__name__, list(space), metric, settings.max_epochs))
     run_config = tune.RunConfig(name=name, storage_path=storage, callbacks=callbacks,
@@ -70,7 +73,7 @@ def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any
             time_budget_s=settings.time_budget_s,
         )
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
-    results = tuner.fit()
+    results = _fit(tuner, guard)
     result = _collect(results, metric, settings, list(space), path)
     if settings.progress:
         print(f"[{type(model).__name__}] {result.num_trials} trials; best {metric} "
@@ -78,6 +81,41 @@ def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any
               + summary_table(result.trials, list(space), metric, settings.mode), flush=True)
     _load_best(model, result)
     return result
+
+
+def _fit(tuner: Any, guard: "MetricGuard") -> Any:
+    """``tuner.fit()``, with a missing metric reported by name instead of Tune's result dump."""
+    previous = os.environ.get("TUNE_DISABLE_STRICT_METRIC_CHECKING")
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # MetricGuard checks instead
+    try:
+        return tuner.fit()
+    except Exception as exc:
+        if guard.reported is not None:
+            raise guard.error() from None
+        raise TuneError(f"The tuning experiment failed: {exc}") from exc
+    finally:
+        if previous is None:
+            os.environ.pop("TUNE_DISABLE_STRICT_METRIC_CHECKING", None)
+        else:
+            os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = previous
+
+
+class MetricGuard(Callback):
+    """Stops the experiment at the first result without the tuned metric."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+        self.reported: list[str] | None = None
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
+                        **info: Any) -> None:
+        if self.metric not in result:
+            self.reported = sorted(k for k in result if k not in _TUNE_KEYS and not k.startswith("config"))
+            raise self.error()
+
+    def error(self) -> TuneError:
+        return TuneError(f"No trial reported `{self.metric}`. The model reports: {self.reported}. "
+                         f"Set `TuneSettings(metric=...)` to one of those.")
 
 
 def _check_experiment_path(path: str, name: str, resume: bool, named: bool) -> None:
@@ -95,7 +133,7 @@ def _scheduler(settings: TuneSettings) -> Any:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     if settings.scheduler == "asha":
-        return ASHAScheduler(time_attr="training_iteration", max_t=settings.max_epochs,
+        return ASHAScheduler(time_attr="epoch", max_t=settings.max_epochs,
                              grace_period=settings.grace_period, reduction_factor=settings.reduction_factor)
     if settings.scheduler == "fifo":
         return FIFOScheduler()
@@ -125,7 +163,8 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
     for r in results:
         metrics = dict(r.metrics or {})
         reported |= {k for k in metrics if k not in _TUNE_KEYS and not k.startswith("config")}
-        epochs = int(metrics.get("training_iteration", 0))
+        # Our own epoch count: a trial resumed from its Train checkpoint restarts Tune's iteration count.
+        epochs = int(metrics.get("epoch", metrics.get("training_iteration", 0)))
         row = {"trial_id": metrics.get("trial_id") or os.path.basename(r.path),
                **{f"config/{k}": (r.config or {}).get(k) for k in space_keys},
                **{k: v for k, v in metrics.items() if k not in _TUNE_KEYS and not k.startswith("config")},

@@ -25,7 +25,7 @@ class TrialPrinter(Callback):
     def _line(self, trial: Any, error: bool) -> None:
         self.done += 1
         result = trial.last_result or {}
-        epochs = int(result.get("training_iteration", 0))
+        epochs = int(result.get("epoch", result.get("training_iteration", 0)))
         value = result.get(self.metric)
         shown = f"{value:.4f}" if isinstance(value, float) else "n/a"
         config = ", ".join(f"{k}={_short(trial.config.get(k))}" for k in self.space_keys)
