@@ -36,6 +36,10 @@ __version__ = "0.1.0"
 # on first access, and a missing framework names the extra to install.
 _BACKENDS = {
     "RayTorchModel": ("raymodel.backends.torch", "torch", "torch"),
+    "RayXGBoostModel": ("raymodel.backends.xgboost", "xgboost", "xgboost"),
+    "RayLightGBMModel": ("raymodel.backends.lightgbm", "lightgbm", "lightgbm"),
+    "RayLightningModel": ("raymodel.backends.lightning", "pytorch_lightning", "lightning"),
+    "RayTensorflowModel": ("raymodel.backends.tensorflow", "tensorflow", "tensorflow"),
 }
 
 
@@ -77,6 +81,10 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "RayModel",
     "RayTorchModel",
+    "RayLightningModel",
+    "RayTensorflowModel",
+    "RayXGBoostModel",
+    "RayLightGBMModel",
     "Callback",
     "TrainSettings",
     "TrainResult",

@@ -79,7 +79,7 @@ def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs
 
 def quiet(verbose: bool) -> None:
     """Hide (or show again) Ray's driver-side logging and progress reporters."""
-    level = logging.INFO if verbose else logging.ERROR
+    level = logging.INFO if verbose else logging.WARNING
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(level)
     if not verbose:

@@ -96,6 +96,7 @@ def _start_http(settings: ServeSettings) -> None:
     from ray import serve
 
     serve.start(http_options={"host": settings.host, "port": settings.port})
+    runtime.quiet(False)  # Serve sets up its own driver logger when it starts: quiet it again
 
 
 def _http_address(settings: ServeSettings) -> tuple[str, int]:
