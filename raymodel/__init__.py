@@ -35,11 +35,11 @@ __version__ = "0.1.0"
 # The backends import their frameworks lazily: `rm.RayTorchModel` imports torch
 # on first access, and a missing framework names the extra to install.
 _BACKENDS = {
-    "RayTorchModel": ("raymodel.backends.torch", "torch", "torch"),
-    "RayXGBoostModel": ("raymodel.backends.xgboost", "xgboost", "xgboost"),
-    "RayLightGBMModel": ("raymodel.backends.lightgbm", "lightgbm", "lightgbm"),
-    "RayLightningModel": ("raymodel.backends.lightning", "pytorch_lightning", "lightning"),
-    "RayTensorflowModel": ("raymodel.backends.tensorflow", "tensorflow", "tensorflow"),
+    "RayTorchModel": "raymodel.backends.torch",
+    "RayXGBoostModel": "raymodel.backends.xgboost",
+    "RayLightGBMModel": "raymodel.backends.lightgbm",
+    "RayLightningModel": "raymodel.backends.lightning",
+    "RayTensorflowModel": "raymodel.backends.tensorflow",
 }
 
 
@@ -58,13 +58,11 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _BACKENDS:
-        module_name, framework, extra = _BACKENDS[name]
-        from raymodel._internal.deps import require
-
-        require(framework, extra)
         import importlib
 
-        value = getattr(importlib.import_module(module_name), name)
+        # The backend module first: it may set up the framework's environment before its import.
+        value = getattr(importlib.import_module(_BACKENDS[name]), name)
+        value.backend.import_framework()  # a missing framework names the extra to install
         globals()[name] = value
         return value
     if name in _LAZY:

@@ -103,8 +103,9 @@ def tensorflow_model():
         default_config = {"hidden": 16, "lr": 0.02}
 
         def setup(self, config):
-            import keras
+            import tensorflow as tf
 
+            keras = tf.keras
             self.model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(config["hidden"], activation="relu"),
                                            keras.layers.Dense(3)])
             self.model.compile(optimizer=keras.optimizers.Adam(config["lr"]),

@@ -18,6 +18,9 @@ by the strategy); validation ones carry Keras' ``val_`` prefix.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +35,16 @@ from raymodel.model import RayModel
 
 WEIGHTS_FILE = "model.weights.h5"
 
+# Keras 3 does not support `MultiWorkerMirroredStrategy` (keras-team/keras#20585,
+# ray-project/ray#47464), so `tf.keras` must be Keras 2 (the `tf-keras` package)
+# in every process that builds these models: set before TensorFlow is imported.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+if "tensorflow" in sys.modules and os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+    warnings.warn("TensorFlow was imported before raymodel's tensorflow backend; `tf.keras` may be Keras 3, "
+                  "which cannot train with MultiWorkerMirroredStrategy. Import raymodel first.", RuntimeWarning,
+                  stacklevel=2)
+
 
 class TensorflowBackend(Backend):
     name = "tensorflow"
@@ -45,6 +58,7 @@ class TensorflowBackend(Backend):
 
     def import_framework(self) -> None:
         require("tensorflow", "tensorflow")
+        require("tf_keras", "tensorflow")
 
     def validate_data(self, data: DataSpec) -> None:
         bad = [name for name, split in data.splits.items() if not isinstance(split, Arrays)]
@@ -59,6 +73,11 @@ class TensorflowBackend(Backend):
                      scaling_config: Any, run_config: Any, datasets: dict[str, Any] | None) -> Any:
         from ray.train.tensorflow import TensorflowTrainer
 
+        # Ray's TensorFlow backend imports TensorFlow in each worker before our loop runs.
+        env = dict(run_config.worker_runtime_env or {})
+        env["env_vars"] = {"TF_CPP_MIN_LOG_LEVEL": os.environ["TF_CPP_MIN_LOG_LEVEL"],
+                           **env.get("env_vars", {}), "TF_USE_LEGACY_KERAS": "1"}
+        run_config.worker_runtime_env = env
         return TensorflowTrainer(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
                                  run_config=run_config, datasets=datasets or None)
 
@@ -75,21 +94,16 @@ class TensorflowBackend(Backend):
 
     def write_state(self, model: RayModel, state: dict[str, Any], directory: Path) -> None:
         state = dict(state)
-        weights = state.pop("weights")
-        current = model.model.get_weights()
-        model.model.set_weights(weights)
-        try:
-            model.model.save_weights(str(directory / WEIGHTS_FILE))  # Keras' own format
-        finally:
-            model.model.set_weights(current)
+        holder = _plain_copy(model.model)
+        holder.set_weights(state.pop("weights"))
+        holder.save_weights(str(directory / WEIGHTS_FILE))  # Keras' own format
         if state:
             (directory / "extra.pkl").write_bytes(serialization.dumps(state))
 
     def read_state(self, model: RayModel, directory: Path) -> dict[str, Any]:
-        current = model.model.get_weights()
-        model.model.load_weights(str(directory / WEIGHTS_FILE))
-        state: dict[str, Any] = {"weights": model.model.get_weights()}
-        model.model.set_weights(current)
+        holder = _plain_copy(model.model)
+        holder.load_weights(str(directory / WEIGHTS_FILE))
+        state: dict[str, Any] = {"weights": holder.get_weights()}
         if (directory / "extra.pkl").exists():
             state.update(serialization.loads((directory / "extra.pkl").read_bytes()))
         return state
@@ -107,20 +121,38 @@ class TensorflowBackend(Backend):
 class RayTensorflowModel(RayModel):
     """A Keras model trained with ``MultiWorkerMirroredStrategy`` on Ray Train workers.
 
-    ``setup(config)`` builds and compiles the model into ``self.model`` (it runs
-    inside the strategy's scope on the workers). ``forward`` defaults to
-    ``self.model(x)``.
+    ``setup(config)`` builds and compiles the model into ``self.model`` with
+    ``tf.keras`` (it runs inside the strategy's scope on the workers).
+    ``forward`` defaults to ``self.model(x)``. ``tf.keras`` is Keras 2 (the
+    ``tf-keras`` package) here: Keras 3 cannot train with
+    ``MultiWorkerMirroredStrategy`` (keras-team/keras#20585).
 
     Example:
         >>> class Iris(rm.RayTensorflowModel):
         ...     def setup(self, config):
-        ...         import keras
+        ...         import tensorflow as tf
+        ...         keras = tf.keras
         ...         self.model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         ...         self.model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     """
 
     backend = TensorflowBackend()
     model: Any = None
+
+
+def _plain_copy(keras_model: Any) -> Any:
+    """The same architecture outside any distribution strategy, to save or load weights.
+
+    Under ``MultiWorkerMirroredStrategy`` reading some variables (metrics) is a
+    collective, so rank 0 alone must not save the live model: it saves a copy.
+    Subclassed models cannot be cloned; they are saved directly.
+    """
+    import tensorflow as tf
+
+    try:
+        return tf.keras.models.clone_model(keras_model)
+    except Exception:  # noqa: BLE001 - subclassed models
+        return keras_model
 
 
 def tensorflow_train_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
