@@ -158,3 +158,19 @@ def test_drivers_never_ask_which_backend_they_hold():
 
 def _numbers(value):
     return value["digit"] if isinstance(value, dict) and "digit" in value else value
+
+
+@pytest.mark.integration
+def test_lightnings_own_boring_model_trains_unchanged(ray_session):
+    from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
+
+    class Boring(rm.RayLightningModel):
+        def setup(self, config):
+            return BoringModel()  # Lightning's own test model, not a line changed
+
+    model = Boring()
+    result = model.train({"num_workers": 2, "num_epochs": 2, "batch_size": 8, "progress": False},
+                         data={"train": RandomDataset(32, 64), "valid": RandomDataset(32, 16)})
+    assert [row["epoch"] for row in result.history] == [1, 2]
+    assert np.isfinite(result.history[-1]["loss"])
+    assert np.asarray(model.predict(np.ones((3, 32), dtype=np.float32))).shape == (3, 2)
