@@ -42,7 +42,7 @@ def test_saving_over_a_non_empty_folder_is_refused(tmp_path):
 
 def test_a_class_from_a_scripts_main_loads_in_a_fresh_process(tmp_path):
     script = tmp_path / "train_script.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         import json, sys, numpy as np, torch, torch.nn as nn
         import raymodel as rm
 
@@ -55,7 +55,7 @@ def test_a_class_from_a_scripts_main_loads_in_a_fresh_process(tmp_path):
             def train_step(self, batch):
                 return self.lin(batch[0]).sum()
             def postprocess(self, output):
-                return {{"scores": output.tolist(), "from": "main"}}
+                return {"scores": output.tolist(), "from": "main"}
 
         model = ScriptNet()
         x = np.arange(6, dtype=np.float32).reshape(2, 3)

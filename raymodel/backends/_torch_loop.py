@@ -82,7 +82,7 @@ class TorchLoop:
         return DistributedDataParallel(step, device_ids=device_ids)
 
     async def _train_epoch(self, epoch: int) -> dict[str, float]:
-        run, model, hooks = self.run, self.model, self.run.hooks
+        model, hooks = self.model, self.run.hooks
         for m in model.backend.modules(model).values():
             m.train()
         auto = model.automatic_optimization

@@ -10,20 +10,68 @@ metrics), so ``before_batch``/``after_batch``/``before_validation`` are not call
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from raymodel._internal import serialization
 from raymodel.backends._session import WorkerRun
 from raymodel.backends.base import Backend, to_jsonable
 from raymodel.data import Arrays, DataSpec, shard_indices
-from raymodel.exceptions import DataError
+from raymodel.exceptions import DataError, ModelDefinitionError
 
 
 class TreeBackend(Backend):
-    """Common checks and inference defaults of XGBoost and LightGBM."""
+    """What XGBoost and LightGBM share: ``self.params`` in, ``self.booster`` out.
+
+    A subclass says how the framework loads a booster (:meth:`load_booster`;
+    saving is ``booster.save_model`` in both) and how it predicts.
+    """
 
     epoch_unit = "round"
+    required_methods = ("setup",)
+    #: The booster's file in the checkpoint's ``state/`` folder.
+    booster_file = ""
+
+    def save_booster(self, booster: Any, path: Path) -> None:
+        booster.save_model(str(path))  # the same call in XGBoost and LightGBM
+
+    def load_booster(self, path: Path) -> Any:
+        raise NotImplementedError("The 'load_booster' method must be implemented.")
+
+    def after_user_setup(self, model: Any, returned: Any) -> None:
+        if not isinstance(getattr(model, "params", None), dict):
+            raise ModelDefinitionError(f"`{type(model).__name__}.setup` must set `self.params`, the booster's "
+                                       "parameter dict (e.g. `{'objective': 'binary'}`).")
+        if not hasattr(model, "booster"):
+            model.booster = None
+
+    def get_state(self, model: Any) -> dict[str, Any]:
+        return {"booster": model.booster}
+
+    def write_state(self, model: Any, state: dict[str, Any], directory: Path) -> None:
+        state = dict(state)
+        booster = state.pop("booster", None)
+        if booster is not None:
+            self.save_booster(booster, directory / self.booster_file)  # the framework's own format
+        if state:  # entries added by `on_save_checkpoint`
+            (directory / "extra.pkl").write_bytes(serialization.dumps(state))
+
+    def read_state(self, model: Any, directory: Path) -> dict[str, Any]:
+        path = directory / self.booster_file
+        state: dict[str, Any] = {"booster": self.load_booster(path) if path.exists() else None}
+        if (directory / "extra.pkl").exists():
+            state.update(serialization.loads((directory / "extra.pkl").read_bytes()))
+        return state
+
+    def set_state(self, model: Any, state: dict[str, Any]) -> None:
+        model.booster = state.get("booster")
+
+    def trained_booster(self, model: Any) -> Any:
+        if model.booster is None:
+            raise ModelDefinitionError(f"`{type(model).__name__}` has no trained booster yet: train it first.")
+        return model.booster
 
     def validate_data(self, data: DataSpec) -> None:
         bad = [name for name, split in data.splits.items() if not isinstance(split, Arrays)]

@@ -11,10 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from raymodel._internal import serialization
 from raymodel._internal.deps import require
 from raymodel.backends._trees import TreeBackend, TreeRun
-from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
 
@@ -22,7 +20,7 @@ class LightGBMBackend(TreeBackend):
     name = "lightgbm"
     extra = "lightgbm"
     packages = ("lightgbm",)
-    required_methods = ("setup",)
+    booster_file = "model.txt"
 
     @classmethod
     def model_base(cls) -> type:
@@ -41,41 +39,13 @@ class LightGBMBackend(TreeBackend):
         return LightGBMTrainer(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
                                run_config=run_config, datasets=datasets or None)
 
-    def after_user_setup(self, model: RayModel, returned: Any) -> None:
-        if not isinstance(getattr(model, "params", None), dict):
-            raise ModelDefinitionError(f"`{type(model).__name__}.setup` must set `self.params`, the booster's "
-                                       "parameter dict (e.g. `{'objective': 'binary'}`).")
-        if not hasattr(model, "booster"):
-            model.booster = None
-
-    def get_state(self, model: RayModel) -> dict[str, Any]:
-        return {"booster": model.booster}
-
-    def write_state(self, model: RayModel, state: dict[str, Any], directory: Path) -> None:
-        state = dict(state)
-        booster = state.pop("booster", None)
-        if booster is not None:
-            booster.save_model(str(directory / "model.txt"))  # LightGBM's own format
-        if state:
-            (directory / "extra.pkl").write_bytes(serialization.dumps(state))
-
-    def read_state(self, model: RayModel, directory: Path) -> dict[str, Any]:
+    def load_booster(self, path: Path) -> Any:
         import lightgbm
 
-        state: dict[str, Any] = {"booster": None}
-        if (directory / "model.txt").exists():
-            state["booster"] = lightgbm.Booster(model_file=str(directory / "model.txt"))
-        if (directory / "extra.pkl").exists():
-            state.update(serialization.loads((directory / "extra.pkl").read_bytes()))
-        return state
-
-    def set_state(self, model: RayModel, state: dict[str, Any]) -> None:
-        model.booster = state.get("booster")
+        return lightgbm.Booster(model_file=str(path))
 
     def forward(self, model: RayModel, x: Any) -> Any:
-        if model.booster is None:
-            raise ModelDefinitionError(f"`{type(model).__name__}` has no trained booster yet: train it first.")
-        return model.booster.predict(x)
+        return self.trained_booster(model).predict(x)
 
 
 class RayLightGBMModel(RayModel):

@@ -21,12 +21,10 @@ training step's loss over every worker's batches; logged metrics
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from raymodel._internal.deps import require
-from raymodel.backends.base import Backend, to_jsonable
+from raymodel.backends.torch import TorchBackend
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
@@ -39,7 +37,9 @@ def _lightning() -> Any:
     return pl
 
 
-class LightningBackend(Backend):
+class LightningBackend(TorchBackend):
+    """The torch backend's state and inference (the module is ``self.module``), Lightning's loop."""
+
     name = "lightning"
     extra = "lightning"
     packages = ("torch", "pytorch-lightning", "lightning")
@@ -56,13 +56,6 @@ class LightningBackend(Backend):
     def train_loop(self) -> Callable[[dict[str, Any]], Any]:
         return lightning_train_loop
 
-    def make_trainer(self, train_loop: Callable[[dict[str, Any]], Any], *, train_loop_config: dict[str, Any],
-                     scaling_config: Any, run_config: Any, datasets: dict[str, Any] | None) -> Any:
-        from ray.train.torch import TorchTrainer
-
-        return TorchTrainer(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
-                            run_config=run_config, datasets=datasets or None)
-
     def after_user_setup(self, model: RayModel, returned: Any) -> None:
         pl = _lightning()
         if returned is not None:
@@ -73,52 +66,8 @@ class LightningBackend(Backend):
                 f"got {type(getattr(model, 'module', returned)).__name__}."
             )
 
-    def get_state(self, model: RayModel) -> dict[str, Any]:
-        return {"module": model.module.state_dict()}
-
-    def write_state(self, model: RayModel, state: dict[str, Any], directory: Path) -> None:
-        import torch
-
-        torch.save(state, directory / "module.pt")
-
-    def read_state(self, model: RayModel, directory: Path) -> dict[str, Any]:
-        import torch
-
-        return torch.load(directory / "module.pt", map_location="cpu", weights_only=False)
-
-    def set_state(self, model: RayModel, state: dict[str, Any]) -> None:
-        model.module.load_state_dict(state["module"])
-
     def forward(self, model: RayModel, x: Any) -> Any:
         return model.module(x)
-
-    def preprocess(self, model: RayModel, payload: Any) -> Any:
-        import numpy as np
-        import torch
-
-        return torch.as_tensor(np.asarray(payload, dtype=np.float32))
-
-    def postprocess(self, model: RayModel, output: Any) -> Any:
-        return to_jsonable(output)
-
-    @contextlib.contextmanager
-    def inference(self, model: RayModel) -> Iterator[None]:
-        import torch
-
-        was_training = model.module.training
-        model.module.eval()
-        try:
-            with torch.inference_mode():
-                yield
-        finally:
-            model.module.train(was_training)
-
-    def stack(self, inputs: Any) -> Any:
-        import torch
-
-        if all(isinstance(x, torch.Tensor) for x in inputs):
-            return torch.cat(list(inputs), dim=0)
-        return super().stack(inputs)
 
 
 class RayLightningModel(RayModel):

@@ -10,10 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from raymodel._internal import serialization
 from raymodel._internal.deps import require
 from raymodel.backends._trees import TreeBackend, TreeRun
-from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
 
@@ -21,7 +19,7 @@ class XGBoostBackend(TreeBackend):
     name = "xgboost"
     extra = "xgboost"
     packages = ("xgboost",)
-    required_methods = ("setup",)
+    booster_file = "model.json"
 
     @classmethod
     def model_base(cls) -> type:
@@ -40,45 +38,17 @@ class XGBoostBackend(TreeBackend):
         return XGBoostTrainer(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
                               run_config=run_config, datasets=datasets or None)
 
-    def after_user_setup(self, model: RayModel, returned: Any) -> None:
-        if not isinstance(getattr(model, "params", None), dict):
-            raise ModelDefinitionError(f"`{type(model).__name__}.setup` must set `self.params`, the booster's "
-                                       "parameter dict (e.g. `{'objective': 'binary:logistic'}`).")
-        if not hasattr(model, "booster"):
-            model.booster = None
-
-    def get_state(self, model: RayModel) -> dict[str, Any]:
-        return {"booster": model.booster}
-
-    def write_state(self, model: RayModel, state: dict[str, Any], directory: Path) -> None:
-        state = dict(state)
-        booster = state.pop("booster", None)
-        if booster is not None:
-            booster.save_model(str(directory / "model.json"))  # XGBoost's own format
-        if state:
-            (directory / "extra.pkl").write_bytes(serialization.dumps(state))
-
-    def read_state(self, model: RayModel, directory: Path) -> dict[str, Any]:
+    def load_booster(self, path: Path) -> Any:
         import xgboost
 
-        state: dict[str, Any] = {"booster": None}
-        if (directory / "model.json").exists():
-            booster = xgboost.Booster()
-            booster.load_model(str(directory / "model.json"))
-            state["booster"] = booster
-        if (directory / "extra.pkl").exists():
-            state.update(serialization.loads((directory / "extra.pkl").read_bytes()))
-        return state
-
-    def set_state(self, model: RayModel, state: dict[str, Any]) -> None:
-        model.booster = state.get("booster")
+        booster = xgboost.Booster()
+        booster.load_model(str(path))
+        return booster
 
     def forward(self, model: RayModel, x: Any) -> Any:
         import xgboost
 
-        if model.booster is None:
-            raise ModelDefinitionError(f"`{type(model).__name__}` has no trained booster yet: train it first.")
-        return model.booster.predict(xgboost.DMatrix(x))
+        return self.trained_booster(model).predict(xgboost.DMatrix(x))
 
 
 class RayXGBoostModel(RayModel):
