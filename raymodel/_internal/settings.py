@@ -25,7 +25,7 @@ def settings_class(cls: type[S]) -> type[S]:
     """
     cls = dataclasses.dataclass(kw_only=True)(cls)
     dataclass_init = cls.__init__
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if args:
@@ -43,8 +43,16 @@ def settings_class(cls: type[S]) -> type[S]:
             raise SettingsError(f"Invalid `{cls.__name__}`:{bullet}{bullet.join(problems)}")
 
     cls.__init__ = __init__  # type: ignore[method-assign]
-    cls.coerce = classmethod(_coerce)  # type: ignore[attr-defined]
     return cls
+
+
+class SettingsBase:
+    """Base of the settings classes: :meth:`coerce` accepts an instance, a dict or ``None``."""
+
+    @classmethod
+    def coerce(cls: type[S], value: Any) -> S:
+        """Return ``value`` as a ``cls``: ``None`` gives the defaults, a dict is validated."""
+        return _coerce(cls, value)
 
 
 def _unknown_keys_message(owner: str, unknown: list[str], names: list[str]) -> str:

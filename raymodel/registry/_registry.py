@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, List, Mapping
 
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import runtime
@@ -135,10 +135,10 @@ class Registry:
         return int(aliases[version])
 
     # ----------------------------------------------------------------- list
-    def keys(self) -> list[str]:
+    def keys(self) -> List[str]:
         return [k for k in self.store.listdir("") if not k.startswith(".") and self._versions(k)]
 
-    def list(self, key: str | None = None) -> list[ModelRecord]:
+    def list(self, key: str | None = None) -> List[ModelRecord]:
         """Records of every version (of ``key``, or of every key), oldest first."""
         keys = [key] if key is not None else self.keys()
         if key is not None:
@@ -179,7 +179,7 @@ class Registry:
         self.store.delete(f"{key}/versions/{n}")
 
     # -------------------------------------------------------------- helpers
-    def _versions(self, key: str) -> list[int]:
+    def _versions(self, key: str) -> List[int]:  # `list` is a method name in this class
         names = self.store.listdir(f"{key}/versions")
         return [int(n) for n in names if n.isdigit() and self.store.exists(f"{key}/versions/{n}/record.json")]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from raymodel._internal.settings import (
+    SettingsBase,
     check_int,
     check_number,
     check_type,
@@ -14,7 +15,7 @@ from raymodel._internal.settings import (
 
 
 @settings_class
-class ServeSettings:
+class ServeSettings(SettingsBase):
     """How to run ``model.serve(route)``. Keyword-only; a plain dict is accepted too.
 
     Args:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from raymodel._internal.settings import (
+    SettingsBase,
     check_choice,
     check_int,
     check_type,
@@ -14,7 +15,7 @@ from raymodel._internal.settings import (
 
 
 @settings_class
-class TrainSettings:
+class TrainSettings(SettingsBase):
     """How to run ``model.train()``. Keyword-only; a plain dict is accepted too.
 
     Args:

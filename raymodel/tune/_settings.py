@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from raymodel._internal.settings import (
+    SettingsBase,
     check_choice,
     check_int,
     check_number,
@@ -16,7 +17,7 @@ from raymodel.train import TrainSettings
 
 
 @settings_class
-class TuneSettings:
+class TuneSettings(SettingsBase):
     """How to run ``model.tune()``. Keyword-only; a plain dict is accepted too.
 
     Args:
