@@ -57,7 +57,8 @@ class ModelServer:
                 return _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
             if sub == "health":
                 return JSONResponse({"status": "ok"})
-            return JSONResponse({**self.info, "batch_sizes_seen": sorted(set(self.batch_sizes))})
+            return JSONResponse({**self.info, "batch_sizes_seen": sorted(set(self.batch_sizes)),
+                                 "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes))})
         if sub:
             return _error(404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health` or `info`.")
         if request.method != "POST":
