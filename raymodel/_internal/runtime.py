@@ -83,9 +83,9 @@ def quiet(verbose: bool) -> None:
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(level)
     if not verbose:
-        # Tune's console reporter and Ray's deprecation chatter.
+        # Tune's console reporter and Ray's deprecation chatter. (Tune's JSON/CSV trial
+        # loggers stay on: its ResultGrid reads them.)
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
         warnings.filterwarnings("ignore", module=r"ray(\.|$)")
 
 
