@@ -98,10 +98,7 @@ def _root_message(exc: BaseException) -> str:
     worker_failures = getattr(exc, "worker_failures", None)
     if worker_failures:
         rank, error = sorted(worker_failures.items())[0]
-        text = f"{type(error).__name__}: {error}"
-        while error.__cause__ is not None and "HookError" not in type(error).__name__:
-            error = error.__cause__
-        return f"worker {rank}: {text}"
+        return f"worker {rank}: {type(error).__name__}: {error}"
     return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
 
