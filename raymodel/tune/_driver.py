@@ -12,6 +12,7 @@ from raymodel._internal import runtime, serialization
 from raymodel.exceptions import SettingsError, TuneError
 from raymodel.train import prepare
 from ray.tune import Callback
+from ray.tune.search import SearchAlgorithm
 
 from raymodel.tune._progress import TrialPrinter, summary_table
 from raymodel.tune._result import TuneResult
@@ -66,10 +67,14 @@ def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any
         tuner = tune.Tuner.restore(path, trainable=trainable, param_space=param_space, resume_unfinished=True,
                                    resume_errored=True)
     else:
+        at_once = settings.max_concurrent_trials or _fits_at_once(train_settings)
+        search_alg = _searcher(settings, at_once)
         tune_config = tune.TuneConfig(
             metric=metric, mode=settings.mode, num_samples=settings.num_samples,
-            scheduler=_scheduler(settings), search_alg=_searcher(settings),
-            max_concurrent_trials=settings.max_concurrent_trials or _fits_at_once(train_settings),
+            scheduler=_scheduler(settings), search_alg=search_alg,
+            # Tune limits a `Searcher`'s concurrency itself but ignores the limit for a
+            # `SearchAlgorithm` (such as the default generator, which takes it directly).
+            max_concurrent_trials=None if isinstance(search_alg, SearchAlgorithm) else at_once,
             time_budget_s=settings.time_budget_s,
         )
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
@@ -140,12 +145,12 @@ def _scheduler(settings: TuneSettings) -> Any:
     return settings.scheduler
 
 
-def _searcher(settings: TuneSettings) -> Any:
+def _searcher(settings: TuneSettings, at_once: int) -> Any:
     if settings.search_alg is not None:
         return settings.search_alg
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    return BasicVariantGenerator(random_state=settings.seed)
+    return BasicVariantGenerator(random_state=settings.seed, max_concurrent=at_once)
 
 
 def _fits_at_once(train_settings: Any) -> int:
