@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Mapping, TypeVar
 
 from raymodel.exceptions import SettingsError
 
@@ -136,11 +136,3 @@ def check_type(name: str, value: Any, types: tuple[type, ...], what: str, allow_
 
 def collect(*problems: str | None) -> list[str]:
     return [p for p in problems if p]
-
-
-def as_plain_dict(settings: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Shallow field dict of a settings object (no deep copies of callbacks)."""
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in skip}
-
-
-Validator = Callable[[Any], list[str]]

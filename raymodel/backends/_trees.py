@@ -80,7 +80,7 @@ class TreeBackend(Backend):
                             f"`rm.data.from_pandas(df, label=...)` or `(X, y)` tuples (split {bad[0]!r} is not).")
         for name, split in data.splits.items():
             if isinstance(split, Arrays) and not hasattr(split.x, "ndim"):
-                continue
+                continue  # object-store refs: a tune trial re-checks data the driver already checked
             if isinstance(split, Arrays) and (split.y is None or split.x.ndim != 2):
                 raise DataError(f"The {self.name} backend needs 2-D features and labels "
                                 f"(split {name!r} has X of shape {getattr(split.x, 'shape', '?')} "
@@ -104,7 +104,8 @@ class TreeRun:
     def wait(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
 
-    def shard(self, split: Arrays, train: bool) -> tuple[np.ndarray, np.ndarray]:
+    def shard(self, split: Arrays) -> tuple[np.ndarray, np.ndarray]:
+        """This worker's rows (every worker's shard together covers each row once)."""
         run = self.run
         idx = shard_indices(len(split), run.rank, run.world, shuffle=False, seed=0, epoch=0, pad=False)
         return np.asarray(split.x)[idx], np.asarray(split.y)[idx]

@@ -76,11 +76,11 @@ def lightgbm_train_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
     tree.wait(run.setup_model())
     tree.wait(run.restore())
     splits = run.splits()
-    x, y = tree.shard(splits["train"], train=True)
+    x, y = tree.shard(splits["train"])
     train_set = lightgbm.Dataset(x, label=y, free_raw_data=False)
     valid_sets, names = [train_set], ["train"]
     if "valid" in splits:
-        vx, vy = tree.shard(splits["valid"], train=False)
+        vx, vy = tree.shard(splits["valid"])
         valid_sets.append(lightgbm.Dataset(vx, label=vy, reference=train_set))
         names.append("valid")
     params = {"verbosity": -1, **model.params}

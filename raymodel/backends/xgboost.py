@@ -79,11 +79,11 @@ def xgboost_train_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
     tree.wait(run.setup_model())
     tree.wait(run.restore())
     splits = run.splits()
-    x, y = tree.shard(splits["train"], train=True)
+    x, y = tree.shard(splits["train"])
     dtrain = xgboost.DMatrix(x, label=y)
     evals = [(dtrain, "train")]
     if "valid" in splits:
-        vx, vy = tree.shard(splits["valid"], train=False)
+        vx, vy = tree.shard(splits["valid"])
         evals.append((xgboost.DMatrix(vx, label=vy), "valid"))
     done = len(run.history)
     tree.wait(run.hooks.call("before_fit"))

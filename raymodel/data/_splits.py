@@ -81,9 +81,6 @@ class DataSpec:
             return None
         return "valid" in self.splits
 
-    def kinds(self) -> set[type]:
-        return {type(s) for s in self.splits.values()}
-
     def for_workers(self) -> "DataSpec":
         """A copy with arrays in Ray's object store and ``ray.data`` Datasets left out."""
         import ray

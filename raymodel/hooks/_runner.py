@@ -72,14 +72,6 @@ class HookRunner:
                 batch = new
         return batch
 
-    def call_now(self, name: str, *args: Any) -> None:
-        """Synchronous variant for code that runs outside an event loop."""
-        for fn in self._targets.get(name, ()):
-            try:
-                call_sync(fn, *args)
-            except Exception as exc:
-                raise HookError(f"Hook `{_owner(fn)}.{name}` raised {type(exc).__name__}: {exc}") from exc
-
 
 def _owner(fn: Any) -> str:
     owner = getattr(fn, "__self__", None)

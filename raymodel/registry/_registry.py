@@ -140,18 +140,22 @@ class Registry:
 
     def list(self, key: str | None = None) -> List[ModelRecord]:
         """Records of every version (of ``key``, or of every key), oldest first."""
-        keys = [key] if key is not None else self.keys()
         if key is not None:
             _check_key(key)
-            if not self._versions(key):
-                self.resolve(key)  # raises, naming the keys that exist
-        return [self.show(k, v) for k in keys for v in sorted(self._versions(k))]
+            self.resolve(key)  # raises, naming the keys that exist
+        records = []
+        for k in [key] if key is not None else self.keys():
+            aliases = self._aliases(k)  # one listing and one alias read per key, not per version
+            records += [self._record(k, n, aliases) for n in sorted(self._versions(k))]
+        return records
 
     def show(self, key: str, version: int | str | None = None) -> ModelRecord:
-        n = self.resolve(key, version)
+        return self._record(key, self.resolve(key, version), self._aliases(key))
+
+    def _record(self, key: str, n: int, aliases: dict[str, int]) -> ModelRecord:
         raw = self.store.read_json(f"{key}/versions/{n}/record.json", {})
-        aliases = sorted(a for a, v in self._aliases(key).items() if int(v) == n)
-        return ModelRecord(key=key, version=n, aliases=aliases, created=raw.get("created", 0.0),
+        return ModelRecord(key=key, version=n, aliases=sorted(a for a, v in aliases.items() if int(v) == n),
+                           created=raw.get("created", 0.0),
                            metrics=raw.get("metrics", {}), metadata=raw.get("metadata", {}),
                            lineage=raw.get("lineage", {}), model_class=raw.get("model_class", "?"),
                            backend=raw.get("backend", "?"))

@@ -9,6 +9,7 @@ bad one fails.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import traceback
@@ -43,7 +44,7 @@ class ModelServer:
         self.model.ensure_setup()
         self.info = info
         self.max_body_bytes = max_body_bytes
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
@@ -100,7 +101,6 @@ class ModelServer:
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def _batched(self, items: list[tuple[Any, str]]) -> list[tuple[Any, int]]:
         self.batch_sizes.append(len(items))
-        del self.batch_sizes[:-1000]
         inputs = [x for x, _ in items]
         try:
             outputs = self._forward_many(inputs)

@@ -11,7 +11,7 @@ import queue as _queue
 import sys
 import threading
 import time
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from ray.train import UserCallback
 
@@ -39,14 +39,12 @@ def format_metrics(metrics: dict[str, Any], skip: tuple[str, ...] = ("epoch",)) 
 class ProgressPrinter:
     """Prints ``[Name] epoch 3/5  loss 0.1234  val_acc 0.9700  (12.3s)`` per epoch."""
 
-    def __init__(self, label: str, total: int, unit: str = "epoch", stream: TextIO | None = None,
-                 on_row: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, label: str, total: int, unit: str = "epoch", stream: TextIO | None = None) -> None:
         from ray.util.queue import Queue
 
         self.queue = Queue(actor_options={"num_cpus": 0})
         self.label, self.total, self.unit = label, total, unit
         self.stream = stream or sys.stdout
-        self.on_row = on_row
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raymodel-progress", daemon=True)
         self._start = time.monotonic()
@@ -87,5 +85,3 @@ class ProgressPrinter:
         epoch = row.get("epoch", "?")
         print(f"[{self.label}] {self.unit} {epoch}/{self.total}  {format_metrics(row)}  ({elapsed:.1f}s)",
               file=self.stream, flush=True)
-        if self.on_row is not None:
-            self.on_row(row)

@@ -96,8 +96,3 @@ class TrainSettings(SettingsBase):
             if bad:
                 problems.append(f"`callbacks` must hold `raymodel.Callback` instances (got {bad[0]!r}).")
         return problems
-
-    def to_dict(self) -> dict[str, Any]:
-        from raymodel._internal.settings import as_plain_dict
-
-        return as_plain_dict(self)
