@@ -26,21 +26,11 @@ from raymodel.exceptions import (
     ServeError,
     RegistryError,
 )
-from raymodel.hooks import Callback
+from raymodel.hooks import Callback, RunContext
 from raymodel.model import RayModel
 from raymodel.train import TrainResult, TrainSettings
 
 __version__ = "0.1.0"
-
-# The backends import their frameworks lazily: `rm.RayTorchModel` imports torch
-# on first access, and a missing framework names the extra to install.
-_BACKENDS = {
-    "RayTorchModel": "raymodel.backends.torch",
-    "RayXGBoostModel": "raymodel.backends.xgboost",
-    "RayLightGBMModel": "raymodel.backends.lightgbm",
-    "RayLightningModel": "raymodel.backends.lightning",
-    "RayTensorflowModel": "raymodel.backends.tensorflow",
-}
 
 
 # Submodules and classes that import Ray Tune / Serve only when first used.
@@ -57,14 +47,16 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    if name in _BACKENDS:
-        import importlib
+    if name.startswith("Ray") and name.endswith("Model"):
+        # The model base classes come from the backend table (raymodel/backends/_registry.py);
+        # each imports its framework on first access, and a missing one names the extra to install.
+        from raymodel.backends import _registry
 
-        # The backend module first: it may set up the framework's environment before its import.
-        value = getattr(importlib.import_module(_BACKENDS[name]), name)
-        value.backend.import_framework()  # a missing framework names the extra to install
-        globals()[name] = value
-        return value
+        value = _registry.model_classes().get(name)
+        if value is not None:
+            value.backend.import_framework()
+            globals()[name] = value
+            return value
     if name in _LAZY:
         import importlib
 
@@ -76,14 +68,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'raymodel' has no attribute {name!r}")
 
 
+def _backend_names() -> list[str]:
+    from raymodel.backends import _registry
+
+    return sorted(_registry.model_classes())  # the built-in backends' model classes (no framework imported)
+
+
 __all__ = [
     "RayModel",
-    "RayTorchModel",
-    "RayLightningModel",
-    "RayTensorflowModel",
-    "RayXGBoostModel",
-    "RayLightGBMModel",
+    *_backend_names(),
     "Callback",
+    "RunContext",
     "TrainSettings",
     "TrainResult",
     "TuneSettings",

@@ -15,6 +15,7 @@ from raymodel.hooks import ModelHooks, call_sync, is_default
 
 if TYPE_CHECKING:
     from raymodel.backends.base import Backend
+    from raymodel.hooks import RunContext
     from raymodel.serve import ServedModel, ServeSettings
     from raymodel.train import TrainResult, TrainSettings
     from raymodel.tune import TuneResult, TuneSettings
@@ -39,6 +40,15 @@ class RayModel(ModelHooks):
     default_config: ClassVar[Mapping[str, Any]] = {}
     #: The framework seam; set by each backend's model base class.
     backend: ClassVar["Backend"]
+    #: The run this instance trains in (rank, epoch, ``should_stop``); ``None`` outside a run.
+    context: "RunContext | None" = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "backend" in cls.__dict__:  # a backend's model base class: record it in the one table
+            from raymodel.backends import _registry
+
+            _registry.register(cls)
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         if config is not None and not isinstance(config, Mapping):
@@ -222,7 +232,7 @@ class RayModel(ModelHooks):
                     f"`{type(self).__name__}` uses `{self.backend.name}`."
                 )
             self.ensure_setup()
-            state = self.backend.read_state(self, Path(directory) / ckpt.STATE_DIR)
+            state = ckpt.read_state(self, directory)
             self.backend.set_state(self, state)
             if not is_default(self, "on_load_checkpoint"):
                 call_sync(self.on_load_checkpoint, state)
@@ -233,11 +243,7 @@ class RayModel(ModelHooks):
 
 
 def _warn_on_version_mismatch(manifest: dict[str, Any]) -> None:
-    saved = manifest.get("versions", {})
-    current = ckpt.library_versions()
-    diffs = [f"{name} {saved[name]} (now {current[name]})" for name in ("python", "ray", "cloudpickle", "torch",
-                                                                          "tensorflow", "xgboost", "lightgbm")
-             if name in saved and name in current and saved[name] != current[name]]
+    diffs = ckpt.version_differences(manifest)
     if diffs:
         warnings.warn(
             "This checkpoint was written with other library versions: " + ", ".join(diffs)

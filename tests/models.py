@@ -56,10 +56,7 @@ class Recorder(rm.Callback):
         self.directory = directory
 
     def _log(self, name, *args):
-        import ray.train
-
-        rank = ray.train.get_context().get_world_rank()
-        with open(os.path.join(self.directory, f"rank{rank}.jsonl"), "a") as fh:
+        with open(os.path.join(self.directory, f"rank{self.context.rank}.jsonl"), "a") as fh:
             fh.write(json.dumps([name, *args]) + "\n")
 
     def before_setup(self): self._log("before_setup")

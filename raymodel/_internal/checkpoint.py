@@ -6,6 +6,8 @@ A checkpoint is a directory::
                        epoch, metrics, history, and the sha256 of every file
     class.pkl          the model class and its config, cloudpickled by value
     state/...          the backend's own state files (torch.save, Keras, booster)
+    state/extra.pkl    entries a hook added to the state (``on_save_checkpoint``)
+    state/run.pkl      a training run's own state: callbacks' state, each worker's RNG
 
 The manifest is written last, after every other file, so a directory without
 it is not a checkpoint. Loading verifies every checksum before anything is
@@ -20,6 +22,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -32,11 +35,20 @@ from raymodel.exceptions import CheckpointError, ChecksumError
 MANIFEST = "raymodel.json"
 CLASS_FILE = "class.pkl"
 STATE_DIR = "state"
+EXTRA_FILE = "extra.pkl"
+RUN_FILE = "run.pkl"
 FORMAT = "raymodel-checkpoint"
 FORMAT_VERSION = 1
 
-_TRACKED_PACKAGES = ("raymodel", "ray", "cloudpickle", "numpy", "torch", "pytorch-lightning",
-                     "tensorflow", "keras", "xgboost", "lightgbm")
+#: Recorded in every checkpoint; each backend adds its framework's packages.
+_CORE_PACKAGES = ("raymodel", "ray", "cloudpickle", "numpy")
+_EPOCH_DIR = re.compile(r"^checkpoint_epoch_(\d+)$")
+
+
+def epoch_of(name: str) -> int | None:
+    """The epoch of a run's checkpoint folder name (``checkpoint_epoch_000003`` -> 3), else None."""
+    match = _EPOCH_DIR.match(name)
+    return int(match.group(1)) if match else None
 
 
 def sha256(path: str | Path) -> str:
@@ -47,9 +59,10 @@ def sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def library_versions(backend_packages: tuple[str, ...] = ()) -> dict[str, str]:
+def library_versions(packages: tuple[str, ...] = ()) -> dict[str, str]:
+    """Python's version and those of the core packages and ``packages`` that are installed."""
     versions = {"python": platform.python_version()}
-    for name in (*_TRACKED_PACKAGES, *backend_packages):
+    for name in (*_CORE_PACKAGES, *packages):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[name] = importlib.metadata.version(name)
     return versions
@@ -69,16 +82,28 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def write(model: Any, directory: str | Path, state: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` (class, config) and its backend ``state`` as a checkpoint into ``directory``."""
+def write(model: Any, directory: str | Path, state: dict[str, Any], extra: dict[str, Any] | None = None,
+          run_state: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (class, config) and its ``state`` as a checkpoint into ``directory``.
+
+    The backend writes the entries it knows (``backend.state_keys``) with the
+    framework's own saver; any other entry goes to ``state/extra.pkl``, and a
+    training run's ``run_state`` to ``state/run.pkl``.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     cls = type(model)
+    backend = model.backend
     with open(directory / CLASS_FILE, "wb") as fh:
         fh.write(serialization.dumps({"class": cls, "config": dict(model.config)}, cls))
     state_dir = directory / STATE_DIR
     state_dir.mkdir(exist_ok=True)
-    model.backend.write_state(model, state, state_dir)
+    backend.write_state(model, {k: v for k, v in state.items() if k in backend.state_keys}, state_dir)
+    others = {k: v for k, v in state.items() if k not in backend.state_keys}
+    if others:
+        (state_dir / EXTRA_FILE).write_bytes(serialization.dumps(others, cls))
+    if run_state:
+        (state_dir / RUN_FILE).write_bytes(serialization.dumps(run_state, cls))
     files = {}
     for path in sorted(directory.rglob("*")):
         if path.is_file() and path.name != MANIFEST:
@@ -89,7 +114,7 @@ def write(model: Any, directory: str | Path, state: dict[str, Any], extra: dict[
         "class": {"module": cls.__module__, "qualname": cls.__qualname__},
         "backend": model.backend.name,
         "config": jsonable(dict(model.config)),
-        "versions": library_versions(model.backend.packages),
+        "versions": library_versions(backend.packages),
         "created": time.time(),
         **jsonable(extra or {}),
         "files": files,
@@ -135,6 +160,29 @@ def verify(directory: str | Path, manifest: dict[str, Any] | None = None) -> dic
                 "or corrupted after it was written; nothing was loaded."
             )
     return manifest
+
+
+def read_state(model: Any, directory: str | Path) -> dict[str, Any]:
+    """The state a checkpoint holds: the backend's entries and any added by a hook (call after :func:`verify`)."""
+    state_dir = Path(directory) / STATE_DIR
+    state = model.backend.read_state(model, state_dir)
+    if (state_dir / EXTRA_FILE).is_file():
+        state.update(serialization.loads((state_dir / EXTRA_FILE).read_bytes()))
+    return state
+
+
+def read_run_state(directory: str | Path) -> dict[str, Any] | None:
+    """A training run's own state (callbacks, RNG), if the checkpoint was written by one."""
+    path = Path(directory) / STATE_DIR / RUN_FILE
+    return serialization.loads(path.read_bytes()) if path.is_file() else None
+
+
+def version_differences(manifest: dict[str, Any]) -> list[str]:
+    """``"torch 2.1 (now 2.3)"`` for each library the checkpoint recorded that is installed in another version."""
+    saved = manifest.get("versions", {})
+    current = library_versions(tuple(name for name in saved if name != "python"))
+    return [f"{name} {saved[name]} (now {current[name]})" for name in sorted(saved)
+            if name in current and saved[name] != current[name]]
 
 
 def load_class(directory: str | Path, manifest: dict[str, Any]) -> tuple[type, dict[str, Any]]:

@@ -3,8 +3,9 @@
 cloudpickle already pickles classes from ``__main__`` by value. A class from an
 importable module (a test file, a user's package on the driver only) would be
 pickled by reference and fail to import on a worker or in another process; we
-register its module for by-value pickling while we dump. raymodel itself and
-installed frameworks are always pickled by reference.
+register its module for by-value pickling while we dump. raymodel itself, Ray,
+numpy and every registered backend's framework modules (the backend table in
+``raymodel/backends/_registry.py``) are always pickled by reference.
 """
 
 from __future__ import annotations
@@ -15,21 +16,26 @@ from typing import Any, Iterator
 
 import cloudpickle
 
-_BY_REFERENCE_ROOTS = ("raymodel", "ray", "torch", "tensorflow", "keras", "xgboost",
-                       "lightgbm", "pytorch_lightning", "lightning", "numpy", "sklearn")
+_CORE_ROOTS = frozenset({"raymodel", "ray", "numpy", "cloudpickle", "builtins"})
+
+
+def _by_reference_roots() -> frozenset[str]:
+    from raymodel.backends import _registry
+
+    return _CORE_ROOTS | _registry.framework_modules()
 
 
 @contextlib.contextmanager
 def by_value(*objects: Any) -> Iterator[None]:
     """Within the block, cloudpickle the user modules defining ``objects`` by value."""
-    registered = []
+    registered: list[str] = []
+    by_reference = _by_reference_roots()
     for obj in objects:
         cls = obj if isinstance(obj, type) else type(obj)
         for klass in cls.__mro__:
             name = klass.__module__
             module = sys.modules.get(name)
-            if (module is None or name == "__main__" or name == "builtins"
-                    or name.split(".")[0] in _BY_REFERENCE_ROOTS
+            if (module is None or name == "__main__" or name.split(".")[0] in by_reference
                     or name in registered):
                 continue
             try:

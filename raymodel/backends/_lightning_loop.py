@@ -1,129 +1,146 @@
-"""The worker side of ``RayLightningModel``: data loaders, the hook bridge, ``Trainer.fit``."""
+"""The worker side of ``RayLightningModel``: Lightning's ``Trainer`` drives ``WorkerRun``'s phases.
+
+Lightning owns its fit loop, so this loop maps Lightning's callback points
+onto ``WorkerRun``'s phase methods (the order is checked there). ``Trainer.fit``
+runs in a thread; the callbacks reach the run's event loop with ``run.sync``.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
 
 import torch
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
-from raymodel.backends._session import WorkerRun
+from raymodel.backends._torch_loop import ShardSampler, TorchLoop, to_tensor
 from raymodel.backends.lightning import _lightning
-from raymodel.data import Arrays, Batches, TorchDataset
-from raymodel.data._loading import round_robin
-from raymodel.exceptions import DataError
+from raymodel.data import Arrays, Batches, RayDataset, TorchDataset
+from raymodel.data._loading import worker_batches
+
+if TYPE_CHECKING:
+    from raymodel.backends._run import WorkerRun
 
 pl = _lightning()
 
 
-class HookBridge(pl.Callback):
-    """Turns Lightning's callback hooks into raymodel's hooks, and ends each epoch
-    the raymodel way (history, checkpoint, ``ray.train.report``)."""
+class LightningLoop(TorchLoop):
+    """Builds the loaders and the ``Trainer``; resumes with ``Trainer.fit(ckpt_path=...)``."""
 
-    def __init__(self, run: WorkerRun, loop: asyncio.AbstractEventLoop) -> None:
-        self.run, self.loop = run, loop
-        self.offset = len(run.history)
+    def __init__(self, run: "WorkerRun") -> None:
+        super().__init__(run)
+        self.trainer: Any = None
+        self.resume: dict[str, Any] | None = None
+
+    def build(self) -> None:
+        """Lightning creates the optimizers itself, inside ``fit``."""
+        self.model._optimizers, self.model._scheduler_configs, self.model._schedulers = [], [], []
+
+    def ready(self) -> None:
+        """DDP is Lightning's strategy's job."""
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)  # the weights
+        self.resume = state.get("lightning")  # the rest: Lightning restores it in `fit`
+
+    def get_state(self) -> dict[str, Any]:
+        """Lightning's own checkpoint; ``save_checkpoint`` is a collective, so every worker calls it."""
+        with tempfile.TemporaryDirectory(prefix="raymodel-pl-") as tmp:
+            path = os.path.join(tmp, "checkpoint.ckpt")
+            self.trainer.save_checkpoint(path)  # rank 0 writes the file
+            if self.run.rank != 0:
+                return {}
+            return {"lightning": torch.load(path, map_location="cpu", weights_only=False)}
+
+    async def run_epochs(self, first: int, last: int) -> None:
+        run, settings = self.run, self.run.settings
+        self.trainer = pl.Trainer(
+            max_epochs=last, devices="auto", accelerator="gpu" if settings.use_gpu else "cpu",
+            strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()], callbacks=[_Bridge(run)],
+            use_distributed_sampler=False,  # raymodel's sharding policy (ShardSampler) instead
+            enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False,
+            num_sanity_val_steps=0,
+        )
+        trainer = prepare_trainer(self.trainer)
+        train = self._loader("train")
+        valid = self._loader("valid") if self.has_validation else None
+        with tempfile.TemporaryDirectory(prefix="raymodel-pl-") as tmp:
+            ckpt_path = None
+            if self.resume is not None and "loops" in self.resume:
+                ckpt_path = os.path.join(tmp, "resume.ckpt")
+                torch.save(self.resume, ckpt_path)
+            await asyncio.to_thread(trainer.fit, self.model.module, train_dataloaders=train,
+                                    val_dataloaders=valid, ckpt_path=ckpt_path)
+
+    def _loader(self, split_name: str) -> Any:
+        split, train = self.run.splits[split_name], split_name == "train"
+        rank, world, s = self.run.rank, self.run.world, self.run.settings
+        if isinstance(split, Arrays):
+            x = to_tensor(split.x)
+            dataset = TensorDataset(x) if split.y is None else TensorDataset(x, to_tensor(split.y))
+            split = TorchDataset(dataset)
+        if isinstance(split, TorchDataset):
+            sampler = ShardSampler(len(split.dataset), rank, world, train=train, shuffle=s.shuffle, seed=s.seed)
+            return DataLoader(split.dataset, batch_size=s.batch_size, sampler=sampler)
+        if isinstance(split, Batches):
+            return _Reiterable(lambda: worker_batches(split.iterable, rank, world, train=train))
+        if isinstance(split, RayDataset):
+            import ray.train
+
+            shard = ray.train.get_dataset_shard(split.key)
+            return _Reiterable(lambda: iter(shard.iter_torch_batches(batch_size=s.batch_size)))
+        raise TypeError(f"Unsupported split {type(split).__name__}")
+
+
+class _Reiterable:
+    """What Lightning iterates once per epoch: a fresh iterator each time."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def __iter__(self) -> Any:
+        return self.make()
+
+
+class _Bridge(pl.Callback):
+    """Lightning's callback points -> ``WorkerRun``'s phases and batch hooks."""
+
+    def __init__(self, run: "WorkerRun") -> None:
+        self.run = run
         self.losses: list[torch.Tensor] = []
-
-    def _wait(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
-
-    def _epoch(self, trainer: Any) -> int:
-        return self.offset + trainer.current_epoch + 1
-
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self._wait(self.run.hooks.call("before_fit"))
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.losses = []
-        self._wait(self.run.hooks.call("before_epoch", self._epoch(trainer)))
+        self.run.sync(self.run.begin_epoch(trainer.current_epoch + 1))
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.run.hooks.has("before_batch"):
-            self._wait(self.run.hooks.before_batch(batch, batch_idx))
+            self.run.sync(self.run.before_batch(batch, batch_idx))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
-            self.losses.append(loss.detach().float())
+            self.losses.append(loss.detach().float().cpu())
         if self.run.hooks.has("after_batch"):
-            self._wait(self.run.hooks.call("after_batch", batch_idx, outputs))
+            self.run.sync(self.run.after_batch(batch_idx, outputs))
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        if not trainer.sanity_checking:
-            self._wait(self.run.hooks.call("before_validation"))
+        self.run.sync(self.run.begin_validation())
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if not trainer.sanity_checking:
-            val = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val")}
-            self._wait(self.run.hooks.call("after_validation", val))
+        val = {k: v for k, v in _scalars(trainer).items() if k.startswith("val")}
+        self.run.sync(self.run.end_validation(val))
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        total = torch.stack(self.losses).sum() if self.losses else torch.tensor(0.0)
-        stats = torch.stack([total.cpu(), torch.tensor(float(len(self.losses)))]).to(pl_module.device)
-        stats = trainer.strategy.reduce(stats, reduce_op="sum")
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
-                   if isinstance(v, torch.Tensor) and v.numel() == 1}
-        metrics["loss"] = float(stats[0] / stats[1]) if float(stats[1]) else float("nan")
-        epoch = self._epoch(trainer)
-        self._wait(self.run.hooks.call("after_epoch", epoch, metrics))
-        self._wait(self.run.end_epoch(epoch, metrics))
+        total = float(torch.stack(self.losses).sum()) if self.losses else 0.0
+        metrics = {**_scalars(trainer), **self.run.mean_over_workers({"loss": (total, len(self.losses))})}
+        if self.run.sync(self.run.end_epoch(trainer.current_epoch + 1, metrics)):
+            trainer.should_stop = True
 
 
-async def fit(loop_config: dict[str, Any]) -> dict[str, Any]:
-    run = WorkerRun(loop_config)
-    torch.manual_seed(run.settings.seed)
-    await run.setup_model()
-    await run.restore()
-    splits = run.splits()
-    settings = run.settings
-    train = _loader(splits["train"], settings.batch_size, shuffle=settings.shuffle, run=run)
-    valid = _loader(splits["valid"], settings.batch_size, shuffle=False, run=run) if "valid" in splits else None
-    remaining = run.num_epochs - len(run.history)
-    if remaining > 0:
-        loop = asyncio.new_event_loop()
-        trainer = pl.Trainer(
-            max_epochs=remaining, devices="auto", accelerator="gpu" if settings.use_gpu else "cpu",
-            strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()],
-            callbacks=[HookBridge(run, loop)], enable_checkpointing=False, logger=False,
-            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        )
-        trainer = prepare_trainer(trainer)
-        # Lightning's loop is synchronous; the bridge runs async hooks on its own event loop
-        # in a worker thread, so this coroutine's loop is not re-entered.
-        await asyncio.to_thread(trainer.fit, run.model.module, train_dataloaders=train, val_dataloaders=valid)
-        loop.close()
-    return await run.finish()
-
-
-class _Shared:
-    """A re-iterable of ready batches, round-robin over workers (whole rounds only)."""
-
-    def __init__(self, iterable: Any, rank: int, world: int) -> None:
-        self.iterable, self.rank, self.world = iterable, rank, world
-
-    def __iter__(self) -> Any:
-        return round_robin(self.iterable, self.rank, self.world)
-
-
-def _loader(split: Any, batch_size: int, shuffle: bool, run: WorkerRun) -> Any:
-    """Lightning (with ``prepare_trainer``) adds the distributed sampler to DataLoaders itself."""
-    if isinstance(split, Arrays):
-        x = torch.from_numpy(_float_or_long(split.x))
-        tensors = (x,) if split.y is None else (x, torch.from_numpy(_float_or_long(split.y)))
-        return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=shuffle)
-    if isinstance(split, TorchDataset):
-        return DataLoader(split.dataset, batch_size=batch_size, shuffle=shuffle)
-    if isinstance(split, Batches) and not split.is_async:
-        return _Shared(split.iterable, run.rank, run.world)
-    raise DataError(f"The lightning backend takes arrays, torch Datasets and iterables of batches "
-                    f"(got {type(split).__name__}).")
-
-
-def _float_or_long(a: Any) -> Any:
-    import numpy as np
-
-    a = np.array(a)
-    return a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) else a.astype(np.int64)
+def _scalars(trainer: Any) -> dict[str, float]:
+    return {k: float(v) for k, v in trainer.callback_metrics.items()
+            if isinstance(v, torch.Tensor) and v.numel() == 1}

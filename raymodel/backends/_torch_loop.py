@@ -1,68 +1,71 @@
-"""The worker loop of ``RayTorchModel``: data, DDP, optimization, metrics.
+"""The worker side of ``RayTorchModel``: devices, DDP, optimization, LR schedulers, metrics.
 
-Runs on every Ray Train worker inside ``asyncio.run``: synchronous steps and
-hooks are called directly, ``async def`` ones are awaited, and the next batch
-is always loaded in the background while the current one is processed.
+``WorkerRun`` owns the lifecycle; this loop trains one epoch and evaluates.
+The next batch is always loaded in the background while the current one is
+processed; synchronous steps are called directly, ``async def`` ones awaited.
 """
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Iterable
+import dataclasses
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Iterator
 
 import numpy as np
-
-from raymodel.backends._session import WorkerRun
-from raymodel.backends.base import batch_len
-from raymodel.data import Arrays, Batches, RayDataset, TorchDataset, aprefetch, prefetch, shard_indices
-from raymodel.data._loading import around_robin, round_robin
-from raymodel.exceptions import ModelDefinitionError
-from raymodel.exceptions import HookError
-from raymodel.hooks import maybe_await
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from raymodel.backends.base import WorkerLoop, batch_len
+from raymodel.data import Arrays, Batches, RayDataset, TorchDataset, aprefetch, prefetch, worker_rows
+from raymodel.data._loading import aworker_batches, worker_batches
+from raymodel.exceptions import HookError, ModelDefinitionError
+from raymodel.hooks import maybe_await
 
-class TorchLoop:
-    """Trains one worker's model replica for ``settings.num_epochs`` epochs."""
+if TYPE_CHECKING:
+    from raymodel.backends._run import WorkerRun
 
-    def __init__(self, payload: dict[str, Any]) -> None:
-        self.run = WorkerRun(payload)
-        self.model = self.run.model
-        self.settings = self.run.settings
+
+@dataclasses.dataclass
+class SchedulerConfig:
+    """An LR scheduler and when it steps (Lightning's ``lr_scheduler`` dict)."""
+
+    scheduler: Any
+    interval: str = "epoch"  # or "step"
+    monitor: str | None = None  # the metric a ReduceLROnPlateau steps on
+
+    def step(self, metrics: dict[str, float] | None = None) -> None:
+        if self.monitor is None:
+            self.scheduler.step()
+            return
+        if not metrics or self.monitor not in metrics:
+            raise ModelDefinitionError(f"The LR scheduler monitors `{self.monitor}`, which the epoch did not "
+                                       f"report (it reported {sorted(metrics or {})}).")
+        self.scheduler.step(metrics[self.monitor])
+
+
+class TorchLoop(WorkerLoop):
+    """Trains one worker's replica of a ``RayTorchModel``."""
+
+    def __init__(self, run: "WorkerRun") -> None:
+        super().__init__(run)
         import ray.train.torch
 
         self.device = ray.train.torch.get_device()
-        self.distributed = self.run.world > 1 and dist.is_available() and dist.is_initialized()
+        self.distributed = run.world > 1 and dist.is_available() and dist.is_initialized()
+        self.step_module: nn.Module | None = None
 
-    async def fit(self) -> dict[str, Any]:
-        run, model = self.run, self.model
-        torch.manual_seed(self.settings.seed)
-        await run.setup_model()
-        modules = model.backend.modules(model)
-        for m in modules.values():
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def build(self) -> None:
+        model = self.model
+        for m in model.backend.modules(model).values():
             m.to(self.device)
-        model._optimizers, model._schedulers = _optimizers(model)
-        await run.restore()
-        self.step_module = self._wrap(modules)
-        splits = run.splits()
-        self.train_data = splits["train"]
-        self.valid_data = splits.get("valid")
-        await run.hooks.call("before_fit")
-        for epoch in run.epochs():
-            await run.hooks.call("before_epoch", epoch)
-            metrics = await self._train_epoch(epoch)
-            for scheduler in model._schedulers:
-                scheduler.step()
-            if self.valid_data is not None:
-                await run.hooks.call("before_validation")
-                val_metrics = await self._validate()
-                await run.hooks.call("after_validation", val_metrics)
-                metrics.update(val_metrics)
-            await run.hooks.call("after_epoch", epoch, metrics)
-            await run.end_epoch(epoch, metrics)
-        return await run.finish()
+        model._optimizers, model._scheduler_configs = configure_optimizers(model)
+        model._schedulers = [c.scheduler for c in model._scheduler_configs]
+
+    def ready(self) -> None:
+        self.step_module = self._wrap(self.model.backend.modules(self.model))
 
     # ------------------------------------------------------------ training
     def _wrap(self, modules: dict[str, nn.Module]) -> nn.Module | None:
@@ -81,19 +84,18 @@ class TorchLoop:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(step, device_ids=device_ids)
 
-    async def _train_epoch(self, epoch: int) -> dict[str, float]:
-        model, hooks = self.model, self.run.hooks
+    async def train_epoch(self, epoch: int) -> dict[str, float]:
+        model, run = self.model, self.run
         for m in model.backend.modules(model).values():
             m.train()
         auto = model.automatic_optimization
         optimizers = model._optimizers
+        per_step = [c for c in model._scheduler_configs if c.interval == "step"]
         step = self.step_module if self.step_module is not None else model.train_step
         sums: dict[str, torch.Tensor] = {}
         n_batches = 0
-        async for batch_idx, batch in _aenumerate(self._batches(self.train_data, train=True, epoch=epoch)):
-            batch = _to_device(batch, self.device)
-            if hooks.has("before_batch"):
-                batch = await hooks.before_batch(batch, batch_idx)
+        async for batch_idx, batch in _aenumerate(self._batches("train", epoch)):
+            batch = await run.before_batch(_to_device(batch, self.device), batch_idx)
             if auto:
                 for opt in optimizers:
                     opt.zero_grad(set_to_none=True)
@@ -103,27 +105,27 @@ class TorchLoop:
                 loss.backward()
                 for opt in optimizers:
                     opt.step()
+            for config in per_step:
+                config.step()
             _accumulate(sums, outputs, loss)
             n_batches += 1
-            if hooks.has("after_batch"):
-                await hooks.call("after_batch", batch_idx, outputs)
-        return self._reduce_mean(sums, n_batches)
+            await run.after_batch(batch_idx, outputs)
+        return run.mean_over_workers({k: (float(v), n_batches) for k, v in sums.items()})
 
-    def _reduce_mean(self, sums: dict[str, torch.Tensor], n_batches: int) -> dict[str, float]:
-        """Mean of each step output over all workers' batches."""
-        local = {k: (float(v), n_batches) for k, v in sums.items()}
-        totals = self._all_gather_sum(local)
-        return {k: s / n for k, (s, n) in totals.items() if n}
+    def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        for config in self.model._scheduler_configs:
+            if config.interval == "epoch":
+                config.step(metrics)
 
     # ---------------------------------------------------------- validation
-    async def _validate(self) -> dict[str, float]:
+    async def validate(self, epoch: int) -> dict[str, float]:
         model = self.model
         modules = model.backend.modules(model).values()
         for m in modules:
             m.eval()
         sums: dict[str, tuple[float, int]] = {}
         with torch.no_grad():
-            async for batch in self._batches(self.valid_data, train=False, epoch=0):
+            async for batch in self._batches("valid", epoch):
                 batch = _to_device(batch, self.device)
                 out = await maybe_await(model.validation_step(batch))
                 if out is None:
@@ -136,56 +138,77 @@ class TorchLoop:
                     )
                 n = batch_len(batch)
                 for key, value in out.items():
-                    name = key if key.startswith("val_") else f"val_{key}"
-                    s, c = sums.get(name, (0.0, 0))
-                    sums[name] = (s + float(value) * n, c + n)
+                    s, c = sums.get(key, (0.0, 0))
+                    sums[key] = (s + float(value) * n, c + n)
         for m in modules:
             m.train()
-        totals = self._all_gather_sum(sums)
-        return {k: s / n for k, (s, n) in sorted(totals.items()) if n}
+        return self.run.mean_over_workers(sums)
 
-    def _all_gather_sum(self, local: dict[str, tuple[float, int]]) -> dict[str, tuple[float, int]]:
-        """Add up ``{name: (sum, count)}`` over every worker (one collective per call)."""
-        if not self.distributed:
-            return dict(local)
-        gathered: list[Any] = [None] * self.run.world
-        dist.all_gather_object(gathered, local)
-        totals: dict[str, tuple[float, int]] = {}
-        for part in gathered:
-            for k, (s, n) in part.items():
-                ts, tn = totals.get(k, (0.0, 0))
-                totals[k] = (ts + s, tn + n)
-        return totals
+    # ----------------------------------------------------------- RNG state
+    def rng_state(self) -> Any:
+        state = {"cpu": torch.get_rng_state().numpy()}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device).numpy()
+        return state
+
+    def set_rng_state(self, state: Any) -> None:
+        torch.set_rng_state(torch.from_numpy(np.asarray(state["cpu"])))
+        if "cuda" in state and torch.cuda.is_available() and self.device.type == "cuda":
+            torch.cuda.set_rng_state(torch.from_numpy(np.asarray(state["cuda"])), self.device)
 
     # ---------------------------------------------------------------- data
-    async def _batches(self, split: Any, *, train: bool, epoch: int) -> AsyncIterator[Any]:
+    async def _batches(self, split_name: str, epoch: int) -> AsyncIterator[Any]:
+        split, train = self.run.splits[split_name], split_name == "train"
         rank, world = self.run.rank, self.run.world
         if isinstance(split, Batches) and split.is_async:
-            source = around_robin(split.iterable, rank, world) if train else _async_shard(split.iterable, rank, world)
-            async for batch in aprefetch(source):
+            async for batch in aprefetch(aworker_batches(split.iterable, rank, world, train=train)):
                 yield batch
             return
-        for batch in prefetch(self._sync_batches(split, train=train, epoch=epoch)):
+        for batch in prefetch(self._sync_batches(split, train, epoch)):
             yield batch
 
-    def _sync_batches(self, split: Any, *, train: bool, epoch: int) -> Iterable[Any]:
-        rank, world, s = self.run.rank, self.run.world, self.settings
+    def _sync_batches(self, split: Any, train: bool, epoch: int) -> Iterable[Any]:
+        rank, world, s = self.run.rank, self.run.world, self.run.settings
         if isinstance(split, Arrays):
-            x, y = _tensor(split.x), None if split.y is None else _tensor(split.y, label=True)
-            idx = torch.from_numpy(shard_indices(len(split), rank, world, shuffle=train and s.shuffle,
-                                                 seed=s.seed, epoch=epoch, pad=train))
+            x, y = to_tensor(split.x), None if split.y is None else to_tensor(split.y)
+            idx = torch.from_numpy(worker_rows(len(split), rank, world, train=train, shuffle=s.shuffle,
+                                               seed=s.seed, epoch=epoch))
             return _array_batches(x, y, idx, s.batch_size)
         if isinstance(split, TorchDataset):
-            return _dataset_loader(split.dataset, rank, world, s.batch_size, train=train,
-                                   shuffle=s.shuffle, seed=s.seed, epoch=epoch)
+            from torch.utils.data import DataLoader
+
+            sampler = ShardSampler(len(split.dataset), rank, world, train=train, shuffle=s.shuffle, seed=s.seed)
+            sampler.set_epoch(epoch)
+            return DataLoader(split.dataset, batch_size=s.batch_size, sampler=sampler)
         if isinstance(split, RayDataset):
             import ray.train
 
-            shard = ray.train.get_dataset_shard(split.key)
-            return shard.iter_torch_batches(batch_size=s.batch_size)
+            return ray.train.get_dataset_shard(split.key).iter_torch_batches(batch_size=s.batch_size)
         if isinstance(split, Batches):
-            return round_robin(split.iterable, rank, world) if train else _sync_shard(split.iterable, rank, world)
+            return worker_batches(split.iterable, rank, world, train=train)
         raise TypeError(f"Unsupported split {type(split).__name__}")
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """A torch ``Sampler`` over this worker's rows, by raymodel's one sharding policy
+    (:func:`raymodel.data.worker_rows`); ``set_epoch`` reshuffles."""
+
+    def __init__(self, n: int, rank: int, world: int, *, train: bool, shuffle: bool, seed: int) -> None:
+        self.n, self.rank, self.world, self.train, self.shuffle, self.seed = n, rank, world, train, shuffle, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _rows(self) -> np.ndarray:
+        return worker_rows(self.n, self.rank, self.world, train=self.train, shuffle=self.shuffle, seed=self.seed,
+                           epoch=self.epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rows().tolist())
+
+    def __len__(self) -> int:
+        return len(self._rows())
 
 
 class _StepModule(nn.Module):
@@ -220,23 +243,42 @@ def average_gradients(modules: Iterable[nn.Module]) -> None:
         offset += n
 
 
-def _optimizers(model: Any) -> tuple[list[Any], list[Any]]:
+def configure_optimizers(model: Any) -> tuple[list[Any], list[SchedulerConfig]]:
+    """The optimizers and LR schedulers of ``configure_optimizers``, in any of its forms:
+    an optimizer, a list of them, ``(optimizer(s), scheduler(s))``, or a Lightning-style dict."""
     configured = model.configure_optimizers()
-    schedulers: list[Any] = []
+    schedulers: Any = None
     if isinstance(configured, dict):
         if "optimizer" not in configured:
             raise ModelDefinitionError("`configure_optimizers` returned a dict without an `optimizer` key.")
-        scheduler = configured.get("lr_scheduler")
-        configured = configured["optimizer"]
-        if scheduler is not None:
-            schedulers = list(scheduler) if isinstance(scheduler, (list, tuple)) else [scheduler]
+        configured, schedulers = configured["optimizer"], configured.get("lr_scheduler")
+    elif isinstance(configured, tuple) and len(configured) == 2 and _are_schedulers(configured[1]):
+        configured, schedulers = configured
     optimizers = list(configured) if isinstance(configured, (list, tuple)) else [configured]
     if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
         raise ModelDefinitionError(
-            f"`configure_optimizers` must return a `torch.optim.Optimizer`, a list of them, or "
-            f"`{{'optimizer': ..., 'lr_scheduler': ...}}` (got {configured!r})."
+            "`configure_optimizers` must return a `torch.optim.Optimizer`, a list of them, "
+            "`(optimizer, scheduler)`, or `{'optimizer': ..., 'lr_scheduler': ...}` "
+            f"(got {configured!r})."
         )
-    return optimizers, schedulers
+    items = schedulers if isinstance(schedulers, (list, tuple)) else [] if schedulers is None else [schedulers]
+    return optimizers, [_scheduler_config(item) for item in items]
+
+
+def _are_schedulers(value: Any) -> bool:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return bool(items) and all(isinstance(i, dict) or hasattr(i, "optimizer") and hasattr(i, "step")
+                               for i in items)
+
+
+def _scheduler_config(item: Any) -> SchedulerConfig:
+    if isinstance(item, dict):
+        if "scheduler" not in item or item.get("interval", "epoch") not in ("epoch", "step"):
+            raise ModelDefinitionError("An `lr_scheduler` dict needs a `scheduler` and an `interval` of 'epoch' "
+                                       f"or 'step' (got {item!r}).")
+        return SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("monitor"))
+    monitor = "val_loss" if type(item).__name__ == "ReduceLROnPlateau" else None
+    return SchedulerConfig(item, "epoch", monitor)
 
 
 async def _call_step(step: Any, batch: Any, name: str) -> Any:
@@ -268,8 +310,9 @@ def _accumulate(sums: dict[str, torch.Tensor], outputs: Any, loss: torch.Tensor)
                 sums[k] = sums[k] + v if k in sums else v.clone()
 
 
-def _tensor(a: np.ndarray, label: bool = False) -> torch.Tensor:
-    # A copy: arrays from the object store are read-only, and torch wants writable memory.
+def to_tensor(a: np.ndarray) -> torch.Tensor:
+    """Floats (and booleans) as float32, everything else as int64; always a writable copy
+    (arrays from the object store are read-only)."""
     dtype = np.float32 if np.issubdtype(a.dtype, np.floating) or a.dtype == bool else np.int64
     return torch.from_numpy(np.array(a, dtype=dtype, order="C", copy=True))
 
@@ -278,32 +321,6 @@ def _array_batches(x: torch.Tensor, y: torch.Tensor | None, idx: torch.Tensor, b
     for start in range(0, len(idx), batch_size):
         sel = idx[start:start + batch_size]
         yield (x[sel],) if y is None else (x[sel], y[sel])
-
-
-def _dataset_loader(dataset: Any, rank: int, world: int, batch_size: int, *, train: bool, shuffle: bool,
-                    seed: int, epoch: int) -> Iterable[Any]:
-    from torch.utils.data import DataLoader, Subset
-    from torch.utils.data.distributed import DistributedSampler
-
-    if train:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
-        sampler.set_epoch(epoch)
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-    return DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size=batch_size)
-
-
-def _sync_shard(iterable: Iterable[Any], rank: int, world: int) -> Iterable[Any]:
-    for i, batch in enumerate(iterable):
-        if i % world == rank:
-            yield batch
-
-
-async def _async_shard(iterable: Any, rank: int, world: int) -> AsyncIterator[Any]:
-    i = 0
-    async for batch in iterable:
-        if i % world == rank:
-            yield batch
-        i += 1
 
 
 async def _aenumerate(it: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any]]:
@@ -323,5 +340,3 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
-
-

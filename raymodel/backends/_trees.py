@@ -1,24 +1,21 @@
-"""What the boosted-tree backends share: arrays per worker shard, a round = an epoch.
+"""What the boosted-tree backends share: arrays per worker shard, one boosting round per epoch.
 
-Hooks a tree backend calls, per worker: ``before_setup, after_setup,
-[on_load_checkpoint], before_fit, before_epoch(round), after_epoch(round, metrics),
-[on_save_checkpoint], after_fit``. There are no batches and no separate
-validation pass (``after_validation`` is called with each round's validation
-metrics), so ``before_batch``/``after_batch``/``before_validation`` are not called.
+Hooks a tree backend calls, per worker: every hook but ``before_batch`` and
+``after_batch`` (there are no batches). Each epoch boosts one round (the
+framework's low-level ``update``), evaluates the training rows, then the
+validation rows; metrics are averaged over workers weighted by their rows,
+so every validation row counts exactly once.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from raymodel._internal import serialization
-from raymodel.backends._session import WorkerRun
-from raymodel.backends.base import Backend, to_jsonable
-from raymodel.data import Arrays, DataSpec, shard_indices
+from raymodel.backends.base import Backend, WorkerLoop, to_jsonable
+from raymodel.data import worker_rows
 from raymodel.exceptions import DataError, ModelDefinitionError
 
 
@@ -30,12 +27,12 @@ class TreeBackend(Backend):
     """
 
     epoch_unit = "round"
+    accepts = ("arrays",)
     required_methods = ("setup",)
+    hook_notes = {"before_batch": "no (no batches)", "after_batch": "no (no batches)"}
+    state_keys = ("booster",)
     #: The booster's file in the checkpoint's ``state/`` folder.
     booster_file = ""
-
-    def save_booster(self, booster: Any, path: Path) -> None:
-        booster.save_model(str(path))  # the same call in XGBoost and LightGBM
 
     def load_booster(self, path: Path) -> Any:
         raise NotImplementedError("The 'load_booster' method must be implemented.")
@@ -51,19 +48,12 @@ class TreeBackend(Backend):
         return {"booster": model.booster}
 
     def write_state(self, model: Any, state: dict[str, Any], directory: Path) -> None:
-        state = dict(state)
-        booster = state.pop("booster", None)
-        if booster is not None:
-            self.save_booster(booster, directory / self.booster_file)  # the framework's own format
-        if state:  # entries added by `on_save_checkpoint`
-            (directory / "extra.pkl").write_bytes(serialization.dumps(state))
+        if state.get("booster") is not None:
+            state["booster"].save_model(str(directory / self.booster_file))  # the framework's own format
 
     def read_state(self, model: Any, directory: Path) -> dict[str, Any]:
         path = directory / self.booster_file
-        state: dict[str, Any] = {"booster": self.load_booster(path) if path.exists() else None}
-        if (directory / "extra.pkl").exists():
-            state.update(serialization.loads((directory / "extra.pkl").read_bytes()))
-        return state
+        return {"booster": self.load_booster(path) if path.exists() else None}
 
     def set_state(self, model: Any, state: dict[str, Any]) -> None:
         model.booster = state.get("booster")
@@ -73,18 +63,13 @@ class TreeBackend(Backend):
             raise ModelDefinitionError(f"`{type(model).__name__}` has no trained booster yet: train it first.")
         return model.booster
 
-    def validate_data(self, data: DataSpec) -> None:
-        bad = [name for name, split in data.splits.items() if not isinstance(split, Arrays)]
-        if bad:
-            raise DataError(f"The {self.name} backend trains on arrays: pass `rm.data.from_numpy(X, y)`, "
-                            f"`rm.data.from_pandas(df, label=...)` or `(X, y)` tuples (split {bad[0]!r} is not).")
-        for name, split in data.splits.items():
-            if isinstance(split, Arrays) and not hasattr(split.x, "ndim"):
-                continue  # object-store refs: a tune trial re-checks data the driver already checked
-            if isinstance(split, Arrays) and (split.y is None or split.x.ndim != 2):
-                raise DataError(f"The {self.name} backend needs 2-D features and labels "
-                                f"(split {name!r} has X of shape {getattr(split.x, 'shape', '?')} "
-                                f"and {'no' if split.y is None else 'some'} labels).")
+    def check_split(self, name: str, split: Any) -> None:
+        if not hasattr(split.x, "ndim"):
+            return  # object-store refs: a tune trial re-checks data the driver already checked
+        if split.y is None or split.x.ndim != 2:
+            raise DataError(f"The {self.name} backend needs 2-D features and labels "
+                            f"(split {name!r} has X of shape {getattr(split.x, 'shape', '?')} "
+                            f"and {'no' if split.y is None else 'some'} labels).")
 
     def preprocess(self, model: Any, payload: Any) -> Any:
         x = np.asarray(payload, dtype=np.float32)
@@ -94,26 +79,42 @@ class TreeBackend(Backend):
         return to_jsonable(output)
 
 
-class TreeRun:
-    """The worker side of a boosted-tree run: shards, an event loop for the hooks."""
+class TreeLoop(WorkerLoop):
+    """One boosting round per epoch; a subclass wraps its framework's booster API."""
 
-    def __init__(self, loop_config: dict[str, Any]) -> None:
-        self.run = WorkerRun(loop_config)
-        self.loop = asyncio.new_event_loop()
+    def build(self) -> None:
+        self.rows = {name: self._shard(name) for name in self.run.splits}
+        self.datasets: dict[str, Any] = {}
+        for name in sorted(self.rows, key=lambda n: n != "train"):  # train first: others may refer to it
+            self.datasets[name] = self.dataset(name, *self.rows[name])
 
-    def wait(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
-
-    def shard(self, split: Arrays) -> tuple[np.ndarray, np.ndarray]:
-        """This worker's rows (every worker's shard together covers each row once)."""
-        run = self.run
-        idx = shard_indices(len(split), run.rank, run.world, shuffle=False, seed=0, epoch=0, pad=False)
+    def _shard(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        split, run, s = self.run.splits[name], self.run, self.run.settings
+        idx = worker_rows(len(split), run.rank, run.world, train=name == "train", shuffle=s.shuffle, seed=s.seed)
         return np.asarray(split.x)[idx], np.asarray(split.y)[idx]
 
-    async def end_round(self, epoch: int, metrics: dict[str, float]) -> None:
-        hooks = self.run.hooks
-        val = {k: v for k, v in metrics.items() if k.startswith("val_")}
-        if val:
-            await hooks.call("after_validation", val)
-        await hooks.call("after_epoch", epoch, metrics)
-        await self.run.end_epoch(epoch, metrics)
+    async def train_epoch(self, epoch: int) -> dict[str, float]:
+        self.model.booster = self.boost(epoch)
+        return self._mean("train", epoch)
+
+    async def validate(self, epoch: int) -> dict[str, float]:
+        return self._mean("valid", epoch)
+
+    def _mean(self, name: str, epoch: int) -> dict[str, float]:
+        """The split's metrics over every worker's rows (the first metric is ``loss``)."""
+        n = len(self.rows[name][0])
+        metrics = {("loss" if i == 0 else metric): value for i, (metric, value) in enumerate(self.evaluate(name, epoch))}
+        return self.run.mean_over_workers({k: (v * n, n) for k, v in metrics.items()})
+
+    # -------------------------------------------------- the framework's part
+    def dataset(self, name: str, x: np.ndarray, y: np.ndarray) -> Any:
+        """The framework's data structure for one split of this worker's rows."""
+        raise NotImplementedError("The 'dataset' method must be implemented.")
+
+    def boost(self, epoch: int) -> Any:
+        """Add one boosting round (continuing ``self.model.booster`` if restored); return the booster."""
+        raise NotImplementedError("The 'boost' method must be implemented.")
+
+    def evaluate(self, name: str, epoch: int) -> list[tuple[str, float]]:
+        """``[(metric name, value), ...]`` of the booster on this worker's rows of split ``name``."""
+        raise NotImplementedError("The 'evaluate' method must be implemented.")

@@ -1,48 +1,79 @@
 """The backend seam: everything framework-specific, and nothing else.
 
-A backend tells the drivers in ``train/``, ``tune/`` and ``serve/``:
+A backend is two small classes:
 
-* how to build the Ray Train trainer and the function each worker runs,
-* how to get, write, read and set the model's state (the framework's own save/load),
-* how to run inference: default ``forward``/``preprocess``/``postprocess``,
-  stacking per-request inputs into one batch and splitting the output back.
+* :class:`Backend` (driver and worker): the facts about the framework
+  (name, imports, packages, extra, Ray trainer, accepted data, hooks called),
+  the model's state (the framework's own save/load) and inference defaults;
+* :class:`WorkerLoop` (train worker): build what training needs, run one
+  epoch, evaluate, and get/set the training state.
 
-Adding a framework means writing one subclass here and one model base class;
-the drivers never ask which backend they hold.
+``WorkerRun`` (``backends/_run.py``) owns the lifecycle around them for every
+backend: setup hooks, resuming, the epoch loop, validation hooks, reporting,
+checkpointing, stopping. Adding a framework is one module here: a
+``Backend``, a ``WorkerLoop`` and a model base class; the drivers in
+``train/``, ``tune/`` and ``serve/`` never ask which backend they hold.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from raymodel.exceptions import ModelDefinitionError
+from raymodel._internal.deps import require
+from raymodel.exceptions import DataError, ModelDefinitionError
 
 if TYPE_CHECKING:
+    from raymodel.backends._run import WorkerRun
     from raymodel.data import DataSpec
     from raymodel.model import RayModel
 
+#: Every form a data split can take (``raymodel.data.kind_of``).
+DATA_KINDS = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
+
 
 class Backend:
-    """Base contract of a backend. Subclasses implement every method that raises."""
+    """Base contract of a backend: the facts about a framework, its state and its inference.
+
+    Subclasses set the class attributes and implement every method that raises.
+    """
 
     #: Short name written into checkpoints ("torch", "xgboost", ...).
-    name: str = ""
+    name: ClassVar[str] = ""
     #: pip extra that installs the framework: ``pip install 'raymodel[<extra>]'``.
-    extra: str = ""
+    extra: ClassVar[str] = ""
+    #: Modules to import (checked before training; pickled by reference, never by value).
+    imports: ClassVar[tuple[str, ...]] = ()
     #: Distribution names whose versions are recorded in checkpoints.
-    packages: tuple[str, ...] = ()
+    packages: ClassVar[tuple[str, ...]] = ()
+    #: The Ray Train V2 trainer class, as ``"module.Class"``.
+    trainer: ClassVar[str] = "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer"
+    #: The data forms this backend trains on (a subset of :data:`DATA_KINDS`).
+    accepts: ClassVar[tuple[str, ...]] = ("arrays",)
     #: Methods a user's subclass must define (checked before any Ray resource is taken).
-    required_methods: tuple[str, ...] = ("setup",)
+    required_methods: ClassVar[tuple[str, ...]] = ("setup",)
     #: Name of the "epoch" unit in progress output.
-    epoch_unit: str = "epoch"
+    epoch_unit: ClassVar[str] = "epoch"
+    #: How this backend calls hooks, where it differs from "yes": hook name -> note.
+    #: A note starting with "no" means the hook is never called (the README's table reads this).
+    hook_notes: ClassVar[Mapping[str, str]] = {}
+    #: Keys of the state dict that :meth:`write_state` writes itself; any other entry
+    #: (added in ``on_save_checkpoint``) is saved beside them by the checkpoint format.
+    state_keys: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------- checking
     def import_framework(self) -> None:
         """Import the framework, or raise ``MissingDependencyError`` naming the extra."""
+        for module in self.imports:
+            require(module, self.extra)
+
+    def calls(self, hook: str) -> bool:
+        """Whether this backend ever calls ``hook`` during training."""
+        return not self.hook_notes.get(hook, "yes").startswith("no")
 
     def validate_model(self, model: "RayModel") -> None:
         """Raise :class:`ModelDefinitionError` if the model lacks a required method."""
@@ -56,34 +87,56 @@ class Backend:
                 f"{self.name} backend. See the table 'What a subclass writes' in the README."
             )
 
-    @classmethod
-    def model_base(cls) -> type:
+    def model_base(self) -> type:
         """The public model base class of this backend (e.g. ``RayTorchModel``)."""
-        raise NotImplementedError("The 'model_base' method must be implemented.")
+        from raymodel.backends import _registry
+
+        _registry.discover()
+        return _registry._MODELS[self.name]
 
     def validate_data(self, data: "DataSpec") -> None:
-        """Raise ``DataError`` when the data's form is not usable by this backend."""
+        """Raise ``DataError`` when a split's form is not in :attr:`accepts` or its shape is wrong.
+
+        Runs on the driver before Ray is touched, and on each worker for the
+        splits a data module returns.
+        """
+        from raymodel.data import kind_of
+
+        for split_name, split in data.splits.items():
+            kind = kind_of(split)
+            if kind not in self.accepts:
+                forms = ", ".join(f"`{k}`" for k in self.accepts)
+                raise DataError(f"The {self.name} backend does not train on {kind.replace('_', ' ')} "
+                                f"(split {split_name!r} is one); it takes: {forms}. "
+                                f"{_DATA_HINTS.get(self.accepts[0], '')}")
+            self.check_split(split_name, split)
+
+    def check_split(self, name: str, split: Any) -> None:
+        """Backend-specific checks of one accepted split (e.g. 2-D features); may raise ``DataError``."""
 
     # ------------------------------------------------------------- training
-    def train_loop(self) -> Callable[[dict[str, Any]], Any]:
-        """The ``train_loop_per_worker`` function given to the Ray trainer."""
-        raise NotImplementedError("The 'train_loop' method must be implemented.")
+    def worker_loop(self, run: "WorkerRun") -> "WorkerLoop":
+        """The :class:`WorkerLoop` that trains this backend's model on a worker."""
+        raise NotImplementedError("The 'worker_loop' method must be implemented.")
 
     def make_trainer(self, train_loop: Callable[[dict[str, Any]], Any], *, train_loop_config: dict[str, Any],
                      scaling_config: Any, run_config: Any, datasets: dict[str, Any] | None) -> Any:
-        """Build the Ray Train V2 trainer (``TorchTrainer``, ``XGBoostTrainer``, ...)."""
-        raise NotImplementedError("The 'make_trainer' method must be implemented.")
+        """Build the Ray Train V2 trainer named by :attr:`trainer`, not yet fit."""
+        module, _, cls_name = self.trainer.rpartition(".")
+        trainer_cls = getattr(importlib.import_module(module), cls_name)
+        return trainer_cls(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
+                           run_config=run_config, datasets=datasets or None)
 
     # ---------------------------------------------------------------- state
     def after_user_setup(self, model: "RayModel", returned: Any) -> None:
         """Called with what the user's ``setup`` returned (Lightning returns a module)."""
 
     def get_state(self, model: "RayModel") -> dict[str, Any]:
-        """The model's state as a dict (``on_save_checkpoint`` may add entries)."""
+        """The model's state as a dict of :attr:`state_keys` (``on_save_checkpoint`` may add entries)."""
         raise NotImplementedError("The 'get_state' method must be implemented.")
 
     def write_state(self, model: "RayModel", state: dict[str, Any], directory: Path) -> None:
-        """Write ``state`` into ``directory`` with the framework's own saver."""
+        """Write the :attr:`state_keys` entries of ``state`` into ``directory`` with the framework's own saver."""
         raise NotImplementedError("The 'write_state' method must be implemented.")
 
     def read_state(self, model: "RayModel", directory: Path) -> dict[str, Any]:
@@ -91,7 +144,7 @@ class Backend:
         raise NotImplementedError("The 'read_state' method must be implemented.")
 
     def set_state(self, model: "RayModel", state: dict[str, Any]) -> None:
-        """Load ``state`` into the (set up) model."""
+        """Load ``state`` into the (set up) model; entries it has no use for are ignored."""
         raise NotImplementedError("The 'set_state' method must be implemented.")
 
     # ------------------------------------------------------------ inference
@@ -119,6 +172,81 @@ class Backend:
     def split(self, output: Any, sizes: Sequence[int]) -> list[Any]:
         """Split a batched output back into per-request pieces of the given sizes."""
         return _split_nested(output, sizes)
+
+
+_DATA_HINTS = {
+    "arrays": "Pass `rm.data.from_numpy(X, y)`, `rm.data.from_pandas(df, label=...)` or `(X, y)` tuples.",
+}
+
+
+class WorkerLoop:
+    """What a backend does on a train worker; ``WorkerRun`` calls it and owns everything around it.
+
+    A loop never calls the epoch-level hooks itself: ``WorkerRun`` does, in
+    the one documented order. A loop calls only the batch hooks, through
+    ``run.before_batch`` / ``run.after_batch``. A framework with its own fit
+    loop (Lightning) overrides :meth:`run_epochs` and calls ``run.begin_epoch``,
+    ``run.begin_validation``, ``run.end_validation`` and ``run.end_epoch`` from
+    that framework's callback points instead.
+    """
+
+    def __init__(self, run: "WorkerRun") -> None:
+        self.run = run
+        self.model = run.model
+
+    def setup_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Context in which the user's ``setup(config)`` runs (e.g. a distribution strategy's scope)."""
+        return contextlib.nullcontext()
+
+    def seed(self, seed: int) -> None:
+        """Seed the framework's random generators (Python's and numpy's are seeded already)."""
+
+    def build(self) -> None:
+        """After ``setup``, before a checkpoint is restored: optimizers, devices, data."""
+
+    def ready(self) -> None:
+        """After the state is restored, before ``before_fit`` (e.g. wrap for DDP)."""
+
+    @property
+    def has_validation(self) -> bool:
+        return "valid" in self.run.splits
+
+    async def train_epoch(self, epoch: int) -> dict[str, float]:
+        """Train one epoch; return its metrics (``loss`` at least), the same on every worker."""
+        raise NotImplementedError("The 'train_epoch' method must be implemented.")
+
+    async def validate(self, epoch: int) -> dict[str, float]:
+        """Evaluate on the validation split; metrics over the whole split, the same on every worker."""
+        raise NotImplementedError("The 'validate' method must be implemented.")
+
+    def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        """After ``after_epoch``, before the checkpoint: per-epoch bookkeeping (e.g. LR schedulers)."""
+
+    async def run_epochs(self, first: int, last: int) -> None:
+        """Run epochs ``first..last``, stopping early when ``run.epoch`` says so."""
+        for epoch in range(first, last + 1):
+            if await self.run.epoch(epoch):
+                return
+
+    # ---------------------------------------------------------------- state
+    def get_state(self) -> dict[str, Any]:
+        """The training state to checkpoint: the model's, plus optimizers and the like.
+
+        Called on every worker when a checkpoint is due (a framework may save
+        collectively); rank 0's is written.
+        """
+        return self.model.backend.get_state(self.model)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s state on every worker (after :meth:`build`)."""
+        self.model.backend.set_state(self.model, state)
+
+    def rng_state(self) -> Any:
+        """The framework's random generator state on this worker (``None``: nothing to save)."""
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        """Restore what :meth:`rng_state` returned."""
 
 
 def batch_len(x: Any) -> int:

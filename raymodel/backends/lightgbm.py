@@ -2,42 +2,32 @@
 
 Training is really distributed: each worker passes Ray Train's network
 parameters (``ray.train.lightgbm.get_network_params()``) to LightGBM's
-data-parallel tree learner and builds its ``Dataset`` from its own shard.
-Hooks: see :mod:`raymodel.backends._trees`.
+data-parallel tree learner and builds its ``Dataset`` from its own shard;
+each epoch is one ``Booster.update``. LightGBM evaluates each worker's rows,
+and raymodel averages the metrics over workers weighted by rows (exact for
+mean metrics such as logloss and error). A checkpoint holds the booster in
+LightGBM's own text format. Hooks: see :mod:`raymodel.backends._trees`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from raymodel._internal.deps import require
-from raymodel.backends._trees import TreeBackend, TreeRun
+from raymodel.backends._trees import TreeBackend, TreeLoop
 from raymodel.model import RayModel
 
 
 class LightGBMBackend(TreeBackend):
     name = "lightgbm"
     extra = "lightgbm"
+    imports = ("lightgbm",)
     packages = ("lightgbm",)
+    trainer = "ray.train.lightgbm.LightGBMTrainer"
     booster_file = "model.txt"
 
-    @classmethod
-    def model_base(cls) -> type:
-        return RayLightGBMModel
-
-    def import_framework(self) -> None:
-        require("lightgbm", "lightgbm")
-
-    def train_loop(self) -> Callable[[dict[str, Any]], Any]:
-        return lightgbm_train_loop
-
-    def make_trainer(self, train_loop: Callable[[dict[str, Any]], Any], *, train_loop_config: dict[str, Any],
-                     scaling_config: Any, run_config: Any, datasets: dict[str, Any] | None) -> Any:
-        from ray.train.lightgbm import LightGBMTrainer
-
-        return LightGBMTrainer(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
-                               run_config=run_config, datasets=datasets or None)
+    def worker_loop(self, run: Any) -> Any:
+        return LightGBMLoop(run)
 
     def load_booster(self, path: Path) -> Any:
         import lightgbm
@@ -66,51 +56,36 @@ class RayLightGBMModel(RayModel):
     booster: Any = None
 
 
-def lightgbm_train_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
-    """``train_loop_per_worker``: one ``lightgbm.train`` over this worker's shard."""
-    import lightgbm
-    from ray.train.lightgbm import get_network_params
+class LightGBMLoop(TreeLoop):
+    """LightGBM's own ``Booster.update`` per round; the first round of an attempt builds the booster
+    with ``lightgbm.train`` (which continues a restored one and joins Ray Train's network)."""
 
-    tree = TreeRun(loop_config)
-    run, model = tree.run, tree.run.model
-    tree.wait(run.setup_model())
-    tree.wait(run.restore())
-    splits = run.splits()
-    x, y = tree.shard(splits["train"])
-    train_set = lightgbm.Dataset(x, label=y, free_raw_data=False)
-    valid_sets, names = [train_set], ["train"]
-    if "valid" in splits:
-        vx, vy = tree.shard(splits["valid"])
-        valid_sets.append(lightgbm.Dataset(vx, label=vy, reference=train_set))
-        names.append("valid")
-    params = {"verbosity": -1, **model.params}
-    if run.world > 1:
-        params = {"tree_learner": "data_parallel", "pre_partition": True, **params, **get_network_params()}
-    done = len(run.history)
-    tree.wait(run.hooks.call("before_fit"))
+    def dataset(self, name: str, x: Any, y: Any) -> Any:
+        import lightgbm
 
-    def before_round(env: Any) -> None:
-        tree.wait(run.hooks.call("before_epoch", done + env.iteration - env.begin_iteration + 1))
+        reference = self.datasets["train"] if name != "train" else None
+        return lightgbm.Dataset(x, label=y, reference=reference, free_raw_data=False)
 
-    def after_round(env: Any) -> None:
-        model.booster = env.model
-        tree.wait(tree.end_round(done + env.iteration - env.begin_iteration + 1, _metrics(env.evaluation_result_list)))
+    def ready(self) -> None:
+        params = {"verbosity": -1, **self.model.params}
+        if self.run.world > 1:
+            from ray.train.lightgbm import get_network_params
 
-    before_round.before_iteration = True  # type: ignore[attr-defined]
-    remaining = run.num_epochs - done
-    if remaining > 0:
-        model.booster = lightgbm.train(params, train_set, num_boost_round=remaining, valid_sets=valid_sets,
-                                       valid_names=names, init_model=model.booster,
-                                       callbacks=[before_round, after_round])
-    return tree.wait(run.finish())
+            params = {"tree_learner": "data_parallel", "pre_partition": True, **params, **get_network_params()}
+        self.params, self.booster = params, None
 
+    def boost(self, epoch: int) -> Any:
+        import lightgbm
 
-def _metrics(results: list[tuple[Any, ...]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    seen: dict[str, int] = {}
-    for data_name, metric, value, *_ in results:
-        prefix = "" if data_name == "train" else "val_"
-        i = seen.get(data_name, 0)
-        seen[data_name] = i + 1
-        out[f"{prefix}loss" if i == 0 else f"{prefix}{metric}"] = float(value)
-    return out
+        if self.booster is not None:
+            self.booster.update()
+            return self.booster
+        valid = {k: v for k, v in self.datasets.items() if k != "train"}
+        self.booster = lightgbm.train(self.params, self.datasets["train"], num_boost_round=1,
+                                      init_model=self.model.booster, keep_training_booster=True,
+                                      valid_sets=list(valid.values()) or None, valid_names=list(valid) or None)
+        return self.booster
+
+    def evaluate(self, name: str, epoch: int) -> list[tuple[str, float]]:
+        results = self.booster.eval_train() if name == "train" else self.booster.eval_valid()
+        return [(r[1], float(r[2])) for r in results if name == "train" or r[0] == name]

@@ -1,27 +1,27 @@
 """PyTorch Lightning: ``RayLightningModel`` on ``TorchTrainer`` + Lightning's ``Trainer``.
 
 Each worker runs ``Trainer.fit`` with Ray's ``RayDDPStrategy`` and
-``RayLightningEnvironment`` (through ``ray.train.lightning.prepare_trainer``);
+``RayLightningEnvironment`` (checked by ``ray.train.lightning.prepare_trainer``);
 an epoch is a Lightning epoch. The module's own ``training_step``,
 ``validation_step`` and ``configure_optimizers`` are used unchanged.
+Lightning's callback points drive raymodel's lifecycle (``WorkerRun``):
+``on_train_epoch_start`` begins an epoch, ``on_validation_start``/``_end``
+bracket validation, ``on_train_epoch_end`` ends the epoch (after validation,
+as in Lightning). ``before_batch`` is called from ``on_train_batch_start``
+(its return value is ignored: change batches in the module's
+``on_before_batch_transfer``). ``loss`` is the mean of the training step's
+loss over every worker's batches; logged metrics (``self.log(...,
+sync_dist=True)``) are reported as they are named.
 
-Hooks, mapped from Lightning's callback hooks: ``before_setup``,
-``after_setup``, ``[on_load_checkpoint]``, ``before_fit`` (``on_train_start``),
-``before_epoch`` (``on_train_epoch_start``), ``before_batch``
-(``on_train_batch_start``; its return value is ignored: change batches in the
-module's ``on_before_batch_transfer``), ``after_batch``
-(``on_train_batch_end``), ``before_validation`` / ``after_validation``
-(``on_validation_start`` / ``on_validation_end``), ``after_epoch``
-(``on_train_epoch_end``, after validation, as in Lightning),
-``[on_save_checkpoint]``, ``after_fit``. ``loss`` is the mean of the
-training step's loss over every worker's batches; logged metrics
-(``self.log(..., sync_dist=True)``) are reported as they are named.
+A checkpoint holds Lightning's own checkpoint (``Trainer.save_checkpoint``:
+weights, optimizers, LR schedulers, loops, callbacks, precision), and a run
+resumes with ``Trainer.fit(ckpt_path=...)``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 from raymodel._internal.deps import require
 from raymodel.backends.torch import TorchBackend
@@ -38,23 +38,42 @@ def _lightning() -> Any:
 
 
 class LightningBackend(TorchBackend):
-    """The torch backend's state and inference (the module is ``self.module``), Lightning's loop."""
+    """The torch backend's inference (the module is ``self.module``), Lightning's loop and checkpoint."""
 
     name = "lightning"
     extra = "lightning"
+    imports = ("torch", "pytorch_lightning", "lightning")
     packages = ("torch", "pytorch-lightning", "lightning")
+    accepts = ("arrays", "torch_dataset", "batches", "ray_dataset")
     required_methods = ("setup",)
-
-    @classmethod
-    def model_base(cls) -> type:
-        return RayLightningModel
+    hook_notes = {"before_batch": "yes (return value ignored)", "after_batch": "yes (the step's output)"}
+    state_keys = ("modules", "lightning")
+    LIGHTNING_FILE = "lightning.ckpt"
 
     def import_framework(self) -> None:
         require("torch", "lightning")
         _lightning()
 
-    def train_loop(self) -> Callable[[dict[str, Any]], Any]:
-        return lightning_train_loop
+    def worker_loop(self, run: Any) -> Any:
+        from raymodel.backends._lightning_loop import LightningLoop
+
+        return LightningLoop(run)
+
+    def write_state(self, model: RayModel, state: dict[str, Any], directory: Path) -> None:
+        if "lightning" not in state:  # weights only (`model.save()` outside a run)
+            return super().write_state(model, state, directory)
+        import torch
+
+        torch.save(state["lightning"], directory / self.LIGHTNING_FILE)  # Lightning's own checkpoint
+
+    def read_state(self, model: RayModel, directory: Path) -> dict[str, Any]:
+        path = directory / self.LIGHTNING_FILE
+        if not path.is_file():
+            return super().read_state(model, directory)
+        import torch
+
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        return {"lightning": checkpoint, "modules": {"module": checkpoint["state_dict"]}}
 
     def after_user_setup(self, model: RayModel, returned: Any) -> None:
         pl = _lightning()
@@ -85,10 +104,3 @@ class RayLightningModel(RayModel):
 
     backend = LightningBackend()
     module: Any = None
-
-
-def lightning_train_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
-    """``train_loop_per_worker``: ``Trainer.fit`` with Ray's DDP strategy."""
-    from raymodel.backends._lightning_loop import fit
-
-    return asyncio.run(fit(loop_config))

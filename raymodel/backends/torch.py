@@ -6,14 +6,12 @@ epoch is one pass over the worker's shard of the training split.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from raymodel._internal.deps import require
 from raymodel.backends.base import Backend, to_jsonable
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
@@ -25,25 +23,18 @@ if TYPE_CHECKING:
 class TorchBackend(Backend):
     name = "torch"
     extra = "torch"
+    imports = ("torch",)
     packages = ("torch",)
+    trainer = "ray.train.torch.TorchTrainer"
+    accepts = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
     required_methods = ("setup", "configure_optimizers", "train_step")
+    hook_notes = {"before_batch": "yes (may replace the batch)", "after_batch": "yes (the step's output)"}
+    state_keys = ("modules", "optimizers", "schedulers")
 
-    @classmethod
-    def model_base(cls) -> type:
-        return RayTorchModel
+    def worker_loop(self, run: Any) -> Any:
+        from raymodel.backends._torch_loop import TorchLoop
 
-    def import_framework(self) -> None:
-        require("torch", "torch")
-
-    def train_loop(self) -> Callable[[dict[str, Any]], Any]:
-        return torch_train_loop
-
-    def make_trainer(self, train_loop: Callable[[dict[str, Any]], Any], *, train_loop_config: dict[str, Any],
-                     scaling_config: Any, run_config: Any, datasets: dict[str, Any] | None) -> Any:
-        from ray.train.torch import TorchTrainer
-
-        return TorchTrainer(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
-                            run_config=run_config, datasets=datasets or None)
+        return TorchLoop(run)
 
     # ---------------------------------------------------------------- state
     @staticmethod
@@ -61,16 +52,20 @@ class TorchBackend(Backend):
             )
 
     def get_state(self, model: RayModel) -> dict[str, Any]:
+        """Weights, and during training the optimizers' and LR schedulers' states."""
         state: dict[str, Any] = {"modules": {k: m.state_dict() for k, m in self.modules(model).items()}}
         optimizers = getattr(model, "_optimizers", None)
         if optimizers:
             state["optimizers"] = [opt.state_dict() for opt in optimizers]
+        schedulers = getattr(model, "_schedulers", None)
+        if schedulers:
+            state["schedulers"] = [s.state_dict() for s in schedulers]
         return state
 
     def write_state(self, model: RayModel, state: dict[str, Any], directory: Path) -> None:
         import torch
 
-        torch.save(state, directory / "model.pt")
+        torch.save(state, directory / "model.pt")  # torch's own format
 
     def read_state(self, model: RayModel, directory: Path) -> dict[str, Any]:
         import torch
@@ -86,10 +81,11 @@ class TorchBackend(Backend):
             )
         for name, sd in state.get("modules", {}).items():
             modules[name].load_state_dict(sd)
-        optimizers = getattr(model, "_optimizers", None)
-        if optimizers and state.get("optimizers"):
-            for opt, sd in zip(optimizers, state["optimizers"]):
-                opt.load_state_dict(sd)
+        for attr in ("optimizers", "schedulers"):  # present on a train worker only
+            live = getattr(model, f"_{attr}", None)
+            if live and state.get(attr):
+                for obj, sd in zip(live, state[attr]):
+                    obj.load_state_dict(sd)
 
     # ------------------------------------------------------------ inference
     def forward(self, model: RayModel, x: Any) -> Any:
@@ -160,7 +156,10 @@ class RayTorchModel(RayModel):
     automatic_optimization: bool = True
 
     def configure_optimizers(self) -> Any:
-        """Return an optimizer, a list of them, or ``{"optimizer": ..., "lr_scheduler": ...}``."""
+        """Return an optimizer, a list of them, ``(optimizer, scheduler)``, or
+        ``{"optimizer": ..., "lr_scheduler": scheduler or {"scheduler": ..., "interval": "epoch" | "step",
+        "monitor": "val_loss"}}`` (Lightning's forms). Epoch schedulers step after each epoch; a
+        ``ReduceLROnPlateau`` steps on ``val_loss`` unless ``monitor`` names another metric."""
         raise ModelDefinitionError(f"`{type(self).__name__}` must define `configure_optimizers(self)`.")
 
     def train_step(self, batch: Any) -> Any:
@@ -190,6 +189,7 @@ class RayTorchModel(RayModel):
         return opts[0] if len(opts) == 1 else list(opts)
 
     def lr_schedulers(self) -> Any:
+        """The LR scheduler(s) from ``configure_optimizers`` (one, or a list)."""
         scheds = getattr(self, "_schedulers", [])
         return scheds[0] if len(scheds) == 1 else list(scheds)
 
@@ -199,13 +199,6 @@ class RayTorchModel(RayModel):
         from raymodel.backends._torch_loop import average_gradients
 
         average_gradients(TorchBackend.modules(self).values())
-
-
-def torch_train_loop(payload: dict[str, Any]) -> dict[str, Any]:
-    """``train_loop_per_worker`` of ``TorchTrainer``: runs the async epoch loop."""
-    from raymodel.backends._torch_loop import TorchLoop
-
-    return asyncio.run(TorchLoop(payload).fit())
 
 
 __all__ = ["RayTorchModel", "TorchBackend"]

@@ -2,41 +2,29 @@
 
 Training is really distributed: Ray Train starts XGBoost's collective
 (tracker and communicator) and each worker builds its ``DMatrix`` from its own
-shard of the rows. Hooks: see :mod:`raymodel.backends._trees`.
+shard of the rows; each epoch is one ``Booster.update``. A checkpoint holds
+the booster in XGBoost's own JSON format. Hooks: see :mod:`raymodel.backends._trees`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from raymodel._internal.deps import require
-from raymodel.backends._trees import TreeBackend, TreeRun
+from raymodel.backends._trees import TreeBackend, TreeLoop
 from raymodel.model import RayModel
 
 
 class XGBoostBackend(TreeBackend):
     name = "xgboost"
     extra = "xgboost"
+    imports = ("xgboost",)
     packages = ("xgboost",)
+    trainer = "ray.train.xgboost.XGBoostTrainer"
     booster_file = "model.json"
 
-    @classmethod
-    def model_base(cls) -> type:
-        return RayXGBoostModel
-
-    def import_framework(self) -> None:
-        require("xgboost", "xgboost")
-
-    def train_loop(self) -> Callable[[dict[str, Any]], Any]:
-        return xgboost_train_loop
-
-    def make_trainer(self, train_loop: Callable[[dict[str, Any]], Any], *, train_loop_config: dict[str, Any],
-                     scaling_config: Any, run_config: Any, datasets: dict[str, Any] | None) -> Any:
-        from ray.train.xgboost import XGBoostTrainer
-
-        return XGBoostTrainer(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
-                              run_config=run_config, datasets=datasets or None)
+    def worker_loop(self, run: Any) -> Any:
+        return XGBoostLoop(run)
 
     def load_booster(self, path: Path) -> Any:
         import xgboost
@@ -70,44 +58,25 @@ class RayXGBoostModel(RayModel):
     booster: Any = None
 
 
-def xgboost_train_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
-    """``train_loop_per_worker``: one ``xgboost.train`` over this worker's shard."""
-    import xgboost
+class XGBoostLoop(TreeLoop):
+    """XGBoost's own ``Booster.update`` per round, inside Ray Train's collective (metrics are global)."""
 
-    tree = TreeRun(loop_config)
-    run, model = tree.run, tree.run.model
-    tree.wait(run.setup_model())
-    tree.wait(run.restore())
-    splits = run.splits()
-    x, y = tree.shard(splits["train"])
-    dtrain = xgboost.DMatrix(x, label=y)
-    evals = [(dtrain, "train")]
-    if "valid" in splits:
-        vx, vy = tree.shard(splits["valid"])
-        evals.append((xgboost.DMatrix(vx, label=vy), "valid"))
-    done = len(run.history)
-    tree.wait(run.hooks.call("before_fit"))
+    def dataset(self, name: str, x: Any, y: Any) -> Any:
+        import xgboost
 
-    class Rounds(xgboost.callback.TrainingCallback):
-        def before_iteration(self, booster: Any, epoch: int, evals_log: Any) -> bool:
-            tree.wait(run.hooks.call("before_epoch", done + epoch + 1))
-            return False
+        return xgboost.DMatrix(x, label=y)
 
-        def after_iteration(self, booster: Any, epoch: int, evals_log: Any) -> bool:
-            model.booster = booster
-            tree.wait(tree.end_round(done + epoch + 1, _metrics(evals_log)))
-            return False
+    def ready(self) -> None:
+        import xgboost
 
-    remaining = run.num_epochs - done
-    if remaining > 0:
-        model.booster = xgboost.train(dict(model.params), dtrain, num_boost_round=remaining, evals=evals,
-                                      callbacks=[Rounds()], xgb_model=model.booster, verbose_eval=False)
-    return tree.wait(run.finish())
+        self.booster = xgboost.Booster(dict(self.model.params), list(self.datasets.values()),
+                                       model_file=self.model.booster)  # continues a restored booster
 
+    def boost(self, epoch: int) -> Any:
+        self.booster.update(self.datasets["train"], epoch - 1)
+        return self.booster
 
-def _metrics(evals_log: dict[str, dict[str, list[float]]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for data_name, prefix in (("train", ""), ("valid", "val_")):
-        for i, (metric, values) in enumerate(evals_log.get(data_name, {}).items()):
-            out[f"{prefix}loss" if i == 0 else f"{prefix}{metric}"] = float(values[-1])
-    return out
+    def evaluate(self, name: str, epoch: int) -> list[tuple[str, float]]:
+        text = self.booster.eval_set([(self.datasets[name], name)], epoch - 1)  # "[0]\ttrain-logloss:0.45\t..."
+        pairs = [item.removeprefix(f"{name}-").rsplit(":", 1) for item in text.split("\t")[1:]]
+        return [(metric, float(value)) for metric, value in pairs]

@@ -18,14 +18,15 @@ from raymodel.data._splits import (
     DataSpec,
     RayDataset,
     TorchDataset,
+    kind_of,
     make_arrays,
     resolve,
 )
-from raymodel.data._loading import prefetch, aprefetch, shard_indices
+from raymodel.data._loading import aprefetch, prefetch, shard_indices, worker_rows
 from raymodel.exceptions import DataError
 
 __all__ = ["from_numpy", "from_pandas", "DataSpec", "Arrays", "TorchDataset", "Batches", "RayDataset",
-           "resolve", "prefetch", "aprefetch", "shard_indices"]
+           "resolve", "kind_of", "prefetch", "aprefetch", "shard_indices", "worker_rows"]
 
 
 def from_numpy(X: Any, y: Any = None, valid_fraction: float = 0.2, seed: int = 0) -> DataSpec:

@@ -12,6 +12,18 @@ import numpy as np
 _DONE = object()
 
 
+def worker_rows(n: int, rank: int, world: int, *, train: bool, shuffle: bool = False, seed: int = 0,
+                epoch: int = 0) -> np.ndarray:
+    """The one sharding policy of every backend: this worker's rows of ``n`` for one epoch.
+
+    Training shards are padded (wrapped around) to the same length on every
+    worker, so data-parallel steps stay in step, and reshuffled each epoch
+    when ``shuffle``; validation shards are not padded, so every row is
+    counted exactly once across workers.
+    """
+    return shard_indices(n, rank, world, shuffle=train and shuffle, seed=seed, epoch=epoch, pad=train)
+
+
 def shard_indices(n: int, rank: int, world: int, *, shuffle: bool, seed: int, epoch: int,
                   pad: bool) -> np.ndarray:
     """This worker's rows of ``n`` for one epoch.
@@ -28,6 +40,27 @@ def shard_indices(n: int, rank: int, world: int, *, shuffle: bool, seed: int, ep
         extra = world - n % world
         order = np.concatenate([order, order[:extra]])
     return order[rank::world]
+
+
+def worker_batches(iterable: Iterable[Any], rank: int, world: int, *, train: bool) -> Iterator[Any]:
+    """The same policy for a shared iterable of ready batches: every ``world``-th batch from
+    ``rank`` on; training keeps whole rounds only (equal batch counts), validation keeps all."""
+    if train:
+        return round_robin(iterable, rank, world)
+    return (batch for i, batch in enumerate(iterable) if i % world == rank)
+
+
+async def aworker_batches(iterable: Any, rank: int, world: int, *, train: bool) -> AsyncIterator[Any]:
+    """:func:`worker_batches` for an async iterable."""
+    if train:
+        async for batch in around_robin(iterable, rank, world):
+            yield batch
+        return
+    i = 0
+    async for batch in iterable:
+        if i % world == rank:
+            yield batch
+        i += 1
 
 
 def round_robin(iterable: Iterable[Any], rank: int, world: int) -> Iterator[Any]:

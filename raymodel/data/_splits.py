@@ -106,6 +106,19 @@ class DataSpec:
         return {name: split.fetch() if isinstance(split, Arrays) else split for name, split in self.splits.items()}
 
 
+def kind_of(split: Any) -> str:
+    """The form of one split: ``arrays``, ``torch_dataset``, ``batches``, ``async_batches`` or ``ray_dataset``."""
+    if isinstance(split, Arrays):
+        return "arrays"
+    if isinstance(split, TorchDataset):
+        return "torch_dataset"
+    if isinstance(split, Batches):
+        return "async_batches" if split.is_async else "batches"
+    if isinstance(split, RayDataset):
+        return "ray_dataset"
+    raise TypeError(f"Not a data split: {type(split).__name__}")
+
+
 def resolve(data: Any) -> DataSpec:
     """Check ``data`` and turn it into a :class:`DataSpec`, or raise :class:`DataError`."""
     if data is None:

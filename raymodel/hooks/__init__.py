@@ -9,12 +9,14 @@ from raymodel.hooks._hooks import (
     default,
     is_default,
 )
+from raymodel.hooks._context import RunContext
 from raymodel.hooks._runner import HookRunner, call_sync, maybe_await
 
 __all__ = [
     "HOOK_NAMES",
     "CALLBACK_HOOK_NAMES",
     "Callback",
+    "RunContext",
     "ModelHooks",
     "TrainingHooks",
     "HookRunner",

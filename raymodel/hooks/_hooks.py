@@ -8,7 +8,7 @@ A model overrides any of them; a :class:`Callback` passed in
 Order of a training run on each train worker (epochs count from 1)::
 
     before_setup, after_setup,              # around the user's setup(config)
-    [on_load_checkpoint(state)]             # when resuming after a worker failure
+    [on_load_checkpoint(state)]             # when resuming (the newest complete checkpoint)
     before_fit,
     for each epoch:
         before_epoch(epoch),
@@ -24,13 +24,18 @@ checkpoint is loaded (``from_checkpoint``, the registry, a serve replica):
 ``predict`` call ``preprocess(payload)`` and ``postprocess(output)`` around
 ``forward``.
 
-Backends call what makes sense for them and say which in their docstring
-(boosted trees have boosting rounds for epochs and no batches).
+One class carries out this order for every backend: ``WorkerRun`` in
+``raymodel/backends/_run.py``. A backend supplies only the work inside it
+(build, one epoch, validation, state) and declares in ``Backend.hooks`` which
+hooks it calls (boosted trees have boosting rounds for epochs and no batches).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+if TYPE_CHECKING:
+    from raymodel.hooks._context import RunContext
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -155,8 +160,11 @@ class Callback(TrainingHooks):
     """Receives the training hooks of a run; pass instances in ``TrainSettings(callbacks=...)``.
 
     A callback is pickled and runs on every train worker; ``self.model`` is the
-    model instance of that worker. Override any ``before_*`` / ``after_*`` /
-    ``on_*_checkpoint`` method; ``async def`` works too.
+    model instance of that worker and ``self.context`` the :class:`RunContext`
+    (rank, epoch, ``should_stop``, ...). Override any ``before_*`` / ``after_*`` /
+    ``on_*_checkpoint`` method; ``async def`` works too. A callback that keeps
+    state across epochs returns it from :meth:`state_dict`: it is saved in every
+    checkpoint and handed back to :meth:`load_state_dict` when a run resumes.
 
     Example:
         >>> class PrintLoss(rm.Callback):
@@ -165,3 +173,11 @@ class Callback(TrainingHooks):
     """
 
     model: Any = None
+    context: "RunContext | None" = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What to save in each checkpoint (picklable); ``{}`` by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned, when a run resumes from a checkpoint."""

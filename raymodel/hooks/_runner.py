@@ -38,10 +38,11 @@ class HookRunner:
     naming the hook and its owner, with the original as ``__cause__``.
     """
 
-    def __init__(self, model: Any, callbacks: Iterable[Any] = ()) -> None:
+    def __init__(self, model: Any, callbacks: Iterable[Any] = (), context: Any = None) -> None:
         self.callbacks = list(callbacks)
         for cb in self.callbacks:
             cb.model = model
+            cb.context = context
         self._targets: dict[str, list[Any]] = {}
         for name in CALLBACK_HOOK_NAMES:
             owners = [o for o in [model, *self.callbacks] if not is_default(o, name)]

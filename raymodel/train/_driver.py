@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from raymodel._internal import runtime, serialization
 from raymodel._internal import checkpoint as ckpt
+from raymodel._internal.hub import start_hub, stop_hub
+from raymodel.backends._run import run_worker
 from raymodel.data import resolve
 from raymodel.exceptions import HookError, TrainingError
 from raymodel.train._progress import ProgressPrinter
@@ -52,30 +54,34 @@ def run_training(model: "RayModel", settings: TrainSettings | Mapping[str, Any] 
         "initial_state": _initial_state(model),
     }
     blob = serialization.dumps(payload, type(model), *settings.callbacks)
-    # Arrays travel as object-store refs, which Ray tracks only outside our own pickled blob.
-    loop_config = {"payload": blob, "data": spec.for_workers()}
-    keep_best = settings.keep_checkpoints is not None and settings.metric is not None
-    run_config = RunConfig(
-        name=name,
-        storage_path=storage,
-        failure_config=FailureConfig(max_failures=settings.max_failures),
-        checkpoint_config=CheckpointConfig(
-            num_to_keep=settings.keep_checkpoints,
-            checkpoint_score_attribute=settings.metric if keep_best else None,
-            checkpoint_score_order=settings.mode,
-        ),
-        callbacks=list(extra_callbacks),
-        logging_config=LoggingConfig("INFO" if settings.verbose else "WARNING"),
-    )
-    scaling = ScalingConfig(num_workers=settings.num_workers, use_gpu=settings.use_gpu,
-                            resources_per_worker=settings.resources_per_worker)
-    printer = None
-    if settings.progress:
-        printer = ProgressPrinter(type(model).__name__, settings.num_epochs, backend.epoch_unit)
-        run_config.callbacks.append(printer.callback())
-    trainer = backend.make_trainer(backend.train_loop(), train_loop_config=loop_config,
-                                   scaling_config=scaling, run_config=run_config, datasets=spec.ray_datasets)
-    result = _fit(trainer, printer)
+    hub = start_hub() if settings.num_workers > 1 or settings.progress else None
+    try:
+        # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
+        loop_config = {"payload": blob, "data": spec.for_workers(), "hub": hub}
+        keep_best = settings.keep_checkpoints is not None and settings.metric is not None
+        run_config = RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=FailureConfig(max_failures=settings.max_failures),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=settings.keep_checkpoints,
+                checkpoint_score_attribute=settings.metric if keep_best else None,
+                checkpoint_score_order=settings.mode,
+            ),
+            callbacks=list(extra_callbacks),
+            logging_config=LoggingConfig("INFO" if settings.verbose else "WARNING"),
+        )
+        scaling = ScalingConfig(num_workers=settings.num_workers, use_gpu=settings.use_gpu,
+                                resources_per_worker=settings.resources_per_worker)
+        printer = None
+        if settings.progress:
+            printer = ProgressPrinter(hub, type(model).__name__, settings.num_epochs, backend.epoch_unit)
+            run_config.callbacks.append(printer.callback())
+        trainer = backend.make_trainer(run_worker, train_loop_config=loop_config,
+                                       scaling_config=scaling, run_config=run_config, datasets=spec.ray_datasets)
+        result = _fit(trainer, printer)
+    finally:
+        stop_hub(hub)
     return _collect(model, settings, result, name, load_result)
 
 

@@ -1,13 +1,12 @@
-"""Epoch progress on the driver: a Ray Train ``UserCallback`` feeds a queue the driver prints from.
+"""Epoch progress on the driver: a Ray Train ``UserCallback`` feeds the run's hub, the driver prints.
 
-The callback runs in Train V2's controller actor; the queue (a tiny actor)
-carries rank 0's metrics to a thread on the driver, which prints one line
-per epoch while ``fit()`` blocks.
+The callback runs in Train V2's controller actor; the run's ``RunHub`` (a
+tiny actor) carries rank 0's metrics to a thread on the driver, which prints
+one line per epoch while ``fit()`` blocks.
 """
 
 from __future__ import annotations
 
-import queue as _queue
 import sys
 import threading
 import time
@@ -17,14 +16,14 @@ from ray.train import UserCallback
 
 
 class ProgressCallback(UserCallback):
-    """Forward each report's rank-0 metrics into a ``ray.util.queue.Queue``."""
+    """Forward each report's rank-0 metrics to the run's hub."""
 
-    def __init__(self, q: Any) -> None:
-        self.queue = q
+    def __init__(self, hub: Any) -> None:
+        self.hub = hub
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         if metrics:
-            self.queue.put_nowait(dict(metrics[0]))
+            self.hub.push.remote(dict(metrics[0]))
 
 
 def format_metrics(metrics: dict[str, Any], skip: tuple[str, ...] = ("epoch",)) -> str:
@@ -39,10 +38,8 @@ def format_metrics(metrics: dict[str, Any], skip: tuple[str, ...] = ("epoch",)) 
 class ProgressPrinter:
     """Prints ``[Name] epoch 3/5  loss 0.1234  val_acc 0.9700  (12.3s)`` per epoch."""
 
-    def __init__(self, label: str, total: int, unit: str = "epoch", stream: TextIO | None = None) -> None:
-        from ray.util.queue import Queue
-
-        self.queue = Queue(actor_options={"num_cpus": 0})
+    def __init__(self, hub: Any, label: str, total: int, unit: str = "epoch", stream: TextIO | None = None) -> None:
+        self.hub = hub
         self.label, self.total, self.unit = label, total, unit
         self.stream = stream or sys.stdout
         self._stop = threading.Event()
@@ -50,7 +47,7 @@ class ProgressPrinter:
         self._start = time.monotonic()
 
     def callback(self) -> ProgressCallback:
-        return ProgressCallback(self.queue)
+        return ProgressCallback(self.hub)
 
     def __enter__(self) -> "ProgressPrinter":
         self._start = time.monotonic()
@@ -60,25 +57,21 @@ class ProgressPrinter:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self._drain()
-        import ray
-
-        ray.kill(self.queue.actor)
+        self._poll(timeout=0.0)  # rows that arrived after the thread's last look
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                row = self.queue.get(timeout=0.5)
-            except (_queue.Empty, Exception):  # ray.util.queue.Empty, or the queue going away
-                continue
-            self._print(row)
+            self._poll(timeout=0.5)
 
-    def _drain(self) -> None:
+    def _poll(self, timeout: float) -> None:
+        import ray
+
         try:
-            while not self.queue.empty():
-                self._print(self.queue.get_nowait())
-        except Exception:  # the queue actor may be gone already
-            pass
+            rows = ray.get(self.hub.pop.remote(timeout))
+        except Exception:  # noqa: BLE001 - the hub going away ends progress output, not the run
+            return
+        for row in rows:
+            self._print(row)
 
     def _print(self, row: dict[str, Any]) -> None:
         elapsed = time.monotonic() - self._start

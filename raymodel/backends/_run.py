@@ -1,0 +1,324 @@
+"""``WorkerRun``: the lifecycle of a training run on one worker, the same for every backend.
+
+One place carries out the hook order of :mod:`raymodel.hooks`::
+
+    setup hooks -> [restore the newest complete checkpoint, on_load_checkpoint]
+    -> before_fit -> per epoch: before_epoch, (the backend's epoch), before_validation,
+       (the backend's validation), after_validation, after_epoch, stop vote,
+       [on_save_checkpoint], report -> after_fit
+
+The backend's :class:`~raymodel.backends.base.WorkerLoop` does the work inside
+each step; a framework with its own fit loop (Lightning) calls the same phase
+methods from that framework's callbacks, and a phase called out of order is
+an error, so every backend keeps the order by construction.
+
+Async hooks and steps run on the run's event loop; framework code that runs
+in a thread (Keras ``fit``, Lightning's ``Trainer``) reaches it through
+:meth:`WorkerRun.sync`, the one bridge between the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Awaitable, Iterator
+
+import numpy as np
+
+from raymodel._internal import checkpoint as ckpt
+from raymodel._internal import serialization, storage
+from raymodel._internal.hub import Collective
+from raymodel.exceptions import CheckpointError
+from raymodel.hooks import HookRunner, RunContext, maybe_await
+
+# Which phase may follow which: a backend that calls them out of order is a bug.
+_NEXT = {
+    "fit": ("epoch",),
+    "epoch": ("validation", "epoch_end"),
+    "validation": ("validated",),
+    "validated": ("epoch_end",),
+    "epoch_end": ("epoch", "done"),
+}
+
+
+def run_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
+    """``train_loop_per_worker`` of every backend's Ray trainer."""
+    return WorkerRun(loop_config).run()
+
+
+class TrainSession:
+    """Where a run is placed: a Ray Train V2 worker (rank, reports, checkpoints)."""
+
+    def __init__(self) -> None:
+        import ray.train
+
+        context = ray.train.get_context()
+        self.rank: int = context.get_world_rank()
+        self.world: int = context.get_world_size()
+        self.local_rank: int = context.get_local_rank()
+
+    def latest_checkpoint(self) -> Any:
+        import ray.train
+
+        return ray.train.get_checkpoint()
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, name: str) -> None:
+        import ray.train
+
+        checkpoint = None if checkpoint_dir is None else ray.train.Checkpoint.from_directory(checkpoint_dir)
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+
+    def broadcast(self, value: Any) -> Any:
+        from ray.train.collective import broadcast_from_rank_zero
+
+        return broadcast_from_rank_zero(value)
+
+
+class WorkerRun:
+    """One worker's training run: unpacks the driver's payload and runs the lifecycle."""
+
+    def __init__(self, loop_config: dict[str, Any], session: Any = None) -> None:
+        payload = serialization.loads(loop_config["payload"])
+        self.session = session or TrainSession()
+        self.rank, self.world = self.session.rank, self.session.world
+        cls, config = serialization.loads(payload["model"])
+        self.model = cls(config=config)
+        self.backend = self.model.backend
+        self.settings = payload["settings"]
+        self.info: dict[str, Any] = payload.get("info", {})
+        self.initial_state: dict[str, bytes] | None = payload.get("initial_state")
+        self.data = loop_config["data"]
+        self.collective = Collective(loop_config.get("hub"), self.rank, self.world, self.session.broadcast)
+        self.context = RunContext(rank=self.rank, world_size=self.world, local_rank=self.session.local_rank,
+                                  num_epochs=int(self.settings.num_epochs), name=self.info.get("name", ""),
+                                  storage_path=self.info.get("path", ""))
+        self.model.context = self.context
+        self.callbacks = list(self.settings.callbacks)
+        self.hooks = HookRunner(self.model, self.callbacks, self.context)
+        self.history: list[dict[str, Any]] = []
+        self.start_epoch = 1
+        self.splits: dict[str, Any] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._phase = "created"
+
+    @property
+    def num_epochs(self) -> int:
+        return int(self.settings.num_epochs)
+
+    # ------------------------------------------------------------ lifecycle
+    def run(self) -> dict[str, Any]:
+        return asyncio.run(self.fit())
+
+    async def fit(self) -> dict[str, Any]:
+        """The whole run on this worker; returns ``{"metrics": ..., "history": ...}``."""
+        self.loop = asyncio.get_running_loop()
+        self.worker = self.backend.worker_loop(self)
+        seed = int(self.settings.seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        self.worker.seed(seed)
+        with self.worker.setup_scope():
+            await self._setup_model()
+        self.splits = self.data.materialize(self.model.config)
+        if self.data.module is not None or self.data.module_blob is not None:
+            self.backend.validate_data(type(self.data)(self.splits))  # what a data module returned
+        self.worker.build()
+        await self._restore()
+        self.worker.ready()
+        await self.hooks.call("before_fit")
+        self._phase = "fit"
+        if self.start_epoch <= self.num_epochs:
+            await self.worker.run_epochs(self.start_epoch, self.num_epochs)
+        self._enter("done")
+        result = {"metrics": self.history[-1] if self.history else {}, "history": self.history}
+        await self.hooks.call("after_fit", result)
+        return result
+
+    async def epoch(self, epoch: int) -> bool:
+        """One epoch of a loop-driven backend; True when the run stops after it."""
+        await self.begin_epoch(epoch)
+        metrics = await self.worker.train_epoch(epoch)
+        if self.worker.has_validation:
+            await self.begin_validation()
+            metrics.update(await self.end_validation(await self.worker.validate(epoch)))
+        return await self.end_epoch(epoch, metrics)
+
+    # --------------------------------------------------------------- phases
+    async def begin_epoch(self, epoch: int) -> None:
+        self._enter("epoch")
+        self.context.epoch = epoch
+        await self.hooks.call("before_epoch", epoch)
+
+    async def before_batch(self, batch: Any, batch_idx: int) -> Any:
+        if self.hooks.has("before_batch"):
+            return await self.hooks.before_batch(batch, batch_idx)
+        return batch
+
+    async def after_batch(self, batch_idx: int, outputs: Any) -> None:
+        if self.hooks.has("after_batch"):
+            await self.hooks.call("after_batch", batch_idx, outputs)
+
+    async def begin_validation(self) -> None:
+        self._enter("validation")
+        await self.hooks.call("before_validation")
+
+    async def end_validation(self, metrics: dict[str, Any]) -> dict[str, float]:
+        self._enter("validated")
+        metrics = {k if k.startswith("val_") else f"val_{k}": float(v) for k, v in metrics.items()}
+        await self.hooks.call("after_validation", metrics)
+        return metrics
+
+    async def end_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
+        """``after_epoch``, the stop vote, the checkpoint when due, the report; True to stop."""
+        self._enter("epoch_end")
+        metrics = {k: float(v) for k, v in metrics.items() if k != "epoch"}
+        await self.hooks.call("after_epoch", epoch, metrics)
+        self.worker.end_epoch(epoch, metrics)
+        row = {"epoch": epoch, **metrics}
+        self.history.append(row)
+        votes = self.collective.all_gather((self.context.should_stop, self._rng_state()))
+        stop = any(vote for vote, _ in votes) and epoch < self.num_epochs
+        self.context.should_stop = stop
+        due = stop or epoch % self.settings.checkpoint_every == 0 or epoch == self.num_epochs
+        directory = None
+        if due:
+            state = self.worker.get_state()  # on every worker: some frameworks save collectively
+            if self.rank == 0:
+                directory = await self._write_checkpoint(epoch, state, row, [rng for _, rng in votes])
+        try:
+            self.session.report(row, directory, f"checkpoint_epoch_{epoch:06d}")
+        finally:
+            if directory is not None and not self._keeps_checkpoint_dirs:
+                shutil.rmtree(directory, ignore_errors=True)
+        return stop
+
+    def _enter(self, phase: str) -> None:
+        if phase not in _NEXT.get(self._phase, ()):
+            raise RuntimeError(f"The {self.backend.name} backend moved from `{self._phase}` to `{phase}`; "
+                               "a WorkerLoop must follow WorkerRun's phase order.")
+        self._phase = phase
+
+    # ----------------------------------------------------- async/sync bridge
+    def sync(self, awaitable: Awaitable[Any]) -> Any:
+        """Run ``awaitable`` on the run's event loop from a framework's thread, and wait for it."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(_wrap(awaitable), self.loop).result()
+
+    # ----------------------------------------------------------- reduction
+    def mean_over_workers(self, sums: dict[str, tuple[float, int]]) -> dict[str, float]:
+        """``{name: (sum, count)}`` of this worker -> the mean over every worker's counts."""
+        totals: dict[str, list[float]] = {}
+        for part in self.collective.all_gather(dict(sums)):
+            for key, (s, n) in part.items():
+                acc = totals.setdefault(key, [0.0, 0.0])
+                acc[0] += float(s)
+                acc[1] += float(n)
+        return {k: s / n for k, (s, n) in sorted(totals.items()) if n}
+
+    # -------------------------------------------------------------- setup
+    async def _setup_model(self) -> None:
+        """``before_setup``, the user's ``setup(config)``, ``after_setup``."""
+        await self.hooks.call("before_setup")
+        returned = await maybe_await(self.model.setup(self.model.config))
+        self.backend.after_user_setup(self.model, returned)
+        self.model._is_setup = True
+        await self.hooks.call("after_setup")
+
+    # ---------------------------------------------------------- checkpoints
+    async def _restore(self) -> None:
+        """Continue from the newest complete checkpoint of this run, else from the driver's weights."""
+        for name, opener in self._resume_candidates():
+            with opener() as directory:
+                try:
+                    manifest = ckpt.verify(directory)
+                except CheckpointError:
+                    continue  # an upload cut short by a failure: try the one before
+                state = ckpt.read_state(self.model, directory)
+                run_state = ckpt.read_run_state(directory)
+            self.worker.set_state(state)
+            self._load_run_state(run_state)
+            self.history = [dict(row) for row in manifest.get("history", [])]
+            self.start_epoch = int(manifest.get("epoch", 0)) + 1
+            self.context.resumed_from = self.start_epoch - 1
+            await self.hooks.call("on_load_checkpoint", state)
+            return
+        if self.initial_state:
+            with tempfile.TemporaryDirectory(prefix="raymodel-init-") as tmp:
+                for rel, data in self.initial_state.items():
+                    path = Path(tmp) / rel
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(data)
+                state = self.backend.read_state(self.model, Path(tmp))
+            self.backend.set_state(self.model, state)
+            await self.hooks.call("on_load_checkpoint", state)
+
+    def _resume_candidates(self) -> Iterator[tuple[str, Any]]:
+        """Checkpoints to resume from, newest first: the run's storage, and the one Ray hands back.
+
+        Train V2's controller takes in a report only when it polls, so after a
+        failure it may hand back an older checkpoint than the run wrote:
+        storage, where raymodel's manifest marks a checkpoint complete, decides.
+        """
+        found: dict[str, Any] = {}
+        run_path = self.info.get("path")
+        if run_path:
+            for name in storage.listdir(run_path):
+                if ckpt.epoch_of(name) is not None:
+                    found[name] = _opener(storage.join(run_path, name))
+        given = self.session.latest_checkpoint()
+        if given is not None:
+            found.setdefault(Path(given.path).name, given.as_directory)
+        for name in sorted(found, key=lambda n: ckpt.epoch_of(n) or 0, reverse=True):
+            yield name, found[name]
+
+    async def _write_checkpoint(self, epoch: int, state: dict[str, Any], row: dict[str, Any],
+                                rngs: list[Any]) -> str:
+        await self.hooks.call("on_save_checkpoint", state)
+        directory = self._checkpoint_dir(epoch)
+        run_state = {"callbacks": [cb.state_dict() for cb in self.callbacks], "rng": rngs}
+        ckpt.write(self.model, directory, state, run_state=run_state, extra={
+            "epoch": epoch, "metrics": row, "history": self.history, "run": self.info,
+        })
+        return directory
+
+    @property
+    def _keeps_checkpoint_dirs(self) -> bool:
+        """Ray Train's local mode (``num_workers=0``) does not upload: it keeps what it is given."""
+        return self.settings.num_workers == 0 and "://" not in self.info.get("path", "://")
+
+    def _checkpoint_dir(self, epoch: int) -> str:
+        if self._keeps_checkpoint_dirs:
+            path = Path(self.info["path"]) / f"checkpoint_epoch_{epoch:06d}"
+            path.mkdir(parents=True, exist_ok=True)
+            return str(path)
+        return tempfile.mkdtemp(prefix="raymodel-ckpt-")
+
+    # ------------------------------------------------------------------ RNG
+    def _rng_state(self) -> dict[str, Any]:
+        return {"python": random.getstate(), "numpy": np.random.get_state(), "framework": self.worker.rng_state()}
+
+    def _load_run_state(self, run_state: dict[str, Any] | None) -> None:
+        if not run_state:
+            return
+        saved = run_state.get("callbacks") or []
+        if len(saved) == len(self.callbacks):
+            for callback, state in zip(self.callbacks, saved):
+                callback.load_state_dict(state)
+        rngs = run_state.get("rng") or []
+        if rngs:
+            rng = rngs[self.rank % len(rngs)]
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
+            if rng.get("framework") is not None:
+                self.worker.set_rng_state(rng["framework"])
+
+
+async def _wrap(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def _opener(uri: str) -> Any:
+    return lambda: ckpt.local_copy(uri)

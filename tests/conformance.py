@@ -1,0 +1,203 @@
+"""The conformance suite: the same promises for every backend, whatever the framework.
+
+A backend joins it with one `Case` in a test module that calls `install(globals(), [case, ...])`
+(`test_backends.py` for the built-in five, `test_sixth_backend.py` for one defined in a test file).
+For each case:
+
+* train on 2 workers, recording every hook -> one history row per epoch, the case's accuracy,
+  and the exact hook order that the backend declares (`Backend.calls`);
+* a checkpoint restored in a fresh process predicts the same;
+* resume, proven by fault injection: rank 1 exits its process for real at the start of epoch 3 of
+  the first attempt (`max_failures=1`, `checkpoint_every=1`); the second attempt loads the
+  checkpoint, begins at epoch 3, the history holds every epoch once, and the final model equals
+  the uninterrupted run's;
+* tune 4 trials with ASHA, serve one HTTP request, and a registry round trip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import requests
+
+import raymodel as rm
+
+from models import Recorder
+
+TRIAL = {"resources_per_worker": {"CPU": 0.95}}
+CRASH_EPOCH = 3
+
+
+@dataclasses.dataclass
+class Case:
+    """One backend in the suite: how to train its example, score it and ask it over HTTP."""
+
+    backend: str
+    train: Callable[..., tuple[Any, Any, Any]]  # train(**settings) -> (model, result, data)
+    accuracy: Callable[[Any, Any], float]
+    min_accuracy: float
+    payload: Callable[[np.ndarray], Any] = lambda rows: rows.tolist()
+    numbers: Callable[[Any], Any] = lambda answer: answer
+
+    @classmethod
+    def example(cls, backend: str, module: str, **kwargs: Any) -> "Case":
+        """A case from one of `examples/` (`train`, `accuracy`, `MIN_ACCURACY`)."""
+        example = importlib.import_module(module)
+        return cls(backend, example.train, example.accuracy, example.MIN_ACCURACY, **kwargs)
+
+
+class CrashOnce(rm.Callback):
+    """Rank `rank` exits its process for real (no exception, no cleanup) at `before_epoch(epoch)`
+    of the first attempt only: a marker file remembers that it happened."""
+
+    def __init__(self, marker: str, rank: int = 1, epoch: int = CRASH_EPOCH) -> None:
+        self.marker, self.rank, self.epoch = marker, rank, epoch
+
+    def before_epoch(self, epoch):
+        if epoch == self.epoch and self.context.rank == self.rank and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os._exit(1)
+
+
+def collapsed(calls: list[list]) -> list[str]:
+    """Hook names, with each epoch's run of before_batch/after_batch pairs folded into `batches`."""
+    out: list[str] = []
+    for call in calls:
+        name = call[0] if call[0] not in ("before_batch", "after_batch") else "batches"
+        if name == "batches" and out and out[-1] == "batches":
+            continue
+        out.append(f"{name}({call[1]})" if name in ("before_epoch", "after_epoch") else name)
+    return out
+
+
+def attempts(calls: list[list]) -> list[list[str]]:
+    """The recorded calls of one worker, split into one list per attempt (each starts with setup)."""
+    runs: list[list[list]] = []
+    for call in calls:
+        if call[0] == "before_setup":
+            runs.append([])
+        runs[-1].append(call)
+    return [collapsed(run) for run in runs]
+
+
+def expected_hooks(backend: Any, rank: int, last: int, first: int = 1, resumed: bool = False) -> list[str]:
+    """The documented order, for the hooks this backend declares it calls."""
+    seq = ["before_setup", "after_setup", *(["on_load_checkpoint"] if resumed else []), "before_fit"]
+    for epoch in range(first, last + 1):
+        seq.append(f"before_epoch({epoch})")
+        if backend.calls("before_batch") or backend.calls("after_batch"):
+            seq.append("batches")
+        seq += ["before_validation", "after_validation", f"after_epoch({epoch})"]
+        if rank == 0:
+            seq.append("on_save_checkpoint")
+    return seq + ["after_fit"]
+
+
+def recorded(directory: Path, rank: int) -> list[list]:
+    return [json.loads(line) for line in (directory / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+def close(case: Case, a: Any, b: Any) -> None:
+    np.testing.assert_allclose(np.asarray(case.numbers(a), dtype=float), np.asarray(case.numbers(b), dtype=float),
+                               rtol=1e-5, atol=1e-6)
+
+
+def install(namespace: dict[str, Any], cases: list[Case]) -> None:
+    """Define the suite's fixture and tests in a test module, one parameter per case."""
+    by_name = {case.backend: case for case in cases}
+
+    @pytest.fixture(scope="module", params=list(by_name))
+    def trained(request, ray_session, tmp_path_factory):
+        case = by_name[request.param]
+        calls = tmp_path_factory.mktemp(f"hooks-{case.backend}")
+        model, result, data = case.train(callbacks=[Recorder(str(calls))], progress=False)  # the case's epochs
+        return case, model, result, data, calls
+
+    @pytest.mark.integration
+    def test_train_history_hooks_and_accuracy(trained):
+        case, model, result, data, calls = trained
+        assert model.backend.name == case.backend
+        epochs = len(result.history)
+        assert epochs >= CRASH_EPOCH and [row["epoch"] for row in result.history] == list(range(1, epochs + 1))
+        assert all("loss" in row and "val_loss" in row for row in result.history)
+        for rank in (0, 1):
+            assert collapsed(recorded(calls, rank)) == expected_hooks(model.backend, rank, epochs), f"rank {rank}"
+        assert case.accuracy(model, data) >= case.min_accuracy
+
+    @pytest.mark.integration
+    def test_checkpoint_predicts_the_same_in_a_fresh_process(trained):
+        case, model, result, data, _ = trained
+        payload = case.payload(data.splits["valid"].x[:8])
+        code = textwrap.dedent("""
+            import json, sys
+            import raymodel as rm
+            model = rm.RayModel.from_checkpoint(sys.argv[1])
+            print(json.dumps(model.predict(json.loads(sys.stdin.read()))))
+        """)
+        out = subprocess.run([sys.executable, "-c", code, result.checkpoint], input=json.dumps(payload),
+                             capture_output=True, text=True, check=True)
+        close(case, json.loads(out.stdout.strip().splitlines()[-1]), model.predict(payload))
+
+    @pytest.mark.integration
+    def test_a_killed_worker_resumes_from_the_newest_checkpoint(trained, tmp_path):
+        case, model, result, data, _ = trained
+        epochs = len(result.history)
+        calls = tmp_path / "calls"
+        calls.mkdir()
+        resumed_model, resumed, _ = case.train(
+            callbacks=[CrashOnce(str(tmp_path / "crashed")), Recorder(str(calls))], max_failures=1,
+            checkpoint_every=1, progress=False)
+        assert (tmp_path / "crashed").exists(), "the worker never crashed"
+        assert [row["epoch"] for row in resumed.history] == list(range(1, epochs + 1))
+        first, second = attempts(recorded(calls, 1))
+        assert first == expected_hooks(model.backend, 1, CRASH_EPOCH - 1)[:-1]  # died before epoch 3
+        for rank in (0, 1):
+            again = attempts(recorded(calls, rank))[-1]
+            assert again == expected_hooks(model.backend, rank, epochs, first=CRASH_EPOCH, resumed=True), rank
+        # The whole state came back (weights, optimizer, schedulers, RNG): the same model as never stopping.
+        payload = case.payload(data.splits["valid"].x[:16])
+        close(case, resumed_model.predict(payload), model.predict(payload))
+        for key, value in result.history[-1].items():
+            assert resumed.history[-1][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+    @pytest.mark.integration
+    def test_tune_serve_and_registry(trained):
+        case, model, result, data, _ = trained
+        tuned_model = type(model)()
+        tuned = tuned_model.tune(data=data, settings={"num_samples": 4, "max_epochs": 2, "grace_period": 1,
+                                                      "reduction_factor": 2, "train": {**TRIAL, "batch_size": 32},
+                                                      "progress": False})
+        assert tuned.num_trials == 4 and len(tuned.dataframe()) == 4
+        assert set(tuned_model.hyperparameter_space()) <= set(tuned.best_config)
+
+        payload = case.payload(data.splits["valid"].x[:3])
+        app = tuned_model.serve(f"/conformance-{case.backend}", settings={"ray_actor_options": {"num_cpus": 0.25}})
+        try:
+            answer = requests.post(app.url, json=payload, timeout=60)
+            assert answer.status_code == 200
+            close(case, answer.json(), tuned_model.predict(payload))
+        finally:
+            app.shutdown()
+
+        reg = rm.registry.open(str(Path(result.path).parent.parent / f"registry-{case.backend}"))
+        ref = reg.put(tuned, key=case.backend)
+        loaded = reg.get(case.backend, ref.version)
+        assert type(loaded).__name__ == type(model).__name__ and loaded.config == tuned.best_config
+        close(case, loaded.predict(payload), tuned_model.predict(payload))
+
+    namespace.update(trained=trained, test_train_history_hooks_and_accuracy=test_train_history_hooks_and_accuracy,
+                     test_checkpoint_predicts_the_same_in_a_fresh_process=(
+                         test_checkpoint_predicts_the_same_in_a_fresh_process),
+                     test_a_killed_worker_resumes_from_the_newest_checkpoint=(
+                         test_a_killed_worker_resumes_from_the_newest_checkpoint),
+                     test_tune_serve_and_registry=test_tune_serve_and_registry)
