@@ -171,3 +171,80 @@ def test_ray_data_dataset_trains_on_a_worker(ray_session, tiny):
 
     result = DictNet().train({"num_workers": 1, "num_epochs": 2, "batch_size": 4}, data={"train": ds})
     assert [row["epoch"] for row in result.history] == [1, 2]
+
+
+@pytest.mark.parametrize("n,world", [(10, 2), (11, 2), (7, 3)])
+def test_one_sharding_policy_for_rows_samplers_and_batches(n, world):
+    from raymodel.backends._torch_loop import ShardSampler
+    from raymodel.data import worker_rows
+    from raymodel.data._loading import worker_batches
+
+    train = [worker_rows(n, r, world, train=True, shuffle=True, seed=1, epoch=2) for r in range(world)]
+    assert len({len(t) for t in train}) == 1 and set(np.concatenate(train)) == set(range(n))
+    valid = [worker_rows(n, r, world, train=False, shuffle=True, seed=1, epoch=2) for r in range(world)]
+    assert sorted(np.concatenate(valid).tolist()) == list(range(n))  # every validation row exactly once
+    samplers = [ShardSampler(n, r, world, train=True, shuffle=True, seed=1) for r in range(world)]
+    for s in samplers:
+        s.set_epoch(2)
+    assert [list(s) for s in samplers] == [t.tolist() for t in train]  # the torch Sampler is the same policy
+    assert [list(worker_batches(range(n), r, world, train=False)) for r in range(world)] == \
+        [list(range(r, n, world)) for r in range(world)]
+
+
+@pytest.mark.parametrize("example,data_kind", [
+    ("lightning_digits", "async_iterable"),
+    ("keras_iris", "torch_dataset"),
+    ("xgboost_breast_cancer", "list_of_batches"),
+    ("lightgbm_breast_cancer", "torch_dataset"),
+])
+def test_every_backend_checks_the_data_form_on_the_driver(monkeypatch, tiny, example, data_kind):
+    import importlib
+    import sys
+    from pathlib import Path
+
+    from raymodel._internal import runtime
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    model = next(v for v in vars(importlib.import_module(example)).values()
+                 if isinstance(v, type) and issubclass(v, rm.RayModel) and v.__module__ == example)()
+    monkeypatch.setattr(runtime, "ensure_ray", lambda *a, **k: pytest.fail("Ray was touched"))
+    X, y = tiny
+    kind = {"async_iterable": "async batches", "torch_dataset": "torch dataset", "list_of_batches": "batches"}
+    with pytest.raises(rm.DataError, match=f"The {model.backend.name} backend does not train on {kind[data_kind]}"):
+        model.train({"num_workers": 2}, data=_adapters(X, y)[data_kind])
+
+
+@pytest.mark.integration
+def test_ray_data_dataset_trains_lightning_too(ray_session, tiny):
+    import pytorch_lightning as pl
+    import ray.data
+
+    X, y = tiny
+    train = ray.data.from_items([{"x": X[i], "y": int(y[i])} for i in range(12)])
+    valid = ray.data.from_items([{"x": X[i], "y": int(y[i])} for i in range(12, 16)])
+
+    class DictModule(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.cross_entropy(self(batch["x"].float()), batch["y"])
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", torch.nn.functional.cross_entropy(self(batch["x"].float()), batch["y"]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class DictLightning(rm.RayLightningModel):
+        def setup(self, config):
+            return DictModule()
+
+    result = DictLightning().train({"num_workers": 2, "num_epochs": 2, "batch_size": 4, "progress": False},
+                                   data={"train": train, "valid": valid})
+    assert [row["epoch"] for row in result.history] == [1, 2]
+    assert np.isfinite(result.history[-1]["val_loss"])

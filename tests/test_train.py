@@ -13,7 +13,8 @@ import pytest
 import raymodel as rm
 from raymodel.exceptions import TrainingError
 
-from models import DigitsNet, FailOnce, ManualNet, TinyNet, WeightsReporter
+from conformance import attempts, recorded
+from models import DigitsNet, FailOnce, ManualNet, Recorder, TinyNet, WeightsReporter
 
 pytestmark = pytest.mark.integration
 
@@ -77,13 +78,16 @@ def test_manual_optimization_keeps_workers_in_step(ray_session, tmp_path, tiny):
     assert w0 == pytest.approx(w1, rel=1e-6), "gradients were not averaged across workers"
 
 
-def test_a_crashed_worker_resumes_from_the_latest_checkpoint(ray_session, tmp_path, tiny):
+def test_a_worker_that_raises_resumes_from_its_last_checkpoint(ray_session, tmp_path, tiny):
     X, y = tiny
-    settings = rm.TrainSettings(num_workers=1, num_epochs=3, max_failures=1,
-                                callbacks=[FailOnce(str(tmp_path / "crashed"), epoch=2)])
+    settings = rm.TrainSettings(num_workers=1, num_epochs=3, max_failures=1, progress=False,
+                                callbacks=[FailOnce(str(tmp_path / "crashed"), epoch=2), Recorder(str(tmp_path))])
     result = TinyNet().train(settings, data=rm.data.from_numpy(X, y))
     assert (tmp_path / "crashed").exists()
     assert [row["epoch"] for row in result.history] == [1, 2, 3]
+    # The second attempt loaded epoch 1's checkpoint and began at epoch 2: no epoch trained twice.
+    second = attempts(recorded(tmp_path, 0))[1]
+    assert second[:5] == ["before_setup", "after_setup", "on_load_checkpoint", "before_fit", "before_epoch(2)"]
 
 
 def test_a_failure_in_a_step_names_it(ray_session, tiny):

@@ -62,3 +62,15 @@ def backends() -> Iterator["Backend"]:
 def framework_modules() -> frozenset[str]:
     """Top-level import names of every registered framework (pickled by reference)."""
     return frozenset(m.split(".")[0] for b in backends() for m in b.imports)
+
+
+def hook_table() -> str:
+    """The README's table of which hooks each built-in backend calls, from ``Backend.hook_notes``."""
+    from raymodel.hooks import CALLBACK_HOOK_NAMES
+
+    builtin = sorted((b for b in backends() if type(b).__module__.startswith("raymodel.backends.")),
+                     key=lambda b: b.name)
+    rows = ["| hook | " + " | ".join(b.name for b in builtin) + " |", "| --- |" + " --- |" * len(builtin)]
+    for hook in CALLBACK_HOOK_NAMES:
+        rows.append(f"| `{hook}` | " + " | ".join(b.hook_notes.get(hook, "yes") for b in builtin) + " |")
+    return "\n".join(rows)

@@ -36,7 +36,7 @@ from raymodel.hooks import HookRunner, RunContext, maybe_await
 
 # Which phase may follow which: a backend that calls them out of order is a bug.
 _NEXT = {
-    "fit": ("epoch",),
+    "fit": ("epoch", "done"),  # "done" at once: resumed from the last epoch's checkpoint
     "epoch": ("validation", "epoch_end"),
     "validation": ("validated",),
     "validated": ("epoch_end",),
@@ -76,6 +76,11 @@ class TrainSession:
 
         return broadcast_from_rank_zero(value)
 
+    def barrier(self) -> None:
+        from ray.train.collective import barrier
+
+        barrier()
+
 
 class WorkerRun:
     """One worker's training run: unpacks the driver's payload and runs the lifecycle."""
@@ -102,6 +107,7 @@ class WorkerRun:
         self.start_epoch = 1
         self.splits: dict[str, Any] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.worker: Any = None  # the backend's WorkerLoop, made in `fit`
         self._phase = "created"
 
     @property
@@ -193,6 +199,8 @@ class WorkerRun:
         finally:
             if directory is not None and not self._keeps_checkpoint_dirs:
                 shutil.rmtree(directory, ignore_errors=True)
+        if due and self.world > 1:
+            self.session.barrier()  # rank 0's upload is done: no worker starts an epoch before it is stored
         return stop
 
     def _enter(self, phase: str) -> None:
@@ -278,7 +286,7 @@ class WorkerRun:
                                 rngs: list[Any]) -> str:
         await self.hooks.call("on_save_checkpoint", state)
         directory = self._checkpoint_dir(epoch)
-        run_state = {"callbacks": [cb.state_dict() for cb in self.callbacks], "rng": rngs}
+        run_state = {"callbacks": [(type(cb).__qualname__, cb.state_dict()) for cb in self.callbacks], "rng": rngs}
         ckpt.write(self.model, directory, state, run_state=run_state, extra={
             "epoch": epoch, "metrics": row, "history": self.history, "run": self.info,
         })
@@ -303,10 +311,11 @@ class WorkerRun:
     def _load_run_state(self, run_state: dict[str, Any] | None) -> None:
         if not run_state:
             return
-        saved = run_state.get("callbacks") or []
-        if len(saved) == len(self.callbacks):
-            for callback, state in zip(self.callbacks, saved):
-                callback.load_state_dict(state)
+        saved = list(run_state.get("callbacks") or [])
+        for callback in self.callbacks:  # each takes the next saved state of its own class
+            match = next((i for i, (name, _) in enumerate(saved) if name == type(callback).__qualname__), None)
+            if match is not None:
+                callback.load_state_dict(saved.pop(match)[1])
         rngs = run_state.get("rng") or []
         if rngs:
             rng = rngs[self.rank % len(rngs)]

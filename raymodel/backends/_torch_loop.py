@@ -48,9 +48,7 @@ class TorchLoop(WorkerLoop):
 
     def __init__(self, run: "WorkerRun") -> None:
         super().__init__(run)
-        import ray.train.torch
-
-        self.device = ray.train.torch.get_device()
+        self.device = _device(run.settings.use_gpu)
         self.distributed = run.world > 1 and dist.is_available() and dist.is_initialized()
         self.step_module: nn.Module | None = None
 
@@ -328,6 +326,18 @@ async def _aenumerate(it: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any]]:
     async for item in it:
         yield i, item
         i += 1
+
+
+def _device(use_gpu: bool) -> torch.device:
+    """The worker's device: Ray Train's choice on a train worker, else the first visible GPU or the CPU."""
+    if not use_gpu:
+        return torch.device("cpu")
+    try:
+        import ray.train.torch
+
+        return ray.train.torch.get_device()
+    except Exception:  # noqa: BLE001 - not on a Ray Train worker
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -77,7 +77,7 @@ class Backend:
 
     def validate_model(self, model: "RayModel") -> None:
         """Raise :class:`ModelDefinitionError` if the model lacks a required method."""
-        base = self.model_base()
+        base = next(k for k in reversed(type(model).__mro__) if "backend" in vars(k))  # e.g. RayTorchModel
         missing = [m for m in self.required_methods
                    if getattr(type(model), m, None) is getattr(base, m, None)]
         if missing:
@@ -86,13 +86,6 @@ class Backend:
                 f"`{type(model).__name__}` must define {names} to be trained with the "
                 f"{self.name} backend. See the table 'What a subclass writes' in the README."
             )
-
-    def model_base(self) -> type:
-        """The public model base class of this backend (e.g. ``RayTorchModel``)."""
-        from raymodel.backends import _registry
-
-        _registry.discover()
-        return _registry._MODELS[self.name]
 
     def validate_data(self, data: "DataSpec") -> None:
         """Raise ``DataError`` when a split's form is not in :attr:`accepts` or its shape is wrong.

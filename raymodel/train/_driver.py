@@ -47,13 +47,7 @@ def run_training(model: "RayModel", settings: TrainSettings | Mapping[str, Any] 
     backend = model.backend
     name = settings.name or runtime.run_name(type(model).__name__)
     storage = settings.storage_path or runtime.runs_root()
-    payload = {
-        "model": serialization.dumps((type(model), model.config), type(model)),
-        "settings": settings,
-        "info": {"name": name, "path": _join(storage, name), **(info or {})},
-        "initial_state": _initial_state(model),
-    }
-    blob = serialization.dumps(payload, type(model), *settings.callbacks)
+    blob = worker_payload(model, settings, {"name": name, "path": _join(storage, name), **(info or {})})
     hub = start_hub() if settings.num_workers > 1 or settings.progress else None
     try:
         # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
@@ -83,6 +77,18 @@ def run_training(model: "RayModel", settings: TrainSettings | Mapping[str, Any] 
     finally:
         stop_hub(hub)
     return _collect(model, settings, result, name, load_result)
+
+
+def worker_payload(model: "RayModel", settings: TrainSettings, info: dict[str, Any]) -> bytes:
+    """What every worker's ``WorkerRun`` unpacks: the class by value, config, settings, the run's
+    name and folder, and the instance's current weights when it has any."""
+    payload = {
+        "model": serialization.dumps((type(model), model.config), type(model)),
+        "settings": settings,
+        "info": info,
+        "initial_state": _initial_state(model),
+    }
+    return serialization.dumps(payload, type(model), *settings.callbacks)
 
 
 def _fit(trainer: Any, printer: ProgressPrinter | None) -> Any:

@@ -1,0 +1,203 @@
+"""`WorkerRun`, the one lifecycle: run in-process where the logic allows, on Ray where it takes workers.
+
+In-process runs use the real `WorkerRun` and the real torch loop with a session that stores
+checkpoints the way Ray Train does (a copy under the run's folder), so the resume logic is tested
+without a cluster; the integration tests kill real worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import raymodel as rm
+from raymodel.backends._run import WorkerRun
+from raymodel.backends._torch_loop import TorchLoop
+from raymodel.backends.torch import TorchBackend
+from raymodel.train import TrainSettings
+from raymodel.train._driver import worker_payload
+
+from conformance import CrashOnce, attempts, recorded
+from models import Recorder, TinyNet
+
+
+class StoringSession:
+    """One worker, no Ray: reports are recorded and checkpoints copied under the run's folder."""
+
+    rank, world, local_rank = 0, 1, 0
+
+    def __init__(self, run_path: Path, handed_back: str | None = None) -> None:
+        self.run_path, self.handed_back = run_path, handed_back
+        self.reports: list[tuple[dict, bool]] = []
+
+    def latest_checkpoint(self):
+        from ray.train import Checkpoint
+
+        return None if self.handed_back is None else Checkpoint(self.handed_back)
+
+    def report(self, metrics, checkpoint_dir, name):
+        self.reports.append((metrics, checkpoint_dir is not None))
+        if checkpoint_dir is not None:
+            shutil.copytree(checkpoint_dir, self.run_path / name, dirs_exist_ok=True)
+
+    def broadcast(self, value):
+        return value
+
+    def barrier(self):
+        pass
+
+
+def run_in_process(model, settings, data, session, path):
+    settings = TrainSettings.coerce(settings)
+    blob = worker_payload(model, settings, {"name": "run", "path": str(path)})
+    return WorkerRun({"payload": blob, "data": data, "hub": None}, session=session).run()
+
+
+class Counter(rm.Callback):
+    """Counts epochs; its count is state that must survive a restart."""
+
+    def __init__(self, log: str) -> None:
+        self.log, self.seen = log, 0
+
+    def after_epoch(self, epoch, metrics):
+        self.seen += 1
+        if self.context.rank == 0:
+            with open(self.log, "a") as fh:
+                fh.write(json.dumps([epoch, self.seen]) + "\n")
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state):
+        self.seen = state["seen"]
+
+
+class StopAt(rm.Callback):
+    def __init__(self, epoch: int, rank: int = 0) -> None:
+        self.epoch, self.rank = epoch, rank
+
+    def after_epoch(self, epoch, metrics):
+        if epoch == self.epoch and self.context.rank == self.rank:
+            self.context.should_stop = True
+
+
+def test_should_stop_ends_the_run_normally_with_a_final_checkpoint(tmp_path, tiny):
+    X, y = tiny
+    session = StoringSession(tmp_path)
+    result = run_in_process(TinyNet(), {"num_epochs": 5, "checkpoint_every": 10, "batch_size": 4,
+                                        "callbacks": [StopAt(2)]}, rm.data.from_numpy(X, y), session, tmp_path)
+    assert [row["epoch"] for row in result["history"]] == [1, 2]
+    assert [(m["epoch"], has_ckpt) for m, has_ckpt in session.reports] == [(1, False), (2, True)]
+    manifest = json.loads((tmp_path / "checkpoint_epoch_000002" / "raymodel.json").read_text())
+    assert manifest["epoch"] == 2
+
+
+def test_resume_takes_the_newest_complete_checkpoint_not_the_one_ray_handed_back(tmp_path, tiny):
+    X, y = tiny
+    data = rm.data.from_numpy(X, y)
+    log = tmp_path / "counter.jsonl"
+    first = run_in_process(TinyNet(), {"num_epochs": 3, "batch_size": 4, "callbacks": [Counter(str(log))]},
+                           data, StoringSession(tmp_path), tmp_path)
+    # Epoch 3's upload was cut short (a file is missing); Ray's controller only saw epoch 1.
+    (tmp_path / "checkpoint_epoch_000003" / "state" / "model.pt").unlink()
+    session = StoringSession(tmp_path, handed_back=str(tmp_path / "checkpoint_epoch_000001"))
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    second = run_in_process(TinyNet(), {"num_epochs": 4, "batch_size": 4,
+                                        "callbacks": [Counter(str(log)), Recorder(str(calls))]},
+                            data, session, tmp_path)
+    again = attempts(recorded(calls, 0))[0]
+    assert again[:5] == ["before_setup", "after_setup", "on_load_checkpoint", "before_fit", "before_epoch(3)"]
+    assert [row["epoch"] for row in second["history"]] == [1, 2, 3, 4]
+    assert second["history"][:2] == first["history"][:2]  # the first two epochs came from the manifest
+    # The callback's count continued from the checkpoint of epoch 2.
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [[1, 1], [2, 2], [3, 3], [3, 3], [4, 4]]
+
+
+def test_a_backend_that_breaks_the_phase_order_is_stopped(tmp_path, tiny):
+    class SkipsBeginEpoch(TorchLoop):
+        async def run_epochs(self, first, last):
+            await self.run.end_epoch(first, {"loss": 0.0})
+
+    class Backend(TorchBackend):
+        def worker_loop(self, run):
+            return SkipsBeginEpoch(run)
+
+    class Net(TinyNet):
+        backend = Backend()
+
+    X, y = tiny
+    with pytest.raises(RuntimeError, match="moved from `fit` to `epoch_end`"):
+        run_in_process(Net(), {"num_epochs": 1}, rm.data.from_numpy(X, y), StoringSession(tmp_path), tmp_path)
+
+
+class FullStateNet(rm.RayTorchModel):
+    """Dropout (RNG), Adam (optimizer state) and a step LR schedule: all of it must be restored."""
+
+    def setup(self, config):
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 10))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.net.parameters(), lr=3e-3)
+        return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def train_step(self, batch):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def validation_step(self, batch):
+        x, y = batch
+        return {"val_loss": F.cross_entropy(self(x), y)}
+
+
+def _train_full_state(tmp_path, digits, *callbacks, **settings):
+    X, y = digits
+    model = FullStateNet()
+    counter = Counter(str(tmp_path / f"counter-{len(callbacks)}.jsonl"))
+    result = model.train({"num_workers": 2, "num_epochs": 5, "batch_size": 64, "progress": False,
+                          "callbacks": [counter, *callbacks], **settings},
+                         data=rm.data.from_numpy(X[:600], y[:600]))
+    state = torch.load(Path(result.checkpoint) / "state" / "model.pt", weights_only=False)
+    return model, result, state
+
+
+@pytest.mark.integration
+def test_a_resumed_torch_run_restores_the_whole_state(ray_session, tmp_path, digits):
+    plain_model, plain, plain_state = _train_full_state(tmp_path, digits)
+    model, resumed, state = _train_full_state(tmp_path, digits, CrashOnce(str(tmp_path / "crashed")),
+                                              max_failures=1)
+    assert (tmp_path / "crashed").exists()
+    for a, b in zip(plain_model.net.parameters(), model.net.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert state["schedulers"] == plain_state["schedulers"]  # the LR schedule continued, not restarted
+    assert state["optimizers"][0]["param_groups"][0]["lr"] == pytest.approx(3e-3 * 0.7 ** 5)
+    assert [row["epoch"] for row in resumed.history] == [1, 2, 3, 4, 5]
+    # The callback's own state came back: its count went on from 2, not from 0.
+    counts = [json.loads(line) for line in (tmp_path / "counter-1.jsonl").read_text().splitlines()]
+    assert counts[-3:] == [[3, 3], [4, 4], [5, 5]]
+
+
+@pytest.mark.integration
+def test_any_worker_can_stop_the_run_and_all_stop_together(ray_session, tmp_path, tiny):
+    X, y = tiny
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    result = TinyNet().train({"num_workers": 2, "num_epochs": 6, "batch_size": 2, "checkpoint_every": 10,
+                              "progress": False, "callbacks": [StopAt(2, rank=1), Recorder(str(calls))]},
+                             data=rm.data.from_numpy(X, y))
+    assert [row["epoch"] for row in result.history] == [1, 2]
+    assert result.checkpoint.endswith("checkpoint_epoch_000002")
+    for rank in (0, 1):
+        names = [call[0] for call in recorded(calls, rank)]
+        assert names.count("before_epoch") == 2 and names[-1] == "after_fit", rank
+    assert np.isfinite(result.metrics["loss"])
