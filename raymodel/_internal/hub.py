@@ -77,13 +77,16 @@ def stop_hub(hub: Any) -> None:
 class Collective:
     """All-gather of small Python values across the workers of one attempt of a run.
 
-    Rank 0 draws a token per attempt (shared with Ray Train's
-    ``broadcast_from_rank_zero``), so rounds of a failed attempt never mix
-    with the next one's. With one worker nothing leaves the process.
+    A framework's own collective is used when it has one (``native``, e.g.
+    ``torch.distributed.all_gather_object``); otherwise the values go through
+    the run's hub, under a token rank 0 draws per attempt (shared with Ray
+    Train's ``broadcast_from_rank_zero``), so rounds of a failed attempt never
+    mix with the next one's. With one worker nothing leaves the process.
     """
 
     def __init__(self, hub: Any, rank: int, world: int, broadcast: Any) -> None:
         self.hub, self.rank, self.world = hub, rank, world
+        self.native: Any = None
         self._broadcast = broadcast
         self._token: str | None = None
         self._seq = 0
@@ -92,6 +95,8 @@ class Collective:
         """Every rank's ``value``, indexed by rank (a collective: every rank must call it)."""
         if self.world == 1:
             return [value]
+        if self.native is not None:
+            return list(self.native(value))
         if self.hub is None:
             raise RuntimeError("This run has several workers but no RunHub to gather through.")
         import ray
@@ -100,6 +105,3 @@ class Collective:
             self._token = self._broadcast(os.urandom(8).hex() if self.rank == 0 else None)
         self._seq += 1
         return ray.get(self.hub.gather.remote(self._token, self._seq, self.rank, self.world, value))
-
-    def any(self, flag: bool) -> bool:
-        return any(self.all_gather(bool(flag)))

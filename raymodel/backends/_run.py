@@ -122,6 +122,8 @@ class WorkerRun:
         """The whole run on this worker; returns ``{"metrics": ..., "history": ...}``."""
         self.loop = asyncio.get_running_loop()
         self.worker = self.backend.worker_loop(self)
+        if self.backend.native_collective:
+            self.collective.native = self.worker.all_gather
         seed = int(self.settings.seed)
         random.seed(seed)
         np.random.seed(seed % 2**32)

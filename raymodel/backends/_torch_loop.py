@@ -142,6 +142,11 @@ class TorchLoop(WorkerLoop):
             m.train()
         return self.run.mean_over_workers(sums)
 
+    def all_gather(self, value: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.run.world
+        dist.all_gather_object(gathered, value)
+        return gathered
+
     # ----------------------------------------------------------- RNG state
     def rng_state(self) -> Any:
         state = {"cpu": torch.get_rng_state().numpy()}

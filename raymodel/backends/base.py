@@ -61,6 +61,9 @@ class Backend:
     #: How this backend calls hooks, where it differs from "yes": hook name -> note.
     #: A note starting with "no" means the hook is never called (the README's table reads this).
     hook_notes: ClassVar[Mapping[str, str]] = {}
+    #: True when the worker loop gathers across workers with the framework's own collective
+    #: (:meth:`WorkerLoop.all_gather`); otherwise the run's hub actor carries the values.
+    native_collective: ClassVar[bool] = False
     #: Keys of the state dict that :meth:`write_state` writes itself; any other entry
     #: (added in ``on_save_checkpoint``) is saved beside them by the checkpoint format.
     state_keys: ClassVar[tuple[str, ...]] = ()
@@ -233,6 +236,10 @@ class WorkerLoop:
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`get_state`'s state on every worker (after :meth:`build`)."""
         self.model.backend.set_state(self.model, state)
+
+    def all_gather(self, value: Any) -> list[Any]:
+        """The framework's own all-gather of a small Python value (with ``Backend.native_collective``)."""
+        raise NotImplementedError("The 'all_gather' method must be implemented with `native_collective = True`.")
 
     def rng_state(self) -> Any:
         """The framework's random generator state on this worker (``None``: nothing to save)."""

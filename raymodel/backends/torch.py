@@ -30,6 +30,7 @@ class TorchBackend(Backend):
     required_methods = ("setup", "configure_optimizers", "train_step")
     hook_notes = {"before_batch": "yes (may replace the batch)", "after_batch": "yes (the step's output)"}
     state_keys = ("modules", "optimizers", "schedulers")
+    native_collective = True  # torch.distributed, which DDP already set up
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._torch_loop import TorchLoop

@@ -48,7 +48,8 @@ def run_training(model: "RayModel", settings: TrainSettings | Mapping[str, Any] 
     name = settings.name or runtime.run_name(type(model).__name__)
     storage = settings.storage_path or runtime.runs_root()
     blob = worker_payload(model, settings, {"name": name, "path": _join(storage, name), **(info or {})})
-    hub = start_hub() if settings.num_workers > 1 or settings.progress else None
+    gathers = settings.num_workers > 1 and not backend.native_collective
+    hub = start_hub() if gathers or settings.progress else None
     try:
         # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
         loop_config = {"payload": blob, "data": spec.for_workers(), "hub": hub}
