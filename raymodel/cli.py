@@ -1,20 +1,40 @@
 """``raymodel models list|show|alias|delete``: the registry from a shell.
 
 The registry is ``RAYMODEL_REGISTRY`` (a folder or URI), else
-``$RAYMODEL_HOME/registry``; ``--registry URI`` overrides both.
+``$RAYMODEL_HOME/registry``; ``--registry URI`` overrides both. Every error
+ends in one line on stderr and a non-zero exit code, never a traceback
+(``RAYMODEL_DEBUG=1`` shows it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from raymodel.exceptions import RayModelError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except RayModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into one line
+        if os.environ.get("RAYMODEL_DEBUG"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (set RAYMODEL_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raymodel", description="raymodel command line")
     parser.add_argument("--registry", help="registry folder or URI (default: RAYMODEL_REGISTRY or "
                                            "$RAYMODEL_HOME/registry)")
@@ -22,60 +42,68 @@ def main(argv: Sequence[str] | None = None) -> int:
     models = sub.add_parser("models", help="the model registry").add_subparsers(dest="command", required=True)
     ls = models.add_parser("list", help="list versions (of KEY)")
     ls.add_argument("key", nargs="?")
+    ls.set_defaults(handler=_list)
     show = models.add_parser("show", help="show one version: KEY, KEY:VERSION or KEY@ALIAS")
     show.add_argument("ref")
+    show.set_defaults(handler=_show)
     alias = models.add_parser("alias", help="point ALIAS at VERSION of KEY")
     alias.add_argument("key")
-    alias.add_argument("version", type=int)
+    alias.add_argument("version")
     alias.add_argument("alias")
+    alias.set_defaults(handler=_alias)
     delete = models.add_parser("delete", help="delete VERSION of KEY")
     delete.add_argument("key")
-    delete.add_argument("version", type=int)
-    args = parser.parse_args(argv)
+    delete.add_argument("version")
+    delete.set_defaults(handler=_delete)
+    return parser
 
+
+def _registry(args: argparse.Namespace) -> Any:
     from raymodel import registry
 
-    reg = registry.open(args.registry)
-    try:
-        if args.command == "list":
-            records = reg.list(args.key)
-            if not records:
-                print(f"(no models in {reg.uri})")
-            rows = [["KEY", "VERSION", "ALIASES", "CREATED", "METRICS"]]
-            for r in records:
-                metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                    for k, v in r.metrics.items() if k != "epoch")
-                rows.append([r.key, str(r.version), ",".join(r.aliases) or "-", r.created_iso, metrics or "-"])
-            if records:
-                widths = [max(len(row[i]) for row in rows) for i in range(4)]
-                for row in rows:
-                    print("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4])
-        elif args.command == "show":
-            key, version = _parse_ref(args.ref)
-            r = reg.show(key, version)
-            print(json.dumps({"key": r.key, "version": r.version, "aliases": r.aliases, "created": r.created_iso,
-                              "class": r.model_class, "backend": r.backend, "metrics": r.metrics,
-                              "metadata": r.metadata, "lineage": r.lineage}, indent=2, default=str))
-        elif args.command == "alias":
-            reg.set_alias(args.key, args.alias, args.version)
-            print(f"{args.key}@{args.alias} -> version {args.version}")
-        elif args.command == "delete":
-            reg.delete(args.key, args.version)
-            print(f"deleted {args.key}:{args.version}")
-    except RayModelError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return registry.open(args.registry)
 
 
-def _parse_ref(ref: str) -> tuple[str, int | str | None]:
-    if "@" in ref:
-        key, alias = ref.split("@", 1)
-        return key, alias
-    if ":" in ref:
-        key, version = ref.split(":", 1)
-        return key, int(version) if version.isdigit() else version
-    return ref, None
+def _list(args: argparse.Namespace) -> None:
+    reg = _registry(args)
+    records = reg.list(args.key)
+    if not records:
+        print(f"(no models in {reg.uri})")
+        return
+    rows = [["KEY", "VERSION", "ALIASES", "CREATED", "METRICS"]]
+    for r in records:
+        metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in r.metrics.items() if k != "epoch")
+        rows.append([r.key, str(r.version), ",".join(r.aliases) or "-", r.created_iso, metrics or "-"])
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4])
+
+
+def _show(args: argparse.Namespace) -> None:
+    from raymodel._internal.names import parse_ref
+
+    key, version = parse_ref(args.ref)
+    r = _registry(args).show(key, version)
+    print(json.dumps({"key": r.key, "version": r.version, "aliases": r.aliases, "created": r.created_iso,
+                      "class": r.model_class, "backend": r.backend, "metrics": r.metrics,
+                      "metadata": r.metadata, "lineage": r.lineage}, indent=2, default=str))
+
+
+def _alias(args: argparse.Namespace) -> None:
+    from raymodel._internal import names
+
+    version = names.version(args.version)
+    _registry(args).set_alias(args.key, args.alias, version)  # type: ignore[arg-type]
+    print(f"{args.key}@{args.alias} -> version {version}")
+
+
+def _delete(args: argparse.Namespace) -> None:
+    from raymodel._internal import names
+
+    version = names.version(args.version)
+    _registry(args).delete(args.key, version)  # type: ignore[arg-type]
+    print(f"deleted {args.key}:{version}")
 
 
 if __name__ == "__main__":

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
+import shutil
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
 from raymodel._internal import checkpoint as ckpt
-from raymodel.exceptions import CheckpointError, ModelDefinitionError
+from raymodel._internal import tmp
+from raymodel.exceptions import CheckpointError, DataError, ModelDefinitionError
 from raymodel.hooks import ModelHooks, call_sync, is_default
 
 if TYPE_CHECKING:
@@ -106,9 +107,18 @@ class RayModel(ModelHooks):
             {'digit': [0, 1]}
         """
         self.ensure_setup()
-        x = self.preprocess(payload)
+        try:
+            x = self.preprocess(payload)
+        except Exception as exc:
+            raise DataError(f"`{type(self).__name__}.preprocess` cannot use the payload {_short(payload)} "
+                            f"(a {type(payload).__name__}): {type(exc).__name__}: {exc}") from exc
         with self.backend.inference(self):
-            out = self.forward(x)
+            try:
+                out = self.forward(x)
+            except Exception as exc:
+                exc.add_note(f"raymodel: `forward` failed on the input made from the payload {_short(payload)} "
+                             f"(a {type(payload).__name__}).")
+                raise
         return self.postprocess(out)
 
     # ---------------------------------------------------------------- verbs
@@ -180,17 +190,20 @@ class RayModel(ModelHooks):
         """
         self.ensure_setup()
         target = Path(path).resolve()
-        if target.exists() and any(target.iterdir()):
-            raise CheckpointError(f"`{target}` already exists and is not empty; choose a new path.")
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise CheckpointError(f"`{target}` already exists and is not an empty folder; choose a new path.")
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".raymodel-save-", dir=target.parent))
-        state = self.backend.get_state(self)
-        if not is_default(self, "on_save_checkpoint"):
-            call_sync(self.on_save_checkpoint, state)
-        ckpt.write(self, tmp, state)
-        if target.exists():
-            target.rmdir()
-        os.replace(tmp, target)
+        staging = tmp.make(".raymodel-save", parent=target.parent)  # beside the target: the rename is atomic
+        try:
+            state = self.backend.get_state(self)
+            if not is_default(self, "on_save_checkpoint"):
+                call_sync(self.on_save_checkpoint, state)
+            ckpt.write(self, staging, state)
+            if target.exists():
+                target.rmdir()
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; left-overs of a failure
         return str(target)
 
     @classmethod
@@ -251,3 +264,8 @@ def _warn_on_version_mismatch(manifest: dict[str, Any]) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -23,13 +23,11 @@ import json
 import os
 import platform
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from raymodel._internal import serialization
+from raymodel._internal import serialization, tmp
 from raymodel.exceptions import CheckpointError, ChecksumError
 
 MANIFEST = "raymodel.json"
@@ -126,6 +124,7 @@ def write(model: Any, directory: str | Path, state: dict[str, Any], extra: dict[
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest of a checkpoint folder, after a schema check; :class:`CheckpointError` otherwise."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not directory.is_dir():
@@ -139,19 +138,60 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"Cannot read the manifest `{path}`: {exc}") from exc
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"`{path}` is not a raymodel manifest (format={manifest.get('format')!r}).")
+    problem = _schema_problem(manifest)
+    if problem:
+        raise CheckpointError(f"`{path}` is not a valid raymodel manifest: {problem}. Nothing was loaded.")
     return manifest
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: Files a container may keep beside a checkpoint that the loader never reads (the registry's record).
+SIDECAR_FILES = frozenset({"record.json"})
+
+
+def _schema_problem(manifest: Any) -> str | None:
+    if not isinstance(manifest, dict):
+        return "it is not a JSON object"
+    if manifest.get("format") != FORMAT:
+        return f"format is {manifest.get('format')!r}, not {FORMAT!r}"
+    if not isinstance(manifest.get("format_version"), int) or manifest["format_version"] > FORMAT_VERSION:
+        return f"format_version {manifest.get('format_version')!r} is not one this raymodel reads"
+    cls = manifest.get("class")
+    if not (isinstance(cls, dict) and isinstance(cls.get("module"), str) and isinstance(cls.get("qualname"), str)):
+        return "`class` must name a module and a qualname"
+    if not isinstance(manifest.get("backend"), str) or not isinstance(manifest.get("config"), dict):
+        return "`backend` must be a string and `config` an object"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return "it lists no files (`files` must map every file to its sha256)"
+    for rel, digest in files.items():
+        parts = rel.split("/") if isinstance(rel, str) else [""]
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            return f"the sha256 of `{rel}` is not 64 hex digits"
+        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in rel or "\0" in rel:
+            return f"`{rel}` is not a plain relative path inside the checkpoint"
+    if CLASS_FILE not in files or not any(rel.startswith(f"{STATE_DIR}/") for rel in files):
+        return f"`{CLASS_FILE}` and the `{STATE_DIR}/` files must be listed"
+    return None
+
+
 def verify(directory: str | Path, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Check every file against the manifest's sha256; raise :class:`ChecksumError` on a mismatch."""
+    """Check the folder against its manifest, failing closed: every file present must be listed
+    (with ``class.pkl`` and the state files among them) and match its sha256; raise
+    :class:`ChecksumError` otherwise. Nothing is unpickled before this passes."""
     directory = Path(directory)
     manifest = manifest or read_manifest(directory)
-    for rel, expected in manifest.get("files", {}).items():
+    listed = manifest["files"]
+    present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file() or p.is_symlink()}
+    unlisted = sorted(present - set(listed) - {MANIFEST} - SIDECAR_FILES)
+    if unlisted:
+        raise ChecksumError(f"Checkpoint `{directory}` holds files its manifest does not list: {unlisted}. "
+                            "They were added after it was written; nothing was loaded.")
+    for rel, expected in listed.items():
         path = directory / rel
-        if not path.is_file():
-            raise ChecksumError(f"Checkpoint `{directory}` is missing `{rel}`, listed in its manifest.")
+        if path.is_symlink() or not path.is_file():
+            raise ChecksumError(f"Checkpoint `{directory}` is missing `{rel}`, listed in its manifest "
+                                "(or it is a link); nothing was loaded.")
         actual = sha256(path)
         if actual != expected:
             raise ChecksumError(
@@ -201,9 +241,6 @@ def local_copy(path: str | os.PathLike[str]) -> Iterator[Path]:
         return
     from ray.train import Checkpoint
 
-    tmp = tempfile.mkdtemp(prefix="raymodel-ckpt-")
-    try:
-        Checkpoint(text).to_directory(tmp)
-        yield Path(tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with tmp.tempdir("ckpt") as directory:
+        Checkpoint(text).to_directory(str(directory))
+        yield directory

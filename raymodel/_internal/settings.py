@@ -1,16 +1,19 @@
-"""Validated, keyword-only settings dataclasses.
+"""Validated, keyword-only, frozen settings dataclasses.
 
 Each verb has one settings class (``TrainSettings``, ``TuneSettings``,
 ``ServeSettings``). They share the machinery here: unknown keys get a
 "did you mean" suggestion, every bad value is named with what is allowed, and
-all problems are reported together in one :class:`SettingsError`, before any
-Ray resource is taken.
+all problems (unknown keys and bad values alike) are reported together in one
+:class:`SettingsError`, before any Ray resource is taken. Settings objects
+are frozen; the verbs check them again when they use them, so a dict inside
+one that was changed after construction is caught too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from typing import Any, Mapping, TypeVar
 
 from raymodel.exceptions import SettingsError
@@ -19,11 +22,12 @@ S = TypeVar("S")
 
 
 def settings_class(cls: type[S]) -> type[S]:
-    """Make ``cls`` a keyword-only dataclass whose constructor validates its keys.
+    """Make ``cls`` a frozen, keyword-only dataclass whose constructor validates its keys.
 
-    The class may define ``_validate(self) -> list[str]`` returning problems.
+    The class may define ``_validate(self) -> list[str]`` returning problems; it
+    may normalize fields with ``object.__setattr__`` (the instance is frozen).
     """
-    cls = dataclasses.dataclass(kw_only=True)(cls)
+    cls = dataclasses.dataclass(kw_only=True, frozen=True)(cls)
     dataclass_init = cls.__init__
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
@@ -34,16 +38,21 @@ def settings_class(cls: type[S]) -> type[S]:
                 f"(got {len(args)} positional); write e.g. `{cls.__name__}({names[0]}=...)`."
             )
         unknown = [k for k in kwargs if k not in names]
-        if unknown:
-            raise SettingsError(_unknown_keys_message(cls.__name__, unknown, names))
-        dataclass_init(self, **kwargs)
-        problems = self._validate() if hasattr(self, "_validate") else []
-        if problems:
-            bullet = "\n  - "
-            raise SettingsError(f"Invalid `{cls.__name__}`:{bullet}{bullet.join(problems)}")
+        dataclass_init(self, **{k: v for k, v in kwargs.items() if k in names})
+        problems = [_unknown_keys_message(cls.__name__, unknown, names)] if unknown else []
+        problems += self._validate() if hasattr(self, "_validate") else []
+        _raise(cls.__name__, problems)
 
     cls.__init__ = __init__  # type: ignore[method-assign]
     return cls
+
+
+def _raise(owner: str, problems: list[str]) -> None:
+    if len(problems) == 1 and problems[0].startswith(f"`{owner}` has no setting"):
+        raise SettingsError(problems[0])
+    if problems:
+        bullet = "\n  - "
+        raise SettingsError(f"Invalid `{owner}`:{bullet}{bullet.join(problems)}")
 
 
 class SettingsBase:
@@ -51,8 +60,12 @@ class SettingsBase:
 
     @classmethod
     def coerce(cls: type[S], value: Any) -> S:
-        """Return ``value`` as a ``cls``: ``None`` gives the defaults, a dict is validated."""
+        """Return ``value`` as a ``cls``: ``None`` gives the defaults, a dict is validated,
+        an instance is checked again (a dict inside it may have been changed since)."""
         return _coerce(cls, value)
+
+    def _validate(self) -> list[str]:
+        return []
 
 
 def _unknown_keys_message(owner: str, unknown: list[str], names: list[str]) -> str:
@@ -70,6 +83,7 @@ def _coerce(cls: type[S], value: Any) -> S:
     if value is None:
         return cls()
     if isinstance(value, cls):
+        _raise(cls.__name__, value._validate())  # type: ignore[attr-defined]
         return value
     if isinstance(value, Mapping):
         bad = [k for k in value if not isinstance(k, str)]
@@ -90,14 +104,48 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> str | None:
+def check_int(name: str, value: Any, minimum: int | None = None, allow_none: bool = False,
+              maximum: int | None = None) -> str | None:
     if value is None and allow_none:
         return None
-    if not _is_int(value) or (minimum is not None and value < minimum):
+    if not _is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         floor = f" >= {minimum}" if minimum is not None else ""
+        ceiling = f" <= {maximum}" if maximum is not None else ""
+        both = f" from {minimum} to {maximum}" if floor and ceiling else floor or ceiling
         none = " or None" if allow_none else ""
-        return f"`{name}` must be an int{floor}{none} (got {value!r})."
+        return f"`{name}` must be an int{both}{none} (got {value!r})."
     return None
+
+
+def check_resources(name: str, value: Any, allow_none: bool = True) -> str | None:
+    """A Ray resource dict: ``{"CPU": 1, "GPU": 0.5, "custom": 2}`` of finite numbers >= 0."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v >= 0 for k, v in value.items()):
+        return f"`{name}` must be a dict like {{'CPU': 1}} of finite numbers >= 0 (got {value!r})."
+    return None
+
+
+def check_actor_options(name: str, value: Any) -> list[str]:
+    """Ray actor options: a dict whose resource amounts are finite and >= 0."""
+    if value is None:
+        return []
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        return [f"`{name}` must be a dict like {{'num_cpus': 1}} (got {value!r})."]
+    problems = [check_number(f"{name}['{k}']", value[k], minimum=0) for k in ("num_cpus", "num_gpus", "memory")
+                if k in value]
+    if "resources" in value:
+        problems.append(check_resources(f"{name}['resources']", value["resources"], allow_none=False))
+    return collect(*problems)
+
+
+def check_name(name: str, value: Any) -> str | None:
+    """A run or experiment name: one plain folder name (it must not escape its storage folder)."""
+    from raymodel._internal.names import name_problem
+
+    return None if value is None else name_problem(value, f"`{name}`")
 
 
 def check_number(
@@ -106,7 +154,7 @@ def check_number(
 ) -> str | None:
     if value is None and allow_none:
         return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok and minimum is not None:
         ok = value > minimum if exclusive_min else value >= minimum
     if ok and maximum is not None:
@@ -115,7 +163,7 @@ def check_number(
         lo = "" if minimum is None else (f" > {minimum}" if exclusive_min else f" >= {minimum}")
         hi = "" if maximum is None else f" <= {maximum}"
         none = " or None" if allow_none else ""
-        return f"`{name}` must be a number{lo}{hi}{none} (got {value!r})."
+        return f"`{name}` must be a finite number{lo}{hi}{none} (got {value!r})."
     return None
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 from typing import TYPE_CHECKING, Any
 
 import torch
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
+from raymodel._internal import tmp
 from raymodel.backends._torch_loop import ShardSampler, TorchLoop, to_tensor
 from raymodel.backends.lightning import _lightning
 from raymodel.data import Arrays, Batches, RayDataset, TorchDataset
@@ -48,8 +48,8 @@ class LightningLoop(TorchLoop):
 
     def get_state(self) -> dict[str, Any]:
         """Lightning's own checkpoint; ``save_checkpoint`` is a collective, so every worker calls it."""
-        with tempfile.TemporaryDirectory(prefix="raymodel-pl-") as tmp:
-            path = os.path.join(tmp, "checkpoint.ckpt")
+        with tmp.tempdir("lightning") as staging:
+            path = os.path.join(staging, "checkpoint.ckpt")
             self.trainer.save_checkpoint(path)  # rank 0 writes the file
             if self.run.rank != 0:
                 return {}
@@ -67,10 +67,10 @@ class LightningLoop(TorchLoop):
         trainer = prepare_trainer(self.trainer)
         train = self._loader("train")
         valid = self._loader("valid") if self.has_validation else None
-        with tempfile.TemporaryDirectory(prefix="raymodel-pl-") as tmp:
+        with tmp.tempdir("lightning") as staging:
             ckpt_path = None
             if self.resume is not None and "loops" in self.resume:
-                ckpt_path = os.path.join(tmp, "resume.ckpt")
+                ckpt_path = os.path.join(staging, "resume.ckpt")
                 torch.save(self.resume, ckpt_path)
             await asyncio.to_thread(trainer.fit, self.model.module, train_dataloaders=train,
                                     val_dataloaders=valid, ckpt_path=ckpt_path)

@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Awaitable, Iterator
 
 import numpy as np
 
 from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import serialization, storage
+from raymodel._internal import serialization, storage, tmp
 from raymodel._internal.hub import Collective
 from raymodel.exceptions import CheckpointError
 from raymodel.hooks import HookRunner, RunContext, maybe_await
@@ -256,12 +255,12 @@ class WorkerRun:
             await self.hooks.call("on_load_checkpoint", state)
             return
         if self.initial_state:
-            with tempfile.TemporaryDirectory(prefix="raymodel-init-") as tmp:
+            with tmp.tempdir("init") as staging:
                 for rel, data in self.initial_state.items():
-                    path = Path(tmp) / rel
+                    path = staging / rel
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_bytes(data)
-                state = self.backend.read_state(self.model, Path(tmp))
+                state = self.backend.read_state(self.model, staging)
             self.backend.set_state(self.model, state)
             await self.hooks.call("on_load_checkpoint", state)
 
@@ -304,7 +303,7 @@ class WorkerRun:
             path = Path(self.info["path"]) / f"checkpoint_epoch_{epoch:06d}"
             path.mkdir(parents=True, exist_ok=True)
             return str(path)
-        return tempfile.mkdtemp(prefix="raymodel-ckpt-")
+        return str(tmp.make("ckpt"))
 
     # ------------------------------------------------------------------ RNG
     def _rng_state(self) -> dict[str, Any]:

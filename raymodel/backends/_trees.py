@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from raymodel.backends.base import Backend, WorkerLoop, to_jsonable
+from raymodel.backends.base import Backend, WorkerLoop, rows_of, to_jsonable
 from raymodel.data import worker_rows
 from raymodel.exceptions import DataError, ModelDefinitionError
 
@@ -72,7 +72,7 @@ class TreeBackend(Backend):
                             f"and {'no' if split.y is None else 'some'} labels).")
 
     def preprocess(self, model: Any, payload: Any) -> Any:
-        x = np.asarray(payload, dtype=np.float32)
+        x = rows_of(payload)
         return x.reshape(1, -1) if x.ndim == 1 else x
 
     def postprocess(self, model: Any, output: Any) -> Any:

@@ -149,8 +149,8 @@ class Backend:
         raise NotImplementedError(f"`{type(model).__name__}` must define `forward(x)`.")
 
     def preprocess(self, model: "RayModel", payload: Any) -> Any:
-        """Default ``preprocess``: the payload as a float32 array."""
-        return np.asarray(payload, dtype=np.float32)
+        """Default ``preprocess``: the payload as a float32 array of rows."""
+        return rows_of(payload)
 
     def postprocess(self, model: "RayModel", output: Any) -> Any:
         """Default ``postprocess``: the output as plain lists."""
@@ -247,6 +247,16 @@ class WorkerLoop:
 
     def set_rng_state(self, state: Any) -> None:
         """Restore what :meth:`rng_state` returned."""
+
+
+def rows_of(payload: Any) -> np.ndarray:
+    """A payload as a float32 array of at least one dimension (rows), or a ``ValueError`` saying why not."""
+    if payload is None or isinstance(payload, (str, bytes, dict)):
+        raise ValueError(f"expected a list of rows of numbers, got {type(payload).__name__}")
+    array = np.asarray(payload, dtype=np.float32)
+    if array.ndim == 0:
+        raise ValueError("expected a list of rows of numbers, got a single number")
+    return array
 
 
 def batch_len(x: Any) -> int:

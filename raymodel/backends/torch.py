@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from raymodel.backends.base import Backend, to_jsonable
+from raymodel.backends.base import Backend, rows_of, to_jsonable
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
@@ -101,7 +101,7 @@ class TorchBackend(Backend):
     def preprocess(self, model: RayModel, payload: Any) -> Any:
         import torch
 
-        return torch.as_tensor(np.asarray(payload, dtype=np.float32))
+        return torch.as_tensor(rows_of(payload))
 
     def postprocess(self, model: RayModel, output: Any) -> Any:
         return to_jsonable(output)

@@ -77,9 +77,9 @@ def from_pandas(df: Any, label: str | None = None, valid_fraction: float = 0.2, 
     missing = [c for c in feature_cols if c not in columns]
     if missing:
         raise DataError(f"`features` names columns the DataFrame lacks: {missing}; columns are {columns}.")
-    X = df[feature_cols].to_numpy(dtype=np.float32)
-    y = None if label is None else df[label].to_numpy()
-    return from_numpy(X, y, valid_fraction=valid_fraction, seed=seed)
+    arrays = make_arrays(df[feature_cols].to_numpy(), None if label is None else df[label].to_numpy(),
+                         "`from_pandas`")  # checked before any cast: no complex or wrapped values
+    return from_numpy(arrays.x.astype(np.float32), arrays.y, valid_fraction=valid_fraction, seed=seed)
 
 
 def _take(arrays: Arrays, idx: np.ndarray) -> Arrays:

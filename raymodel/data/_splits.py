@@ -149,7 +149,32 @@ def _splits_from_mapping(data: Any, where: str) -> DataSpec:
             splits[name] = to_split(value, name, where=f"{where}[{key!r}]")
     if "train" not in splits:
         raise DataError(f"{where} has no `train` split (got keys {sorted(map(str, data))}).")
+    train, valid = splits.get("train"), splits.get("valid")
+    if isinstance(train, Arrays) and isinstance(valid, Arrays):
+        for part in ("x", "y"):
+            a, b = getattr(train, part), getattr(valid, part)
+            if (a is None) != (b is None) or (a is not None and a.shape[1:] != b.shape[1:]):
+                what = "X" if part == "x" else "y"
+                raise DataError(f"{where}: the `train` and `valid` {what} differ in shape beyond the rows "
+                                f"(train {what}: {_shape(a)}, valid {what}: {_shape(b)}); they must match.")
     return DataSpec(splits)
+
+
+def _shape(a: Any) -> str:
+    return "none" if a is None else f"shape {tuple(a.shape)}"
+
+
+def nonfinite(spec: DataSpec) -> list[str]:
+    """``"split 'train' X: 3 of 640 values"`` for every in-memory array holding NaN or infinity."""
+    found = []
+    for name, split in spec.splits.items():
+        for part, what in (("x", "X"), ("y", "y")):
+            a = getattr(split, part, None) if isinstance(split, Arrays) else None
+            if a is not None and not _is_ref(a) and np.issubdtype(a.dtype, np.inexact):
+                bad = int(np.count_nonzero(~np.isfinite(a)))
+                if bad:
+                    found.append(f"split {name!r} {what}: {bad} of {a.size} values")
+    return found
 
 
 def to_split(value: Any, name: str, where: str) -> Any:
@@ -186,6 +211,7 @@ def to_split(value: Any, name: str, where: str) -> Any:
 
 
 def make_arrays(x: Any, y: Any, where: str) -> Arrays:
+    """Checked feature and label arrays (numeric, real, the same number of rows)."""
     x = _as_array(x, f"{where} X")
     if x.ndim == 0 or x.shape[0] == 0:
         raise DataError(f"{where}: X must have at least one row (got shape {x.shape}).")
@@ -196,6 +222,10 @@ def make_arrays(x: Any, y: Any, where: str) -> Arrays:
                 f"{where}: X and y must have the same number of rows "
                 f"(got X with shape {x.shape} and y with shape {y.shape})."
             )
+        if np.issubdtype(y.dtype, np.unsignedinteger) and y.size and int(y.max()) > np.iinfo(np.int64).max:
+            raise DataError(f"{where} y holds unsigned labels up to {int(y.max())}, which do not fit in int64 and "
+                            "would wrap around to negative numbers; re-encode the labels (e.g. `np.unique(y, "
+                            "return_inverse=True)[1]`).")
     return Arrays(x, y)
 
 
@@ -210,6 +240,9 @@ def _as_array(value: Any, what: str) -> np.ndarray:
         raise DataError(f"{what} cannot be turned into an array: {exc}") from exc
     if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
         raise DataError(f"{what} must be numeric (got dtype {array.dtype}). Encode categories as numbers first.")
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise DataError(f"{what} is complex ({array.dtype}); models here take real numbers and the imaginary "
+                        "part would be dropped. Pass `X.real` and `X.imag` as separate features.")
     return array
 
 

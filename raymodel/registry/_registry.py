@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
-import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, List, Mapping
 
 from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import runtime
+from raymodel._internal import names, runtime, tmp
 from raymodel.exceptions import RegistryError
-
-_KEY_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+from raymodel.registry._store import RECORD, TOMBSTONE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +48,13 @@ class ModelRecord:
 
 
 class Registry:
-    """A registry rooted at a local folder or a ``pyarrow.fs`` URI.
+    """A registry rooted at a local folder or a ``pyarrow.fs`` URI (layout: ``_store.py``).
 
-    Layout: ``<root>/<key>/versions/<n>/`` (a checkpoint plus ``record.json``)
-    and ``<root>/<key>/aliases.json``.
+    Guarantees: a version appears whole or not at all; version numbers only go
+    up (a deleted number is never handed out again); a ``put`` with an alias
+    publishes both or neither; every key, alias and version is checked by one
+    function (:mod:`raymodel._internal.names`) before any path is built; a
+    corrupt record spoils only its own version.
     """
 
     def __init__(self, uri: str) -> None:
@@ -73,13 +76,13 @@ class Registry:
             metadata: Your own JSON-able notes, kept with the version.
 
         Returns:
-            ``ModelRef(key, version)``; versions count 1, 2, 3, ... per key.
+            ``ModelRef(key, version)``; versions count 1, 2, 3, ... per key and are never reused.
         """
-        _check_key(key)
+        names.key(key)
         if alias is not None:
-            _check_alias(alias)
-        with tempfile.TemporaryDirectory(prefix="raymodel-put-") as tmp:
-            source, lineage = _materialize(obj, Path(tmp))
+            names.alias(alias)
+        with tmp.tempdir("put") as staging:
+            source, lineage = _materialize(obj, staging)
             manifest = ckpt.verify(source)  # never publish a corrupt checkpoint
             record = {
                 "key": key,
@@ -90,10 +93,13 @@ class Registry:
                 "model_class": f"{manifest['class']['module']}.{manifest['class']['qualname']}",
                 "backend": manifest.get("backend"),
             }
-            versions = self._versions(key)
-            version = self.store.publish(source, key, (max(versions) + 1) if versions else 1, record)
+            version = self.store.publish(source, key, record)
         if alias is not None:
-            self.set_alias(key, alias, version)
+            try:
+                self.set_alias(key, alias, version)
+            except BaseException:
+                self.store.tombstone(key, version)  # all or nothing: the version goes with its alias
+                raise
         return ModelRef(key, version)
 
     # ------------------------------------------------------------------ get
@@ -107,145 +113,181 @@ class Registry:
         from raymodel.model import RayModel
 
         n = self.resolve(key, version)
-        with tempfile.TemporaryDirectory(prefix="raymodel-get-") as tmp:
-            directory = self.store.fetch(f"{key}/versions/{n}", Path(tmp) / "v")
+        self._record(key, n, {})  # a corrupt record is named before anything is loaded
+        with tmp.tempdir("get") as staging:
+            directory = self.store.fetch(f"{key}/versions/{n}", staging / "v")
             model = RayModel.from_checkpoint(directory, config=config)
         model.source = {"registry": f"{key}:{n}", "uri": self.uri}
         return model
 
     def resolve(self, key: str, version: int | str | None = None) -> int:
         """The version number that ``version`` (None, int or alias) names."""
+        names.key(key)
+        wanted = names.version(version)
         versions = self._versions(key)
         if not versions:
             keys = self.keys()
             raise RegistryError(f"No model `{key}` in the registry at `{self.uri}`. "
                                 f"Keys: {', '.join(keys) if keys else '(none yet)'}.")
-        if version is None:
+        if wanted is None:
             return max(versions)
-        if isinstance(version, bool):
-            raise RegistryError(f"`version` must be an int, an alias or None (got {version!r}).")
-        if isinstance(version, int) or (isinstance(version, str) and version.isdigit()):
-            if int(version) not in versions:
-                raise RegistryError(f"`{key}` has no version {version}; versions: {_ranges(versions)}.")
-            return int(version)
+        if isinstance(wanted, int):
+            if wanted not in versions:
+                raise RegistryError(f"`{key}` has no version {wanted}; versions: {_ranges(versions)}.")
+            return wanted
         aliases = self._aliases(key)
-        if version not in aliases:
+        if wanted not in aliases:
             known = ", ".join(f"{a}->{v}" for a, v in sorted(aliases.items())) or "(none)"
-            raise RegistryError(f"`{key}` has no alias `{version}`; aliases: {known}.")
-        return int(aliases[version])
+            raise RegistryError(f"`{key}` has no alias `{wanted}`; aliases: {known}.")
+        if aliases[wanted] not in versions:
+            raise RegistryError(f"`{key}@{wanted}` points at version {aliases[wanted]}, which was deleted.")
+        return aliases[wanted]
 
     # ----------------------------------------------------------------- list
     def keys(self) -> List[str]:
-        return [k for k in self.store.listdir("") if not k.startswith(".") and self._versions(k)]
+        return [k for k in self.store.listdir("") if names.name_problem(k, "") is None and self._versions(k)]
 
     def list(self, key: str | None = None) -> List[ModelRecord]:
-        """Records of every version (of ``key``, or of every key), oldest first."""
+        """Records of every version (of ``key``, or of every key), oldest first.
+
+        A version whose record cannot be read is left out with a warning naming its file.
+        """
         if key is not None:
-            _check_key(key)
             self.resolve(key)  # raises, naming the keys that exist
         records = []
         for k in [key] if key is not None else self.keys():
             aliases = self._aliases(k)  # one listing and one alias read per key, not per version
-            records += [self._record(k, n, aliases) for n in sorted(self._versions(k))]
+            for n in self._versions(k):
+                try:
+                    records.append(self._record(k, n, aliases))
+                except RegistryError as exc:
+                    warnings.warn(f"Skipping `{k}:{n}`: {exc}", RuntimeWarning, stacklevel=2)
         return records
 
     def show(self, key: str, version: int | str | None = None) -> ModelRecord:
         return self._record(key, self.resolve(key, version), self._aliases(key))
 
     def _record(self, key: str, n: int, aliases: dict[str, int]) -> ModelRecord:
-        raw = self.store.read_json(f"{key}/versions/{n}/record.json", {})
-        return ModelRecord(key=key, version=n, aliases=sorted(a for a, v in aliases.items() if int(v) == n),
-                           created=raw.get("created", 0.0),
-                           metrics=raw.get("metrics", {}), metadata=raw.get("metadata", {}),
-                           lineage=raw.get("lineage", {}), model_class=raw.get("model_class", "?"),
-                           backend=raw.get("backend", "?"))
+        rel = f"{key}/versions/{n}/{RECORD}"
+        try:
+            raw = self.store.read_json(rel)
+        except FileNotFoundError as exc:
+            raise RegistryError(f"`{key}:{n}` has no record (`{self.store.describe(rel)}`).") from exc
+        try:
+            return ModelRecord(key=key, version=n, aliases=sorted(a for a, v in aliases.items() if v == n),
+                               created=float(raw.get("created", 0.0)), metrics=dict(raw.get("metrics", {})),
+                               metadata=dict(raw.get("metadata", {})), lineage=dict(raw.get("lineage", {})),
+                               model_class=str(raw.get("model_class", "?")), backend=str(raw.get("backend", "?")))
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise RegistryError(f"`{self.store.describe(rel)}` is corrupt: {exc}") from exc
 
     # -------------------------------------------------------------- changes
     def set_alias(self, key: str, alias: str, version: int | str) -> None:
-        _check_alias(alias)
-        n = self.resolve(key, version)
-        aliases = self._aliases(key)
-        aliases[alias] = n
-        self.store.write_text(f"{key}/aliases.json", _dumps(aliases))
+        names.key(key), names.alias(alias), names.version(version)
+        with self.store.lock(key):
+            n = self.resolve(key, version)
+            self._migrate_aliases(key)
+            self.store.write_text(f"{key}/aliases/{alias}.json", json.dumps({"version": n}))
 
     def remove_alias(self, key: str, alias: str) -> None:
-        aliases = self._aliases(key)
-        if alias not in aliases:
-            self.resolve(key, alias)  # raises, naming the aliases that exist
-        del aliases[alias]
-        self.store.write_text(f"{key}/aliases.json", _dumps(aliases))
+        names.key(key), names.alias(alias)
+        with self.store.lock(key):
+            if alias not in self._aliases(key):
+                self.resolve(key, alias)  # raises, naming the aliases that exist
+            self._migrate_aliases(key)
+            self.store.delete_file(f"{key}/aliases/{alias}.json")
 
     def delete(self, key: str, version: int | str) -> None:
-        """Delete one version (and the aliases pointing at it)."""
-        n = self.resolve(key, version)
-        aliases = {a: v for a, v in self._aliases(key).items() if int(v) != n}
-        self.store.write_text(f"{key}/aliases.json", _dumps(aliases))
-        self.store.delete(f"{key}/versions/{n}")
+        """Delete one version (and the aliases pointing at it); its number is never reused."""
+        names.key(key), names.version(version)
+        with self.store.lock(key):
+            n = self.resolve(key, version)
+            self._migrate_aliases(key)
+            for alias, target in self._aliases(key).items():
+                if target == n:
+                    self.store.delete_file(f"{key}/aliases/{alias}.json")
+            self.store.tombstone(key, n)
 
     # -------------------------------------------------------------- helpers
     def _versions(self, key: str) -> List[int]:  # `list` is a method name in this class
-        names = self.store.listdir(f"{key}/versions")
-        return [int(n) for n in names if n.isdigit() and self.store.exists(f"{key}/versions/{n}/record.json")]
+        return [n for n in self.store.numbers(key)
+                if self.store.exists(f"{key}/versions/{n}/{RECORD}")
+                and not self.store.exists(f"{key}/versions/{n}/{TOMBSTONE}")]
 
     def _aliases(self, key: str) -> dict[str, int]:
-        return dict(self.store.read_json(f"{key}/aliases.json", {}) or {})
+        """``{alias: version}``; an unreadable alias file is left out with a warning naming it."""
+        found: dict[str, int] = {}
+        legacy = self._read(f"{key}/aliases.json")  # round 1's single file
+        if isinstance(legacy, dict):
+            found.update({a: v for a, v in legacy.items() if isinstance(v, int) and not names.name_problem(a, "")})
+        for name in self.store.listdir(f"{key}/aliases"):
+            alias = name.removesuffix(".json")
+            if not name.endswith(".json") or names.name_problem(alias, ""):
+                continue
+            entry = self._read(f"{key}/aliases/{name}")
+            if isinstance(entry, dict) and isinstance(entry.get("version"), int):
+                found[alias] = entry["version"]
+        return found
+
+    def _read(self, rel: str) -> Any:
+        try:
+            return self.store.read_json(rel)
+        except FileNotFoundError:
+            return None
+        except RegistryError as exc:
+            warnings.warn(str(exc), RuntimeWarning, stacklevel=3)
+            return None
+
+    def _migrate_aliases(self, key: str) -> None:
+        """Move round 1's ``aliases.json`` into one file per alias (under the key's lock)."""
+        legacy = self._read(f"{key}/aliases.json")
+        if legacy is None:
+            return
+        current = set(self.store.listdir(f"{key}/aliases"))
+        for alias, n in (legacy.items() if isinstance(legacy, dict) else []):
+            if f"{alias}.json" not in current and isinstance(n, int) and not names.name_problem(alias, ""):
+                self.store.write_text(f"{key}/aliases/{alias}.json", json.dumps({"version": n}))
+        self.store.delete_file(f"{key}/aliases.json")
 
     def __repr__(self) -> str:
         return f"Registry({self.uri!r})"
 
 
-def _materialize(obj: Any, tmp: Path) -> tuple[Path, dict[str, Any]]:
+def _materialize(obj: Any, staging: Path) -> tuple[Path, dict[str, Any]]:
     """A local checkpoint folder for ``obj`` and what is known of where it came from."""
     from raymodel.model import RayModel
     from raymodel.train import TrainResult
 
     if isinstance(obj, RayModel):
-        return Path(obj.save(tmp / "ckpt")), {"source": dict(obj.source)}
+        return Path(obj.save(staging / "ckpt")), {"source": dict(obj.source)}
     if isinstance(obj, TrainResult):
         if obj.checkpoint is None:
             raise RegistryError("This `TrainResult` has no checkpoint to register.")
         lineage = {"run": obj.name, "run_path": obj.path, "checkpoint": obj.checkpoint, "metrics": obj.metrics,
                    "epochs": len(obj.history)}
-        return _copy(obj.checkpoint, tmp), lineage
+        return _copy(obj.checkpoint, staging), lineage
     if type(obj).__name__ == "TuneResult" and hasattr(obj, "best_checkpoint"):
         if obj.best_checkpoint is None:
             raise RegistryError("This `TuneResult` has no best checkpoint to register.")
         lineage = {"experiment_path": obj.path, "trial_id": obj.best_trial_id, "checkpoint": obj.best_checkpoint,
                    "metrics": obj.best_metrics, "tuned_metric": obj.metric}
-        return _copy(obj.best_checkpoint, tmp), lineage
+        return _copy(obj.best_checkpoint, staging), lineage
     if isinstance(obj, (str, os.PathLike)):
-        return _copy(os.fspath(obj), tmp), {"checkpoint": os.fspath(obj)}
+        return _copy(os.fspath(obj), staging), {"checkpoint": os.fspath(obj)}
     raise RegistryError(f"`put` takes a model, a TrainResult, a TuneResult or a checkpoint path "
                         f"(got {type(obj).__name__}).")
 
 
-def _copy(path: str, tmp: Path) -> Path:
-    target = tmp / "ckpt"
+def _copy(path: str, staging: Path) -> Path:
+    target = staging / "ckpt"
     with ckpt.local_copy(path) as directory:
         ckpt.read_manifest(directory)
         shutil.copytree(directory, target)
     return target
 
 
-def _check_key(key: Any) -> None:
-    if not isinstance(key, str) or not key or key.startswith(".") or set(key) - _KEY_CHARS:
-        raise RegistryError(f"A registry key is a non-empty name of letters, digits, '_', '-' and '.' "
-                            f"(got {key!r}).")
-
-
-def _check_alias(alias: Any) -> None:
-    if not isinstance(alias, str) or not alias or alias.isdigit() or set(alias) - _KEY_CHARS:
-        raise RegistryError(f"An alias is a name of letters, digits, '_', '-' and '.', not a number (got {alias!r}).")
-
-
 def _ranges(versions: list[int]) -> str:
     return ", ".join(str(v) for v in sorted(versions))
-
-
-def _dumps(obj: Any) -> str:
-    import json
-
-    return json.dumps(obj, indent=2, sort_keys=True)
 
 
 def default_uri() -> str:

@@ -6,7 +6,9 @@ from typing import Any
 
 from raymodel._internal.settings import (
     SettingsBase,
+    check_actor_options,
     check_int,
+    check_name,
     check_number,
     check_type,
     collect,
@@ -51,17 +53,15 @@ class ServeSettings(SettingsBase):
             check_int("max_batch_size", self.max_batch_size, minimum=1),
             check_number("batch_wait_timeout_s", self.batch_wait_timeout_s, minimum=0),
             check_int("max_ongoing_requests", self.max_ongoing_requests, minimum=1),
-            check_type("ray_actor_options", self.ray_actor_options, (dict,), "a dict like {'num_cpus': 1}",
-                       allow_none=True),
+
             check_type("host", self.host, (str,), "a host name or IP address"),
-            check_int("port", self.port, minimum=1),
-            check_type("name", self.name, (str,), "a string", allow_none=True),
+            check_int("port", self.port, minimum=1, maximum=65535),
+            check_name("name", self.name),
             check_int("max_body_bytes", self.max_body_bytes, minimum=1),
+            *check_actor_options("ray_actor_options", self.ray_actor_options),
         )
         if self.num_replicas != "auto" and check_int("num_replicas", self.num_replicas, minimum=1):
             problems.append(f"`num_replicas` must be an int >= 1 or 'auto' (got {self.num_replicas!r}).")
-        if isinstance(self.port, int) and self.port > 65535:
-            problems.append(f"`port` must be <= 65535 (got {self.port}).")
         if (isinstance(self.min_replicas, int) and isinstance(self.max_replicas, int)
                 and self.min_replicas > self.max_replicas):
             problems.append(f"`min_replicas` ({self.min_replicas}) must be <= `max_replicas` ({self.max_replicas}).")

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from raymodel._internal import runtime, serialization
+from raymodel._internal import runtime, serialization, tmp
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal.hub import start_hub, stop_hub
 from raymodel.backends._run import run_worker
 from raymodel.data import resolve
-from raymodel.exceptions import HookError, TrainingError
+from raymodel.data._splits import nonfinite
+from raymodel.exceptions import DataError, HookError, TrainingError
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
 from raymodel.train._settings import TrainSettings
@@ -29,7 +29,21 @@ def prepare(model: "RayModel", settings: Any, data: Any) -> tuple[TrainSettings,
     backend.validate_model(model)
     spec = resolve(data)
     backend.validate_data(spec)
+    _check_finite(spec, settings.nonfinite)
     return settings, spec
+
+
+def _check_finite(spec: Any, policy: str) -> None:
+    if policy == "allow":
+        return
+    found = nonfinite(spec)
+    if not found:
+        return
+    message = ("The data holds NaN or infinite values (" + "; ".join(found) + "). A loss over them is NaN. "
+               "Clean them, or pass `TrainSettings(nonfinite='allow')` if the model handles them.")
+    if policy == "error":
+        raise DataError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def run_training(model: "RayModel", settings: TrainSettings | Mapping[str, Any] | None, data: Any, *,
@@ -157,9 +171,9 @@ def _initial_state(model: "RayModel") -> dict[str, bytes] | None:
     """Files of the instance's current state, when it has weights to start from."""
     if not model.is_setup:
         return None
-    with tempfile.TemporaryDirectory(prefix="raymodel-init-") as tmp:
+    with tmp.tempdir("init") as staging:
         state = model.backend.get_state(model)
-        model.backend.write_state(model, state, Path(tmp))
-        return {p.relative_to(tmp).as_posix(): p.read_bytes() for p in Path(tmp).rglob("*") if p.is_file()}
+        model.backend.write_state(model, state, staging)
+        return {p.relative_to(staging).as_posix(): p.read_bytes() for p in staging.rglob("*") if p.is_file()}
 
 

@@ -8,10 +8,15 @@ from raymodel._internal.settings import (
     SettingsBase,
     check_choice,
     check_int,
+    check_name,
+    check_resources,
     check_type,
     collect,
     settings_class,
 )
+
+#: Seeds feed numpy's generators, which take 0 <= seed < 2**32.
+MAX_SEED = 2**32 - 1
 
 
 @settings_class
@@ -35,14 +40,18 @@ class TrainSettings(SettingsBase):
             (e.g. ``"val_loss"``).
         mode: ``"min"`` or ``"max"``: whether a lower or higher ``metric`` is better.
         shuffle: Reshuffle the training rows every epoch.
-        seed: Seed for the shuffle and ``torch.manual_seed`` on every worker.
+        seed: Seed for the shuffle and ``torch.manual_seed`` on every worker (0 to 2**32 - 1).
         callbacks: :class:`raymodel.Callback` objects that receive every hook.
-        name: Run name (a folder under ``storage_path``); default: class name + time.
+        name: Run name (one folder name under ``storage_path``: letters, digits, ``_-.``);
+            default: class name + time. A run started again under the same name
+            resumes from that run's newest complete checkpoint (Ray Train's behaviour).
         storage_path: Where runs are written; default ``$RAYMODEL_HOME/runs``.
             Any ``pyarrow.fs`` URI works (``s3://bucket/runs``).
         verbose: Show Ray's own logs. Progress lines are printed either way
             unless ``progress=False``.
         progress: Print one line per epoch on the driver.
+        nonfinite: What NaN or infinite values in array data do: ``"warn"`` (a
+            warning naming the array), ``"error"`` (a ``DataError``) or ``"allow"``.
     """
 
     num_workers: int = 1
@@ -62,10 +71,13 @@ class TrainSettings(SettingsBase):
     storage_path: str | None = None
     verbose: bool = False
     progress: bool = True
+    nonfinite: str = "warn"
 
     def _validate(self) -> list[str]:
         from raymodel.hooks import Callback
 
+        if isinstance(self.callbacks, list):
+            object.__setattr__(self, "callbacks", tuple(self.callbacks))  # frozen all the way down
         problems = collect(
             check_int("num_workers", self.num_workers, minimum=0),
             check_int("num_epochs", self.num_epochs, minimum=1),
@@ -77,19 +89,17 @@ class TrainSettings(SettingsBase):
             check_type("metric", self.metric, (str,), "a metric name such as 'val_loss'", allow_none=True),
             check_choice("mode", self.mode, ("min", "max")),
             check_type("shuffle", self.shuffle, (bool,), "True or False"),
-            check_int("seed", self.seed),
-            check_type("name", self.name, (str,), "a string", allow_none=True),
+            check_int("seed", self.seed, minimum=0, maximum=MAX_SEED),
+            check_name("name", self.name),
             check_type("storage_path", self.storage_path, (str,), "a path or URI string", allow_none=True),
             check_type("verbose", self.verbose, (bool,), "True or False"),
             check_type("progress", self.progress, (bool,), "True or False"),
+            check_resources("resources_per_worker", self.resources_per_worker),
+            check_choice("nonfinite", self.nonfinite, ("warn", "error", "allow")),
         )
-        rpw = self.resources_per_worker
-        if rpw is not None and (not isinstance(rpw, dict) or not all(
-                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-                for k, v in rpw.items())):
-            problems.append(f"`resources_per_worker` must be a dict like {{'CPU': 1}} of non-negative numbers "
-                            f"(got {rpw!r}).")
-        if isinstance(self.callbacks, (str, bytes)) or not isinstance(self.callbacks, (list, tuple)):
+        if isinstance(self.storage_path, str) and not self.storage_path.strip():
+            problems.append("`storage_path` must not be empty (leave it out for `$RAYMODEL_HOME/runs`).")
+        if not isinstance(self.callbacks, tuple):
             problems.append(f"`callbacks` must be a list of `raymodel.Callback` (got {self.callbacks!r}).")
         else:
             bad = [cb for cb in self.callbacks if not isinstance(cb, Callback)]

@@ -8,12 +8,14 @@ from raymodel._internal.settings import (
     SettingsBase,
     check_choice,
     check_int,
+    check_name,
     check_number,
     check_type,
     collect,
     settings_class,
 )
 from raymodel.train import TrainSettings
+from raymodel.train._settings import MAX_SEED
 
 
 @settings_class
@@ -37,7 +39,8 @@ class TuneSettings(SettingsBase):
         train: The ``TrainSettings`` of each trial (its ``num_epochs`` is set to
             ``max_epochs``); trials can themselves run on several workers.
         callbacks: Ray Tune ``Callback`` objects, run on the driver.
-        name: Experiment name (to resume it later); default: class name + time.
+        name: Experiment name (one folder name: letters, digits, ``_-.``; to resume it later);
+            default: class name + time.
         storage_path: Where experiments are written; default ``$RAYMODEL_HOME/runs``.
         seed: Seed of the default random search, for repeatable experiments.
         verbose: Show Ray's own logs and Tune's status table.
@@ -63,6 +66,8 @@ class TuneSettings(SettingsBase):
     progress: bool = True
 
     def _validate(self) -> list[str]:
+        if isinstance(self.callbacks, list):
+            object.__setattr__(self, "callbacks", tuple(self.callbacks))
         problems = collect(
             check_int("num_samples", self.num_samples, minimum=1),
             check_type("metric", self.metric, (str,), "a metric name such as 'val_loss'", allow_none=True),
@@ -72,9 +77,9 @@ class TuneSettings(SettingsBase):
             check_number("reduction_factor", self.reduction_factor, minimum=1, exclusive_min=True),
             check_number("time_budget_s", self.time_budget_s, minimum=0, exclusive_min=True, allow_none=True),
             check_int("max_concurrent_trials", self.max_concurrent_trials, minimum=1, allow_none=True),
-            check_type("name", self.name, (str,), "a string", allow_none=True),
+            check_name("name", self.name),
             check_type("storage_path", self.storage_path, (str,), "a path or URI string", allow_none=True),
-            check_int("seed", self.seed) if self.seed is not None else None,
+            check_int("seed", self.seed, minimum=0, maximum=MAX_SEED, allow_none=True),
             check_type("verbose", self.verbose, (bool,), "True or False"),
             check_type("progress", self.progress, (bool,), "True or False"),
         )
@@ -87,10 +92,10 @@ class TuneSettings(SettingsBase):
         if (isinstance(self.scheduler, str) and self.scheduler == "asha" and isinstance(self.grace_period, int)
                 and isinstance(self.max_epochs, int) and self.grace_period > self.max_epochs):
             problems.append(f"`grace_period` ({self.grace_period}) must be <= `max_epochs` ({self.max_epochs}).")
-        if isinstance(self.callbacks, (str, bytes)) or not isinstance(self.callbacks, (list, tuple)):
+        if not isinstance(self.callbacks, tuple):
             problems.append(f"`callbacks` must be a list of `ray.tune.Callback` (got {self.callbacks!r}).")
         try:
-            self.train = TrainSettings.coerce(self.train)
+            object.__setattr__(self, "train", TrainSettings.coerce(self.train))
         except Exception as exc:  # name the nested field
             problems.append(f"`train`: {exc}")
         return problems
