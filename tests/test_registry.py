@@ -125,6 +125,7 @@ def test_a_process_killed_mid_put_leaves_no_visible_version(registry, tmp_path):
     proc.wait()
     assert [r.version for r in rm.registry.list("shared")] == [1]
     assert rm.registry.put(_model(1), key="shared").version == 2
+    assert not any(staging.iterdir())  # the killed writer's staging folder was collected
 
 
 def test_a_tampered_artifact_is_refused(registry):
@@ -139,7 +140,10 @@ def test_a_version_mismatch_warns_naming_the_versions(registry):
     rm.registry.put(_model(0), key="old")
     manifest = Path(registry.uri) / "old" / "versions" / "1" / "raymodel.json"
     data = json.loads(manifest.read_text())
-    data["versions"]["torch"] = "1.0.0"
+    data["versions"]["torch"] = "1.0.0"  # as if written by another torch (a whole, consistent manifest)
+    from raymodel._internal.checkpoint import manifest_digest
+
+    data["manifest_sha256"] = manifest_digest(data)
     manifest.write_text(json.dumps(data))
     with pytest.warns(RuntimeWarning, match=r"torch 1\.0\.0 \(now 2\."):
         rm.registry.get("old")

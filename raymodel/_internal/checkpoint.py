@@ -36,7 +36,7 @@ STATE_DIR = "state"
 EXTRA_FILE = "extra.pkl"
 RUN_FILE = "run.pkl"
 FORMAT = "raymodel-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest carries its own sha256 (`manifest_sha256`)
 
 #: Recorded in every checkpoint; each backend adds its framework's packages.
 _CORE_PACKAGES = ("raymodel", "ray", "cloudpickle", "numpy")
@@ -117,10 +117,17 @@ def write(model: Any, directory: str | Path, state: dict[str, Any], extra: dict[
         **jsonable(extra or {}),
         "files": files,
     }
-    tmp = directory / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    os.replace(tmp, directory / MANIFEST)
+    manifest["manifest_sha256"] = manifest_digest(manifest)
+    staged = directory / (MANIFEST + ".tmp")
+    staged.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    os.replace(staged, directory / MANIFEST)
     return directory
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON, without its own ``manifest_sha256`` entry."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
@@ -154,8 +161,11 @@ def _schema_problem(manifest: Any) -> str | None:
         return "it is not a JSON object"
     if manifest.get("format") != FORMAT:
         return f"format is {manifest.get('format')!r}, not {FORMAT!r}"
-    if not isinstance(manifest.get("format_version"), int) or manifest["format_version"] > FORMAT_VERSION:
-        return f"format_version {manifest.get('format_version')!r} is not one this raymodel reads"
+    if manifest.get("format_version") != FORMAT_VERSION:
+        return (f"format_version {manifest.get('format_version')!r} is not {FORMAT_VERSION} (format 1 checkpoints "
+                "carry no manifest checksum; save the model again with this raymodel)")
+    if manifest.get("manifest_sha256") != manifest_digest(manifest):
+        return "the manifest was changed after it was written (its `manifest_sha256` does not match)"
     cls = manifest.get("class")
     if not (isinstance(cls, dict) and isinstance(cls.get("module"), str) and isinstance(cls.get("qualname"), str)):
         return "`class` must name a module and a qualname"
