@@ -28,7 +28,7 @@ from raymodel.exceptions import (
 )
 from raymodel.hooks import Callback, RunContext
 from raymodel.model import RayModel
-from raymodel.train import TrainResult, TrainSettings
+from raymodel.train import Trainable, TrainResult, TrainSettings
 
 __version__ = "0.1.0"
 
@@ -38,6 +38,8 @@ _LAZY = {
     "tune": ("raymodel.tune", None),
     "serve": ("raymodel.serve", None),
     "registry": ("raymodel.registry", None),
+    "Tunable": ("raymodel.tune", "Tunable"),
+    "Servable": ("raymodel.serve", "Servable"),
     "TuneSettings": ("raymodel.tune", "TuneSettings"),
     "TuneResult": ("raymodel.tune", "TuneResult"),
     "ServeSettings": ("raymodel.serve", "ServeSettings"),
@@ -79,6 +81,9 @@ __all__ = [
     *_backend_names(),
     "Callback",
     "RunContext",
+    "Trainable",
+    "Tunable",
+    "Servable",
     "TrainSettings",
     "TrainResult",
     "TuneSettings",

@@ -1,4 +1,5 @@
-"""``raymodel models list|show|alias|delete``: the registry from a shell.
+"""The ``raymodel`` command: the registry (``models list|show|alias|delete``) and serving
+(``serve KEY@ALIAS --route /digits``) from a shell.
 
 The registry is ``RAYMODEL_REGISTRY`` (a folder or URI), else
 ``$RAYMODEL_HOME/registry``; ``--registry URI`` overrides both. Every error
@@ -55,6 +56,15 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument("key")
     delete.add_argument("version")
     delete.set_defaults(handler=_delete)
+    serve = sub.add_parser("serve", help="serve a registry version over HTTP until interrupted: KEY, KEY:VERSION "
+                                         "or KEY@ALIAS (an alias is followed when it moves)")
+    serve.add_argument("ref")
+    serve.add_argument("--route", default="/", help="URL path (default /)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--replicas", default="1", help="a number, or 'auto'")
+    serve.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    serve.set_defaults(handler=_serve)
     return parser
 
 
@@ -104,6 +114,34 @@ def _delete(args: argparse.Namespace) -> None:
     version = names.version(args.version)
     _registry(args).delete(args.key, version)  # type: ignore[arg-type]
     print(f"deleted {args.key}:{version}")
+
+
+def _serve(args: argparse.Namespace) -> None:
+    import signal
+    import time
+
+    import raymodel as rm
+    from raymodel.serve import Servable
+
+    replicas: Any = "auto" if args.replicas == "auto" else int(args.replicas) if args.replicas.isdigit() else args.replicas
+    servable = Servable(args.ref, args.route, registry=args.registry,
+                        settings={"host": args.host, "port": args.port, "num_replicas": replicas})
+    rm.init(address=args.address)
+    signal.signal(signal.SIGTERM, _interrupt)  # after Ray's own handler: `kill` stops serving like Ctrl-C
+    app = None
+    try:
+        app = servable.deploy()
+        print(f"serving {args.ref} at {app.url} (Ctrl-C to stop)", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        if app is not None:
+            app.shutdown()
+        print(f"stopped serving {args.ref}", flush=True)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -145,9 +145,9 @@ class RayModel(ModelHooks):
             >>> result.metrics["val_acc"]
             0.97
         """
-        from raymodel.train import run_training
+        from raymodel.train import Trainable
 
-        return run_training(self, settings, data)
+        return Trainable(self, settings, data=data).fit()
 
     def tune(self, space: Mapping[str, Any] | None = None, *, settings: "TuneSettings | Mapping[str, Any] | None" = None,
              data: Any = None, resume: bool = False) -> "TuneResult":
@@ -166,9 +166,9 @@ class RayModel(ModelHooks):
             >>> tuned = model.tune(settings=rm.TuneSettings(num_samples=8, metric="val_loss"), data=data)
             >>> tuned.best_config
         """
-        from raymodel.tune import run_tuning
+        from raymodel.tune import Tunable
 
-        return run_tuning(self, space, settings, data, resume=resume)
+        return Tunable(self, space, settings=settings, data=data, resume=resume).fit()
 
     def serve(self, route: str = "/", *, settings: "ServeSettings | Mapping[str, Any] | None" = None) -> "ServedModel":
         """Serve this instance's current weights over HTTP with Ray Serve.
@@ -177,9 +177,9 @@ class RayModel(ModelHooks):
             >>> app = model.serve("/digits")
             >>> requests.post(app.url, json={"pixels": X[:1].tolist()}).json()
         """
-        from raymodel.serve import serve_model
+        from raymodel.serve import Servable
 
-        return serve_model(self, route, settings)
+        return Servable(self, route, settings=settings).deploy()
 
     # ---------------------------------------------------------- checkpoints
     def save(self, path: str | os.PathLike[str]) -> str:
@@ -221,19 +221,7 @@ class RayModel(ModelHooks):
         Raises:
             CheckpointError: not a checkpoint; ChecksumError: a file was changed.
         """
-        with ckpt.local_copy(path) as directory:
-            manifest = ckpt.verify(directory)
-            _warn_on_version_mismatch(manifest)
-            klass, saved_config = ckpt.load_class(directory, manifest)
-            if not (isinstance(klass, type) and issubclass(klass, cls)):
-                raise CheckpointError(
-                    f"The checkpoint at `{path}` holds a `{getattr(klass, '__name__', klass)}`, which is "
-                    f"not a `{cls.__name__}`. Load it with `raymodel.RayModel.from_checkpoint`."
-                )
-            model = klass(config={**saved_config, **dict(config or {})})
-            model.load_weights(directory, _verified=manifest)
-        model.source = {"checkpoint": os.fspath(path)}
-        return model
+        return ckpt.load_model(path, config=config, base=cls)
 
     def load_weights(self, path: str | os.PathLike[str], *, _verified: dict[str, Any] | None = None) -> None:
         """Replace this instance's weights with a checkpoint's (same class and config shape)."""
@@ -253,17 +241,6 @@ class RayModel(ModelHooks):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(config={self.config!r})"
-
-
-def _warn_on_version_mismatch(manifest: dict[str, Any]) -> None:
-    diffs = ckpt.version_differences(manifest)
-    if diffs:
-        warnings.warn(
-            "This checkpoint was written with other library versions: " + ", ".join(diffs)
-            + ". Loading usually works, but pickled code may behave differently.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -235,6 +235,33 @@ def version_differences(manifest: dict[str, Any]) -> list[str]:
             if name in current and saved[name] != current[name]]
 
 
+def load_model(path: str | os.PathLike[str], config: dict[str, Any] | None = None, base: type | None = None) -> Any:
+    """A model instance (class, config, weights) from a checkpoint, in any process.
+
+    What ``RayModel.from_checkpoint`` does; the drivers call it here, so none of
+    them imports ``raymodel.model``. Every check runs before anything is unpickled.
+    """
+    import warnings
+
+    with local_copy(path) as directory:
+        manifest = verify(directory)
+        diffs = version_differences(manifest)
+        if diffs:
+            warnings.warn("This checkpoint was written with other library versions: " + ", ".join(diffs)
+                          + ". Loading usually works, but pickled code may behave differently.", RuntimeWarning,
+                          stacklevel=3)
+        klass, saved_config = load_class(directory, manifest)
+        if base is not None and not (isinstance(klass, type) and issubclass(klass, base)):
+            raise CheckpointError(
+                f"The checkpoint at `{path}` holds a `{getattr(klass, '__name__', klass)}`, which is "
+                f"not a `{base.__name__}`. Load it with `raymodel.RayModel.from_checkpoint`."
+            )
+        model = klass(config={**saved_config, **dict(config or {})})
+        model.load_weights(directory, _verified=manifest)
+    model.source = {"checkpoint": os.fspath(path)}
+    return model
+
+
 def load_class(directory: str | Path, manifest: dict[str, Any]) -> tuple[type, dict[str, Any]]:
     """Unpickle the model class and config (call only after :func:`verify`)."""
     with open(Path(directory) / CLASS_FILE, "rb") as fh:

@@ -5,7 +5,10 @@
   without a collective of their own (LightGBM, scikit-learn, Keras outside its
   strategy) get one this way, and every backend uses the same one.
 * The driver reads the epoch rows a ``ray.train.UserCallback`` pushes into it,
-  for progress output.
+  for progress output; a Tune trial reads them to report each epoch to Tune,
+  and acknowledges each one, so that training waits for Tune's decision
+  (ASHA's stop, PBT's exploit) before the next epoch, as Ray's own Train-in-Tune
+  reporting does.
 
 It holds no CPU (``num_cpus=0``) and lives as long as the run's driver.
 """
@@ -25,6 +28,8 @@ class RunHub:
         self._rounds: dict[tuple[str, int], dict[str, Any]] = {}
         self._rows: collections.deque[dict[str, Any]] = collections.deque()
         self._new_row = asyncio.Event()
+        self._waiting: dict[int, asyncio.Event] = {}
+        self._next_id = 0
 
     async def gather(self, token: str, seq: int, rank: int, world: int, value: Any) -> list[Any]:
         """Wait until every rank sent its ``value`` for round ``(token, seq)``; all values by rank."""
@@ -46,6 +51,18 @@ class RunHub:
     def push(self, row: dict[str, Any]) -> None:
         self._rows.append(row)
         self._new_row.set()
+
+    async def deliver(self, row: dict[str, Any]) -> None:
+        """Push ``row`` and return once the reader acknowledged it (:meth:`ack`)."""
+        self._next_id += 1
+        done = self._waiting[self._next_id] = asyncio.Event()
+        self.push({**row, "_row_id": self._next_id})
+        await done.wait()
+
+    def ack(self, row_id: int) -> None:
+        event = self._waiting.pop(row_id, None)
+        if event is not None:
+            event.set()
 
     async def pop(self, timeout: float) -> list[dict[str, Any]]:
         """Every row pushed since the last call, waiting up to ``timeout`` s for one."""

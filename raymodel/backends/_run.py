@@ -98,12 +98,13 @@ class WorkerRun:
         self.collective = Collective(loop_config.get("hub"), self.rank, self.world, self.session.broadcast)
         self.context = RunContext(rank=self.rank, world_size=self.world, local_rank=self.session.local_rank,
                                   num_epochs=int(self.settings.num_epochs), name=self.info.get("name", ""),
-                                  storage_path=self.info.get("path", ""))
+                                  storage_path=self.info.get("path", ""), trial_id=self.info.get("trial_id"))
         self.model.context = self.context
         self.callbacks = list(self.settings.callbacks)
         self.hooks = HookRunner(self.model, self.callbacks, self.context)
         self.history: list[dict[str, Any]] = []
         self.start_epoch = 1
+        self.config_changed = False
         self.splits: dict[str, Any] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.worker: Any = None  # the backend's WorkerLoop, made in `fit`
@@ -239,7 +240,7 @@ class WorkerRun:
     # ---------------------------------------------------------- checkpoints
     async def _restore(self) -> None:
         """Continue from the newest complete checkpoint of this run, else from the driver's weights."""
-        for name, opener in self._resume_candidates():
+        for location, opener in self._resume_candidates():
             with opener() as directory:
                 try:
                     manifest = ckpt.verify(directory)
@@ -247,13 +248,19 @@ class WorkerRun:
                     continue  # an upload cut short by a failure: try the one before
                 state = ckpt.read_state(self.model, directory)
                 run_state = ckpt.read_run_state(directory)
+            # Another config than the checkpoint's (PBT's exploit): the optimizers keep the new hyperparameters.
+            self.config_changed = manifest.get("config") != ckpt.jsonable(dict(self.model.config))
             self.worker.set_state(state)
             self._load_run_state(run_state)
             self.history = [dict(row) for row in manifest.get("history", [])]
             self.start_epoch = int(manifest.get("epoch", 0)) + 1
             self.context.resumed_from = self.start_epoch - 1
+            self.context.checkpoint = location
             await self.hooks.call("on_load_checkpoint", state)
             return
+        if self.info.get("resume_from"):
+            raise CheckpointError(f"Cannot resume from `{self.info['resume_from']}`: it is not a complete "
+                                  "checkpoint any more (was it deleted, e.g. by `keep_checkpoints`?).")
         if self.initial_state:
             with tmp.tempdir("init") as staging:
                 for rel, data in self.initial_state.items():
@@ -265,23 +272,28 @@ class WorkerRun:
             await self.hooks.call("on_load_checkpoint", state)
 
     def _resume_candidates(self) -> Iterator[tuple[str, Any]]:
-        """Checkpoints to resume from, newest first: the run's storage, and the one Ray hands back.
+        """Checkpoints to resume from, newest first, as ``(location, opener)``: the run's storage, the
+        one Ray hands back, or (for a trial Tune restarted) the one Tune handed back.
 
         Train V2's controller takes in a report only when it polls, so after a
         failure it may hand back an older checkpoint than the run wrote:
         storage, where raymodel's manifest marks a checkpoint complete, decides.
         """
-        found: dict[str, Any] = {}
+        found: dict[str, tuple[str, Any]] = {}
         run_path = self.info.get("path")
         if run_path:
             for name in storage.listdir(run_path):
                 if ckpt.epoch_of(name) is not None:
-                    found[name] = _opener(storage.join(run_path, name))
+                    location = storage.join(run_path, name)
+                    found[name] = (location, _opener(location))
         given = self.session.latest_checkpoint()
         if given is not None:
-            found.setdefault(Path(given.path).name, given.as_directory)
+            found.setdefault(Path(given.path).name, (given.path, given.as_directory))
         for name in sorted(found, key=lambda n: ckpt.epoch_of(n) or 0, reverse=True):
-            yield name, found[name]
+            yield found[name]
+        resume_from = self.info.get("resume_from")
+        if resume_from and not found:
+            yield resume_from, _opener(resume_from)
 
     async def _write_checkpoint(self, epoch: int, state: dict[str, Any], row: dict[str, Any],
                                 rngs: list[Any]) -> str:

@@ -65,6 +65,16 @@ class TorchLoop(WorkerLoop):
     def ready(self) -> None:
         self.step_module = self._wrap(self.model.backend.modules(self.model))
 
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Weights, optimizers and schedulers; when the config changed since the checkpoint (PBT's
+        exploit), each optimizer keeps the hyperparameters (``lr``, ...) the new config gave it."""
+        fresh = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+                 for opt in self.model._optimizers] if self.run.config_changed else []
+        super().set_state(state)
+        for opt, groups in zip(self.model._optimizers, fresh):
+            for group, hyper in zip(opt.param_groups, groups):
+                group.update(hyper)
+
     # ------------------------------------------------------------ training
     def _wrap(self, modules: dict[str, nn.Module]) -> nn.Module | None:
         """DDP over a module whose forward is the user's ``train_step`` (automatic

@@ -23,6 +23,8 @@ class RunContext:
         name: The run's name.
         storage_path: The run's folder or URI (where its checkpoints go).
         resumed_from: The epoch of the checkpoint this attempt resumed from (0: a fresh start).
+        checkpoint: Where that checkpoint is (``None``: a fresh start).
+        trial_id: The Ray Tune trial this run is (``None`` outside ``tune``).
         should_stop: Stop at the end of this epoch (any worker may set it).
     """
 
@@ -34,4 +36,6 @@ class RunContext:
     name: str = ""
     storage_path: str = ""
     resumed_from: int = 0
+    checkpoint: str | None = None
+    trial_id: str | None = None
     should_stop: bool = False

@@ -110,13 +110,11 @@ class Registry:
             version: ``None`` (the newest), a version number, or an alias.
             config: Entries merged over the stored config (e.g. inference-only options).
         """
-        from raymodel.model import RayModel
-
         n = self.resolve(key, version)
         self._record(key, n, {})  # a corrupt record is named before anything is loaded
         with tmp.tempdir("get") as staging:
             directory = self.store.fetch(f"{key}/versions/{n}", staging / "v")
-            model = RayModel.from_checkpoint(directory, config=config)
+            model = ckpt.load_model(directory, config=dict(config or {}))
         model.source = {"registry": f"{key}:{n}", "uri": self.uri}
         return model
 
@@ -255,10 +253,9 @@ class Registry:
 
 def _materialize(obj: Any, staging: Path) -> tuple[Path, dict[str, Any]]:
     """A local checkpoint folder for ``obj`` and what is known of where it came from."""
-    from raymodel.model import RayModel
     from raymodel.train import TrainResult
 
-    if isinstance(obj, RayModel):
+    if hasattr(obj, "backend") and callable(getattr(obj, "save", None)):  # a model instance
         return Path(obj.save(staging / "ckpt")), {"source": dict(obj.source)}
     if isinstance(obj, TrainResult):
         if obj.checkpoint is None:

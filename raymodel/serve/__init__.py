@@ -8,7 +8,7 @@ raised ``ValueError``/``TypeError``/``KeyError``), 500 (model failure, with a
 ``request_id``; the replica keeps serving).
 """
 
-from raymodel.serve._driver import ServedModel, serve_model
+from raymodel.serve._driver import Servable, ServedModel
 from raymodel.serve._settings import ServeSettings
 
-__all__ = ["ServeSettings", "ServedModel", "serve_model"]
+__all__ = ["Servable", "ServeSettings", "ServedModel"]

@@ -12,6 +12,9 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
+import threading
+import time
 import traceback
 import uuid
 from typing import Any
@@ -34,19 +37,42 @@ class _Failed:
 
 
 class ModelServer:
-    """One replica: loads the model from a checkpoint and answers requests."""
+    """One replica: loads its model from a checkpoint or a registry ref and answers requests.
 
-    def __init__(self, checkpoint: str, info: dict[str, Any], max_batch_size: int, batch_wait_timeout_s: float,
-                 max_body_bytes: int) -> None:
-        from raymodel.model import RayModel
+    A replica serving a registry alias (``"digits@production"``) or a key's
+    newest version (``"digits"``) checks it every ``poll_s`` seconds; when it
+    moves, the new version is loaded in the background and swapped in, and
+    requests keep flowing: each request uses the model it started with.
+    """
 
-        self.model = RayModel.from_checkpoint(checkpoint)
-        self.model.ensure_setup()
+    def __init__(self, source: dict[str, Any], info: dict[str, Any], max_batch_size: int,
+                 batch_wait_timeout_s: float, max_body_bytes: int, poll_s: float = 2.0) -> None:
+        self.source = source
+        self.model = _load(source, source.get("version"))
         self.info = info
         self.max_body_bytes = max_body_bytes
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        if "registry" in source and not isinstance(source.get("version"), int):
+            threading.Thread(target=self._follow, args=(poll_s,), name="raymodel-follow", daemon=True).start()
+
+    def _follow(self, poll_s: float) -> None:
+        """Swap in the version the alias (or the newest) names, whenever it changes."""
+        from raymodel.registry import Registry
+
+        registry = Registry(self.source["registry"])
+        while True:
+            time.sleep(poll_s)
+            try:
+                n = registry.resolve(self.source["key"], self.source.get("version"))
+                if n != self.model.source.get("version"):
+                    model = _load(self.source, n)
+                    self.model = model  # one assignment: a request sees the old model or the new one
+                    logger.info("now serving %s:%s", self.source["key"], n)
+            except Exception:  # noqa: BLE001 - a registry hiccup never stops the replica
+                logger.warning("could not follow %s@%s\n%s", self.source["key"], self.source.get("version"),
+                               traceback.format_exc())
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
@@ -58,7 +84,8 @@ class ModelServer:
                 return _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
             if sub == "health":
                 return JSONResponse({"status": "ok"})
-            return JSONResponse({**self.info, "batch_sizes_seen": sorted(set(self.batch_sizes)),
+            return JSONResponse({**self.info, "serving": _label(self.model),
+                                 "batch_sizes_seen": sorted(set(self.batch_sizes)),
                                  "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes))})
         if sub:
             return _error(404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health` or `info`.")
@@ -72,62 +99,102 @@ class ModelServer:
             payload = json.loads(body)
         except ValueError as exc:
             return _error(400, "invalid JSON", f"The body is not valid JSON: {exc}")
-        status, content, size = await self._answer(payload)
-        return JSONResponse(content, status_code=status, headers={"x-raymodel-batch-size": str(size)})
+        status, content, size, model = await self._answer(payload)
+        return JSONResponse(content, status_code=status,
+                            headers={"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
 
     async def predict(self, payload: Any) -> Any:
         """In-cluster calls through a Serve handle: the same path, minus HTTP."""
-        status, content, _ = await self._answer(payload)
+        status, content, _, _ = await self._answer(payload)
         if status != 200:
             raise RuntimeError(f"{content['error']}: {content['detail']}")
         return content
 
     # -------------------------------------------------------------- the model
-    async def _answer(self, payload: Any) -> tuple[int, Any, int]:
+    async def _answer(self, payload: Any) -> tuple[int, Any, int, Any]:
         request_id = uuid.uuid4().hex[:12]
+        model = self.model  # this request's model, even if a new version is swapped in meanwhile
         try:
-            x = self.model.preprocess(payload)
+            x = model.preprocess(payload)
         except CLIENT_ERRORS as exc:
-            return 422, {"error": "invalid payload", "detail": _message(exc)}, 0
+            return 422, {"error": "invalid payload", "detail": _message(exc)}, 0, model
         except Exception as exc:  # noqa: BLE001 - a bug in preprocess is the server's fault
             logger.error("request %s: preprocess failed\n%s", request_id, traceback.format_exc())
-            return 500, {"error": "model error", "detail": _message(exc), "request_id": request_id}, 0
-        output, size = await self._batched((x, request_id))
+            return 500, {"error": "model error", "detail": _message(exc), "request_id": request_id}, 0, model
+        output, size = await self._batched((x, request_id, model))
         if isinstance(output, _Failed):
             logger.error("request %s failed\n%s", request_id, output.trace)
-            return 500, {"error": "model error", "detail": _message(output.exc), "request_id": request_id}, size
-        return 200, output, size
+            return 500, {"error": "model error", "detail": _message(output.exc), "request_id": request_id}, size, model
+        return 200, output, size, model
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def _batched(self, items: list[tuple[Any, str]]) -> list[tuple[Any, int]]:
+    async def _batched(self, items: list[tuple[Any, str, Any]]) -> list[tuple[Any, int]]:
         self.batch_sizes.append(len(items))
-        inputs = [x for x, _ in items]
-        try:
-            outputs = self._forward_many(inputs)
-        except Exception:  # noqa: BLE001 - find the culprit: each request alone
-            outputs = []
-            for x, request_id in items:
-                try:
-                    outputs.append(self._forward_many([x])[0])
-                except Exception as exc:  # noqa: BLE001
-                    outputs.append(_Failed(exc, request_id))
+        groups: dict[int, list[int]] = {}  # by model: two only while a new version is swapped in
+        for i, (_, _, model) in enumerate(items):
+            groups.setdefault(id(model), []).append(i)
+        outputs: list[Any] = [None] * len(items)
+        for indices in groups.values():
+            model = items[indices[0]][2]
+            for i, out in zip(indices, _forward_isolated(model, [items[i] for i in indices])):
+                outputs[i] = out
         results = []
-        for out, (_, request_id) in zip(outputs, items):
+        for out, (_, request_id, model) in zip(outputs, items):
             if not isinstance(out, _Failed):
                 try:
-                    out = to_jsonable(self.model.postprocess(out))
+                    out = to_jsonable(model.postprocess(out))
                 except Exception as exc:  # noqa: BLE001
                     out = _Failed(exc, request_id)
             results.append((out, len(items)))
         return results
 
-    def _forward_many(self, inputs: list[Any]) -> list[Any]:
-        backend = self.model.backend
-        sizes = [batch_len(x) for x in inputs]
-        batch = backend.stack(inputs)
-        with backend.inference(self.model):
-            output = self.model.forward(batch)
-        return backend.split(output, sizes)
+
+def _forward_isolated(model: Any, items: list[tuple[Any, str, Any]]) -> list[Any]:
+    """One batched ``forward``; if it fails, each request alone, so only the culprit fails."""
+    try:
+        return _forward_many(model, [x for x, _, _ in items])
+    except Exception:  # noqa: BLE001 - find the culprit
+        outputs = []
+        for x, request_id, _ in items:
+            try:
+                outputs.append(_forward_many(model, [x])[0])
+            except Exception as exc:  # noqa: BLE001
+                outputs.append(_Failed(exc, request_id))
+        return outputs
+
+
+def _forward_many(model: Any, inputs: list[Any]) -> list[Any]:
+    backend = model.backend
+    sizes = [batch_len(x) for x in inputs]
+    batch = backend.stack(inputs)
+    with backend.inference(model):
+        output = model.forward(batch)
+    return backend.split(output, sizes)
+
+
+def _load(source: dict[str, Any], version: Any) -> Any:
+    """The model a source names: a checkpoint, or a version of a registry key."""
+    if "checkpoint" in source:
+        from raymodel._internal import checkpoint as ckpt
+
+        model = ckpt.load_model(source["checkpoint"])
+    else:
+        from raymodel.registry import Registry
+
+        registry = Registry(source["registry"])
+        n = registry.resolve(source["key"], version)
+        model = registry.get(source["key"], n)
+        model.source = {**model.source, "version": n}
+    model.ensure_setup()
+    return model
+
+
+def _label(model: Any) -> str:
+    """What a response says it was answered by: ``key:version``, or the checkpoint's folder name."""
+    source = model.source
+    if "registry" in source:
+        return str(source["registry"])
+    return os.path.basename(str(source.get("checkpoint", "")).rstrip("/"))
 
 
 def _message(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""``model.serve(route)``: deploy the instance's current weights on Ray Serve."""
+"""``Servable``, behind ``model.serve(route)``: a model or a registry version as a Ray Serve application."""
 
 from __future__ import annotations
 
@@ -36,45 +36,105 @@ class ServedModel:
         return f"ServedModel(name={self.name!r}, url={self.url!r})"
 
 
-def serve_model(model: "RayModel", route: str, settings: ServeSettings | Mapping[str, Any] | None) -> ServedModel:
-    settings = ServeSettings.coerce(settings)
-    route = _check_route(route)
-    model.backend.import_framework()
-    runtime.ensure_ray(False)
-    from ray import serve
+class Servable:
+    """A model, or a registry version, ready to be served over HTTP by Ray Serve.
 
-    from raymodel.serve._deployment import ModelServer
+    ``deploy()`` is ``model.serve(route)``; ``as_application()`` gives the Ray
+    Serve ``Application`` itself, for ``serve.run(app)``, for composing with
+    other deployments, for ``serve run module:app`` or a Serve config file.
 
-    name = settings.name or (re.sub(r"[^A-Za-z0-9_-]", "_", route.strip("/")) or "root")
-    checkpoint = _checkpoint_of(model, name)
-    info = {
-        "class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "backend": model.backend.name,
-        "config": {k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
-                   for k, v in model.config.items()},
-        "source": dict(model.source) or {"checkpoint": checkpoint},
-        "route": route,
-    }
-    _start_http(settings)
-    options: dict[str, Any] = {
-        "name": f"{name}-model",
-        "max_ongoing_requests": settings.max_ongoing_requests,
-        "ray_actor_options": settings.ray_actor_options or {},
-    }
-    if settings.num_replicas == "auto":
-        options["autoscaling_config"] = {"min_replicas": settings.min_replicas,
-                                         "max_replicas": settings.max_replicas,
-                                         "target_ongoing_requests": max(2, settings.max_batch_size)}
-    else:
-        options["num_replicas"] = settings.num_replicas
-    app = serve.deployment(ModelServer).options(**options).bind(
-        checkpoint, info, settings.max_batch_size, settings.batch_wait_timeout_s, settings.max_body_bytes)
-    try:
-        handle = serve.run(app, name=name, route_prefix=route, blocking=False)
-    except Exception as exc:
-        raise ServeError(f"Could not deploy `{type(model).__name__}` at `{route}`: {exc}") from exc
-    host, port = _http_address(settings)
-    return ServedModel(name, route, f"http://{host}:{port}{route}", handle, info)
+    Args:
+        model_or_ref: A model instance (its current weights are served), a
+            registry reference ``"digits@production"``, ``"digits:3"`` or
+            ``"digits"`` (the newest version), or a ``ModelRef``.
+        route: The URL path, e.g. ``"/digits"``.
+        settings: A :class:`~raymodel.ServeSettings` or a dict of its fields.
+        registry: The registry of a reference (default: ``RAYMODEL_REGISTRY``
+            or ``$RAYMODEL_HOME/registry``).
+
+    A route served by alias (or by key, for the newest version) follows it:
+    each replica checks every ``registry_poll_s`` seconds and, when the alias
+    moves, loads the new version in the background and swaps it in; requests
+    in flight finish on the old one and none fails.
+
+    Example:
+        >>> app = rm.Servable("digits@production", "/digits").as_application()
+        >>> serve.run(app, route_prefix="/digits")   # or: serve run my_module:app --route-prefix /digits
+    """
+
+    def __init__(self, model_or_ref: Any, route: str = "/", *, settings: ServeSettings | Mapping[str, Any] | None = None,
+                 registry: str | None = None) -> None:
+        self.settings = ServeSettings.coerce(settings)
+        self.route = _check_route(route)
+        self.name = self.settings.name or (re.sub(r"[^A-Za-z0-9_-]", "_", self.route.strip("/")) or "root")
+        self.model: Any = None
+        self.source: dict[str, Any] = {}
+        if isinstance(model_or_ref, str) or type(model_or_ref).__name__ == "ModelRef":
+            self.source, self.info = _registry_source(str(model_or_ref), registry)
+        elif hasattr(model_or_ref, "backend") and callable(getattr(model_or_ref, "save", None)):
+            model_or_ref.backend.import_framework()
+            self.model = model_or_ref
+            self.info = {"class": f"{type(model_or_ref).__module__}.{type(model_or_ref).__qualname__}",
+                         "backend": model_or_ref.backend.name, "config": _plain(model_or_ref.config)}
+        else:
+            raise ServeError(f"`Servable` takes a model or a registry reference like 'digits@production' "
+                             f"(got {type(model_or_ref).__name__}).")
+        self.info["route"] = self.route
+
+    def as_application(self) -> Any:
+        """The Ray Serve ``Application`` (not yet running); a model's weights are saved for it first."""
+        from ray import serve
+
+        from raymodel.serve._deployment import ModelServer
+
+        source = self.source or {"checkpoint": _checkpoint_of(self.model, self.name)}
+        info = {**self.info, "source": dict(self.model.source) if self.model is not None and self.model.source
+                else dict(source)}
+        s = self.settings
+        options: dict[str, Any] = {"name": f"{self.name}-model", "max_ongoing_requests": s.max_ongoing_requests,
+                                   "ray_actor_options": s.ray_actor_options or {}}
+        if s.num_replicas == "auto":
+            options["autoscaling_config"] = {"min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
+                                             "target_ongoing_requests": max(2, s.max_batch_size)}
+        else:
+            options["num_replicas"] = s.num_replicas
+        return serve.deployment(ModelServer).options(**options).bind(
+            source, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s.registry_poll_s)
+
+    def deploy(self) -> ServedModel:
+        """Run the application on Ray Serve (starting Ray and Serve if needed); a rolling update
+        when the route's application is already running."""
+        runtime.ensure_ray(False)
+        from ray import serve
+
+        app = self.as_application()
+        _start_http(self.settings)
+        try:
+            handle = serve.run(app, name=self.name, route_prefix=self.route, blocking=False)
+        except Exception as exc:
+            raise ServeError(f"Could not deploy `{self.info['class']}` at `{self.route}`: {exc}") from exc
+        host, port = _http_address(self.settings)
+        return ServedModel(self.name, self.route, f"http://{host}:{port}{self.route}", handle, self.info)
+
+    def __repr__(self) -> str:
+        what = f"{self.source['key']}@{self.source.get('version')}" if self.source else self.info["class"]
+        return f"Servable({what!r}, route={self.route!r})"
+
+
+def _registry_source(ref: str, uri: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a replica needs to load (and follow) a registry reference; checked now, before any deployment."""
+    from raymodel._internal.names import parse_ref
+    from raymodel.registry import Registry, default_uri
+
+    key, version = parse_ref(ref)
+    registry = Registry(uri or default_uri())
+    record = registry.show(key, version)  # raises, naming what exists
+    source = {"registry": registry.uri, "key": key, "version": version}
+    return source, {"class": record.model_class, "backend": record.backend, "ref": ref}
+
+
+def _plain(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v) for k, v in config.items()}
 
 
 def _check_route(route: Any) -> str:

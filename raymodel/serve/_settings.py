@@ -32,6 +32,8 @@ class ServeSettings(SettingsBase):
             Serve has one proxy per cluster: the first ``serve()`` sets them.
         name: The Serve application's name; default: derived from the route.
         max_body_bytes: Larger request bodies are refused with 413.
+        registry_poll_s: How often a replica serving a registry alias (or a key's
+            newest version) checks whether it moved.
     """
 
     num_replicas: Any = 1
@@ -45,6 +47,7 @@ class ServeSettings(SettingsBase):
     port: int = 8000
     name: str | None = None
     max_body_bytes: int = 1 << 20
+    registry_poll_s: float = 2.0
 
     def _validate(self) -> list[str]:
         problems = collect(
@@ -58,6 +61,7 @@ class ServeSettings(SettingsBase):
             check_int("port", self.port, minimum=1, maximum=65535),
             check_name("name", self.name),
             check_int("max_body_bytes", self.max_body_bytes, minimum=1),
+            check_number("registry_poll_s", self.registry_poll_s, minimum=0.05),
             *check_actor_options("ray_actor_options", self.ray_actor_options),
         )
         if self.num_replicas != "auto" and check_int("num_replicas", self.num_replicas, minimum=1):

@@ -1,8 +1,9 @@
-"""``model.train()`` on the driver: check, build the Ray trainer, run it, collect the result."""
+"""``Trainable``, behind ``model.train()``: check, build the Ray Train V2 trainer, run it, collect the result."""
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -46,52 +47,108 @@ def _check_finite(spec: Any, policy: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-def run_training(model: "RayModel", settings: TrainSettings | Mapping[str, Any] | None, data: Any, *,
-                 extra_callbacks: Sequence[Any] = (), info: dict[str, Any] | None = None,
-                 load_result: bool = True) -> TrainResult:
-    """Train ``model`` on Ray Train V2 and load the final weights into it.
+class Trainable:
+    """A model with its training settings and data, checked and ready for Ray Train V2.
 
-    Tune calls this same function inside each trial (with its report callback
-    in ``extra_callbacks`` and ``load_result=False``).
+    ``fit()`` is ``model.train(settings, data=...)``; ``as_trainer()`` gives the
+    native Ray Train trainer of the model's backend (``TorchTrainer``,
+    ``TensorflowTrainer``, ``XGBoostTrainer``, ...), not yet fit, for a user who
+    runs it inside their own pipeline. Every check runs in the constructor,
+    before any Ray resource is taken.
+
+    Args:
+        model: A model instance (its current weights, if set up, are the starting point).
+        settings: A :class:`~raymodel.TrainSettings` or a dict of its fields.
+        data: As for ``model.train``.
+
+    Example:
+        >>> t = rm.Trainable(model, {"num_workers": 2, "num_epochs": 5}, data=data)
+        >>> trainer = t.as_trainer()          # a ray.train.torch.TorchTrainer
+        >>> result = trainer.fit()            # Ray's own Result
+        >>> again = rm.RayModel.from_checkpoint(result.checkpoint.path)
     """
-    settings, spec = prepare(model, settings, data)
-    runtime.ensure_ray(settings.verbose)
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-    backend = model.backend
-    name = settings.name or runtime.run_name(type(model).__name__)
-    storage = settings.storage_path or runtime.runs_root()
-    blob = worker_payload(model, settings, {"name": name, "path": _join(storage, name), **(info or {})})
-    gathers = settings.num_workers > 1 and not backend.native_collective
-    hub = start_hub() if gathers or settings.progress else None
-    try:
+    def __init__(self, model: "RayModel", settings: TrainSettings | Mapping[str, Any] | None = None, *,
+                 data: Any, callbacks: Sequence[Any] = (), resume_from: str | None = None, hub: Any = None,
+                 info: dict[str, Any] | None = None) -> None:
+        """``callbacks`` (Ray Train ``UserCallback`` objects on the driver side), ``resume_from``
+        (a checkpoint to continue from), ``hub`` and ``info`` are how a Tune trial runs its training."""
+        self.model = model
+        self.settings, self.spec = prepare(model, settings, data)
+        self.name = self.settings.name or runtime.run_name(type(model).__name__)
+        self.storage = self.settings.storage_path or runtime.runs_root()
+        self.path = _join(self.storage, self.name)
+        self._ray_callbacks = list(callbacks)
+        self._hub = hub  # the caller's hub (it stops it), used for gathers too
+        self._info = {"name": self.name, "path": self.path, **(info or {})}
+        if resume_from is not None:
+            self._info["resume_from"] = resume_from
+
+    def as_trainer(self) -> Any:
+        """The native Ray Train V2 trainer for this model's backend, not yet fit.
+
+        Its checkpoints are raymodel checkpoints: load one with
+        ``rm.RayModel.from_checkpoint(result.checkpoint.path)``.
+        """
+        runtime.ensure_ray(self.settings.verbose)
+        trainer, hub = self._trainer(printer=None)
+        if hub is not None and hub is not self._hub:
+            weakref.finalize(trainer, stop_hub, hub)  # the hub lives as long as the trainer
+        return trainer
+
+    def fit(self, *, load_result: bool = True) -> TrainResult:
+        """Train; afterwards the model holds the final weights (unless ``load_result=False``).
+
+        Raises:
+            TrainingError: the run failed on the workers (the message names the worker's exception).
+        """
+        runtime.ensure_ray(self.settings.verbose)
+        printer = None
+        if self.settings.progress:
+            printer = ProgressPrinter(None, type(self.model).__name__, self.settings.num_epochs,
+                                      self.model.backend.epoch_unit)
+        trainer, hub = self._trainer(printer)
+        try:
+            result = _fit(trainer, printer)
+        finally:
+            if hub is not self._hub:
+                stop_hub(hub)
+        return _collect(self.model, self.settings, result, self.name, load_result)
+
+    def _trainer(self, printer: ProgressPrinter | None) -> tuple[Any, Any]:
+        from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+
+        settings, backend = self.settings, self.model.backend
+        gathers = settings.num_workers > 1 and not backend.native_collective
+        hub = self._hub or (start_hub() if gathers or printer is not None else None)
         # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
-        loop_config = {"payload": blob, "data": spec.for_workers(), "hub": hub}
+        loop_config = {"payload": worker_payload(self.model, settings, self._info), "data": self.spec.for_workers(),
+                       "hub": hub}
         keep_best = settings.keep_checkpoints is not None and settings.metric is not None
+        callbacks = list(self._ray_callbacks)
+        if printer is not None:
+            printer.hub = hub
+            callbacks.append(printer.callback())
         run_config = RunConfig(
-            name=name,
-            storage_path=storage,
+            name=self.name,
+            storage_path=self.storage,
             failure_config=FailureConfig(max_failures=settings.max_failures),
             checkpoint_config=CheckpointConfig(
                 num_to_keep=settings.keep_checkpoints,
                 checkpoint_score_attribute=settings.metric if keep_best else None,
                 checkpoint_score_order=settings.mode,
             ),
-            callbacks=list(extra_callbacks),
+            callbacks=callbacks,
             logging_config=LoggingConfig("INFO" if settings.verbose else "WARNING"),
         )
         scaling = ScalingConfig(num_workers=settings.num_workers, use_gpu=settings.use_gpu,
                                 resources_per_worker=settings.resources_per_worker)
-        printer = None
-        if settings.progress:
-            printer = ProgressPrinter(hub, type(model).__name__, settings.num_epochs, backend.epoch_unit)
-            run_config.callbacks.append(printer.callback())
-        trainer = backend.make_trainer(run_worker, train_loop_config=loop_config,
-                                       scaling_config=scaling, run_config=run_config, datasets=spec.ray_datasets)
-        result = _fit(trainer, printer)
-    finally:
-        stop_hub(hub)
-    return _collect(model, settings, result, name, load_result)
+        trainer = backend.make_trainer(run_worker, train_loop_config=loop_config, scaling_config=scaling,
+                                       run_config=run_config, datasets=self.spec.ray_datasets)
+        return trainer, hub
+
+    def __repr__(self) -> str:
+        return f"Trainable({type(self.model).__name__}, num_workers={self.settings.num_workers}, name={self.name!r})"
 
 
 def worker_payload(model: "RayModel", settings: TrainSettings, info: dict[str, Any]) -> bytes:

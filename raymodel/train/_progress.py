@@ -16,17 +16,29 @@ from ray.train import UserCallback
 
 
 class ProgressCallback(UserCallback):
-    """Forward each report's rank-0 metrics to the run's hub."""
+    """Forward each report's rank-0 metrics (and its checkpoint's path, as ``checkpoint_path``) to the run's hub.
 
-    def __init__(self, hub: Any) -> None:
-        self.hub = hub
+    With ``wait=True`` the report waits until the reader acknowledged the row
+    (the run then moves at its reader's pace, as a Tune trial must).
+    """
+
+    def __init__(self, hub: Any, wait: bool = False) -> None:
+        self.hub, self.wait = hub, wait
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         if metrics:
-            self.hub.push.remote(dict(metrics[0]))
+            row = dict(metrics[0])
+            if checkpoint is not None:
+                row["checkpoint_path"] = checkpoint.path
+            if self.wait:
+                import ray
+
+                ray.get(self.hub.deliver.remote(row))
+            else:
+                self.hub.push.remote(row)
 
 
-def format_metrics(metrics: dict[str, Any], skip: tuple[str, ...] = ("epoch",)) -> str:
+def format_metrics(metrics: dict[str, Any], skip: tuple[str, ...] = ("epoch", "checkpoint_path")) -> str:
     parts = []
     for key, value in metrics.items():
         if key in skip:

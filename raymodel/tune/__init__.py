@@ -21,12 +21,12 @@ from ray.tune import (
     uniform,
 )
 
-from raymodel.tune._driver import run_tuning
+from raymodel.tune._driver import Tunable
 from raymodel.tune._result import TuneResult
 from raymodel.tune._settings import TuneSettings
 
 __all__ = [
-    "TuneSettings", "TuneResult", "run_tuning",
+    "Tunable", "TuneSettings", "TuneResult",
     "choice", "grid_search", "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn",
     "quniform", "randint", "randn", "sample_from", "uniform",
 ]

@@ -1,9 +1,8 @@
-"""``model.tune()`` on the driver: a Ray Tune ``Tuner`` whose trials are training runs."""
+"""``Tunable``, behind ``model.tune()``: a Ray Tune ``Tuner`` whose trials are training runs."""
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import math
 import os
 from typing import TYPE_CHECKING, Any, Mapping
@@ -17,7 +16,7 @@ from ray.tune.search import SearchAlgorithm
 from raymodel.tune._progress import TrialPrinter, summary_table
 from raymodel.tune._result import TuneResult
 from raymodel.tune._settings import TuneSettings
-from raymodel.tune._trial import trial
+from raymodel.tune._trial import TRAIN_PREFIX, trial
 
 if TYPE_CHECKING:
     from raymodel.model import RayModel
@@ -29,63 +28,126 @@ _TUNE_KEYS = ("training_iteration", "checkpoint_path", "time_this_iter_s", "time
               "done", "config", "experiment_tag", "checkpoint_dir_name")
 
 
-def run_tuning(model: "RayModel", space: Mapping[str, Any] | None, settings: Any, data: Any, *,
-               resume: bool = False) -> TuneResult:
-    settings = TuneSettings.coerce(settings)
-    train_settings = dataclasses.replace(settings.train, num_epochs=settings.max_epochs, progress=False,
-                                         verbose=settings.verbose)
-    train_settings, spec = prepare(model, train_settings, data)
-    space = model.hyperparameter_space() if space is None else space
-    if not isinstance(space, Mapping):
-        raise SettingsError(f"`space` must be a dict of config keys to `rm.tune` samplers (got {space!r}).")
-    metric = settings.metric or ("loss" if spec.has_validation is False else "val_loss")
-    if metric.startswith("val_") and spec.has_validation is False:
-        raise SettingsError(
-            f"`metric={metric!r}` is a validation metric, but the data has no `valid` split, so only "
-            "`loss` is reported. Add a validation split (e.g. `rm.data.from_numpy(X, y, valid_fraction=0.2)`) "
-            "or tune on `metric='loss'`."
-        )
-    name = settings.name or runtime.run_name(f"{type(model).__name__}-tune")
-    storage = settings.storage_path or runtime.runs_root()
-    path = f"{storage.rstrip('/')}/{name}"
-    _check_experiment_path(path, name, resume, named=settings.name is not None)
-    runtime.ensure_ray(settings.verbose)
+class Tunable:
+    """A model, a search space, tuning settings and data, checked and ready for Ray Tune.
 
-    from ray import tune
-    shipped = spec.for_workers()
-    payload = serialization.dumps({"class": type(model), "train": train_settings, "path": path}, type(model),
-                                  *train_settings.callbacks)
-    trainable = tune.with_resources(tune.with_parameters(trial, payload=payload, data=shipped), {"CPU": TRIAL_CPU})
-    param_space = {**model.config, **dict(space)}
-    guard = MetricGuard(metric)
-    callbacks = [guard, *settings.callbacks]
-    if settings.progress:
-        callbacks.insert(0, TrialPrinter(type(model).__name__, list(space), metric, settings.max_epochs))
-    run_config = tune.RunConfig(name=name, storage_path=storage, callbacks=callbacks,
-                                verbose=1 if settings.verbose else 0)
-    if resume:
-        tuner = tune.Tuner.restore(path, trainable=trainable, param_space=param_space, resume_unfinished=True,
-                                   resume_errored=True)
-    else:
-        at_once = settings.max_concurrent_trials or _fits_at_once(train_settings)
+    ``fit()`` is ``model.tune(space, settings=..., data=...)``; ``as_trainable()``
+    is a Ray Tune function trainable (with its resources attached) for your own
+    ``tune.Tuner``, with any scheduler or searcher; ``as_tuner()`` is the native
+    ``tune.Tuner``, not yet fit. Each trial is one training run of the model
+    (Train is the base; Tune calls Train): its config keys are the model's
+    config keys, and a key ``"train.<field>"`` sets that ``TrainSettings``
+    field for the trial (``"train.batch_size": rm.tune.choice([32, 128])``).
+
+    Args:
+        model: The model whose class and config the trials start from.
+        space: ``{config key: rm.tune.<sampler>}`` merged over ``model.config``;
+            ``None`` uses ``model.hyperparameter_space()``.
+        settings: A :class:`~raymodel.TuneSettings` or a dict of its fields.
+        data: As for ``model.train``.
+        resume: Continue an interrupted experiment of the same ``settings.name``.
+
+    Example:
+        >>> u = rm.Tunable(model, {"lr": rm.tune.loguniform(1e-4, 1e-2)}, data=data)
+        >>> tuner = tune.Tuner(u.as_trainable(), param_space={"lr": tune.loguniform(1e-4, 1e-2)},
+        ...                    tune_config=tune.TuneConfig(scheduler=ASHAScheduler(time_attr="epoch",
+        ...                                                metric="val_loss", mode="min"), num_samples=8))
+        >>> tuner.fit()
+    """
+
+    def __init__(self, model: "RayModel", space: Mapping[str, Any] | None = None, *, settings: Any = None,
+                 data: Any, resume: bool = False) -> None:
+        self.model = model
+        self.settings = settings = TuneSettings.coerce(settings)
+        train_settings = dataclasses.replace(settings.train, num_epochs=settings.max_epochs, progress=False,
+                                             verbose=settings.verbose)
+        self.train_settings, self.spec = prepare(model, train_settings, data)
+        space = model.hyperparameter_space() if space is None else space
+        if not isinstance(space, Mapping):
+            raise SettingsError(f"`space` must be a dict of config keys to `rm.tune` samplers (got {space!r}).")
+        _check_train_keys(space)
+        self.space = dict(space)
+        self.metric = settings.metric or ("loss" if self.spec.has_validation is False else "val_loss")
+        if self.metric.startswith("val_") and self.spec.has_validation is False:
+            raise SettingsError(
+                f"`metric={self.metric!r}` is a validation metric, but the data has no `valid` split, so only "
+                "`loss` is reported. Add a validation split (e.g. `rm.data.from_numpy(X, y, valid_fraction=0.2)`) "
+                "or tune on `metric='loss'`."
+            )
+        self.name = settings.name or runtime.run_name(f"{type(model).__name__}-tune")
+        self.storage = settings.storage_path or runtime.runs_root()
+        self.path = f"{self.storage.rstrip('/')}/{self.name}"
+        self.resume = resume
+        _check_experiment_path(self.path, self.name, resume, named=settings.name is not None)
+        self._guard = MetricGuard(self.metric)
+
+    def as_trainable(self) -> Any:
+        """A Ray Tune function trainable: each call trains the model with its trial's config."""
+        runtime.ensure_ray(self.settings.verbose)
+        from ray import tune
+
+        payload = serialization.dumps({"class": type(self.model), "train": self.train_settings}, type(self.model),
+                                      *self.train_settings.callbacks)
+        trainable = tune.with_parameters(trial, payload=payload, data=self.spec.for_workers())
+        return tune.with_resources(trainable, {"CPU": TRIAL_CPU})
+
+    def as_tuner(self) -> Any:
+        """The native ``tune.Tuner`` (or ``Tuner.restore`` with ``resume=True``), not yet fit."""
+        from ray import tune
+
+        settings = self.settings
+        trainable = self.as_trainable()
+        param_space = {**self.model.config, **self.space}
+        callbacks = [self._guard, *settings.callbacks]
+        if settings.progress:
+            callbacks.insert(0, TrialPrinter(type(self.model).__name__, list(self.space), self.metric,
+                                             settings.max_epochs))
+        if self.resume:
+            return tune.Tuner.restore(self.path, trainable=trainable, param_space=param_space,
+                                      resume_unfinished=True, resume_errored=True)
+        at_once = settings.max_concurrent_trials or _fits_at_once(self.train_settings)
         search_alg = _searcher(settings, at_once)
         tune_config = tune.TuneConfig(
-            metric=metric, mode=settings.mode, num_samples=settings.num_samples,
-            scheduler=_scheduler(settings), search_alg=search_alg,
+            metric=self.metric, mode=settings.mode, num_samples=settings.num_samples,
+            scheduler=_scheduler(settings, self.space), search_alg=search_alg,
             # Tune limits a `Searcher`'s concurrency itself but ignores the limit for a
             # `SearchAlgorithm` (such as the default generator, which takes it directly).
             max_concurrent_trials=None if isinstance(search_alg, SearchAlgorithm) else at_once,
             time_budget_s=settings.time_budget_s,
         )
-        tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
-    results = _fit(tuner, guard)
-    result = _collect(results, metric, settings, list(space), path)
-    if settings.progress:
-        print(f"[{type(model).__name__}] {result.num_trials} trials; best {metric} "
-              f"{result.best_metrics.get(metric, float('nan')):.4f}:\n"
-              + summary_table(result.trials, list(space), metric, settings.mode), flush=True)
-    _load_best(model, result)
-    return result
+        run_config = tune.RunConfig(name=self.name, storage_path=self.storage, callbacks=callbacks,
+                                    verbose=1 if settings.verbose else 0)
+        return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
+
+    def fit(self) -> TuneResult:
+        """Run the experiment; afterwards the model holds the best trial's config and weights."""
+        results = _fit(self.as_tuner(), self._guard)
+        result = _collect(results, self.metric, self.settings, list(self.space), self.path)
+        if self.settings.progress:
+            print(f"[{type(self.model).__name__}] {result.num_trials} trials; best {self.metric} "
+                  f"{result.best_metrics.get(self.metric, float('nan')):.4f}:\n"
+                  + summary_table(result.trials, list(self.space), self.metric, self.settings.mode), flush=True)
+        _load_best(self.model, result)
+        return result
+
+    def __repr__(self) -> str:
+        return f"Tunable({type(self.model).__name__}, space={sorted(self.space)}, name={self.name!r})"
+
+
+#: ``TrainSettings`` fields a trial may not set through ``"train.<field>"`` (Tune decides them).
+_FIXED_TRAIN_FIELDS = ("name", "storage_path", "progress", "callbacks", "verbose")
+
+
+def _check_train_keys(space: Mapping[str, Any]) -> None:
+    import dataclasses as dc
+
+    from raymodel.train import TrainSettings
+
+    fields = [f.name for f in dc.fields(TrainSettings) if f.name not in _FIXED_TRAIN_FIELDS]
+    bad = [k for k in space if isinstance(k, str) and k.startswith(TRAIN_PREFIX) and k[len(TRAIN_PREFIX):] not in fields]
+    if bad:
+        raise SettingsError(f"{bad[0]!r} names no tunable training setting; a `train.` key is one of: "
+                            + ", ".join(f"`train.{f}`" for f in fields) + ".")
 
 
 def _fit(tuner: Any, guard: "MetricGuard") -> Any:
@@ -134,14 +196,20 @@ def _check_experiment_path(path: str, name: str, resume: bool, named: bool) -> N
                             "`resume=True`, or choose another `name`.")
 
 
-def _scheduler(settings: TuneSettings) -> Any:
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+def _scheduler(settings: TuneSettings, space: dict[str, Any]) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
 
     if settings.scheduler == "asha":
         return ASHAScheduler(time_attr="epoch", max_t=settings.max_epochs,
                              grace_period=settings.grace_period, reduction_factor=settings.reduction_factor)
     if settings.scheduler == "fifo":
         return FIFOScheduler()
+    if settings.scheduler == "pbt":
+        # An exploiting trial continues from the donor's checkpoint with a mutation of the space. Synchronous:
+        # trials wait for each other at each perturbation, so a population that does not all fit at once,
+        # or whose trials start at different times, still exploits.
+        return PopulationBasedTraining(time_attr="epoch", perturbation_interval=settings.perturbation_interval,
+                                       hyperparam_mutations=space, synch=True)
     return settings.scheduler
 
 
@@ -170,13 +238,14 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
         reported |= {k for k in metrics if k not in _TUNE_KEYS and not k.startswith("config")}
         # Our own epoch count: a trial resumed from its Train checkpoint restarts Tune's iteration count.
         epochs = int(metrics.get("epoch", metrics.get("training_iteration", 0)))
+        planned = int((r.config or {}).get(f"{TRAIN_PREFIX}num_epochs", settings.max_epochs))
         row = {"trial_id": metrics.get("trial_id") or os.path.basename(r.path),
                **{f"config/{k}": (r.config or {}).get(k) for k in space_keys},
                **{k: v for k, v in metrics.items() if k not in _TUNE_KEYS and not k.startswith("config")},
                "epochs": epochs,
-               "stopped_early": r.error is None and epochs < settings.max_epochs,
+               "stopped_early": r.error is None and epochs < planned,
                "status": "ERROR" if r.error is not None else "TERMINATED",
-               "checkpoint": metrics.get("checkpoint_path") or _latest_checkpoint(r.path),
+               "checkpoint": metrics.get("checkpoint_path"),
                "path": r.path, "error": None if r.error is None else str(r.error).strip().splitlines()[-1]}
         rows.append(row)
     ok = [r for r in rows if isinstance(r.get(metric), (int, float)) and not math.isnan(r[metric])]
@@ -195,14 +264,9 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
                       mode=settings.mode, trials=rows, best_trial_id=best["trial_id"])
 
 
-def _latest_checkpoint(trial_path: str) -> str | None:
-    found = sorted(glob.glob(os.path.join(trial_path, "train", "checkpoint_epoch_*")))
-    return found[-1] if found else None
-
-
 def _load_best(model: "RayModel", result: TuneResult) -> None:
-    """The instance takes the best trial's config and weights."""
-    model.config = dict(result.best_config)
+    """The instance takes the best trial's config (without its ``train.`` settings) and weights."""
+    model.config = {k: v for k, v in result.best_config.items() if not k.startswith(TRAIN_PREFIX)}
     model._is_setup = False
     if result.best_checkpoint:
         model.load_weights(result.best_checkpoint)

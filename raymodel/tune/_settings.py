@@ -29,9 +29,12 @@ class TuneSettings(SettingsBase):
             a validation split, else ``"loss"``.
         mode: ``"min"`` or ``"max"``.
         max_epochs: Epochs a trial may run at most (ASHA's ``max_t``).
-        scheduler: ``"asha"`` (default), ``"fifo"``, or any Ray Tune scheduler object.
+        scheduler: ``"asha"`` (default), ``"fifo"``, ``"pbt"`` (Population Based Training over
+            the space: an exploiting trial continues from the donor's checkpoint with a
+            mutated config), or any Ray Tune scheduler object.
         grace_period: Epochs every trial runs before ASHA may stop it.
         reduction_factor: ASHA's halving rate (keep the top 1/``reduction_factor``).
+        perturbation_interval: PBT's exploit/explore period, in epochs.
         search_alg: Any Ray Tune searcher (e.g. ``BasicVariantGenerator``, Optuna, HyperOpt).
         time_budget_s: Stop the whole experiment after this many seconds.
         max_concurrent_trials: Trials at once; default: as many as the cluster's
@@ -54,6 +57,7 @@ class TuneSettings(SettingsBase):
     scheduler: Any = "asha"
     grace_period: int = 1
     reduction_factor: float = 3
+    perturbation_interval: int = 2
     search_alg: Any = None
     time_budget_s: float | None = None
     max_concurrent_trials: int | None = None
@@ -75,6 +79,7 @@ class TuneSettings(SettingsBase):
             check_int("max_epochs", self.max_epochs, minimum=1),
             check_int("grace_period", self.grace_period, minimum=1),
             check_number("reduction_factor", self.reduction_factor, minimum=1, exclusive_min=True),
+            check_int("perturbation_interval", self.perturbation_interval, minimum=1),
             check_number("time_budget_s", self.time_budget_s, minimum=0, exclusive_min=True, allow_none=True),
             check_int("max_concurrent_trials", self.max_concurrent_trials, minimum=1, allow_none=True),
             check_name("name", self.name),
@@ -84,9 +89,10 @@ class TuneSettings(SettingsBase):
             check_type("progress", self.progress, (bool,), "True or False"),
         )
         if isinstance(self.scheduler, str):
-            problems += collect(check_choice("scheduler", self.scheduler, ("asha", "fifo")))
+            problems += collect(check_choice("scheduler", self.scheduler, ("asha", "fifo", "pbt")))
         elif not _is_tune_scheduler(self.scheduler):
-            problems.append(f"`scheduler` must be 'asha', 'fifo' or a Ray Tune scheduler object (got {self.scheduler!r}).")
+            problems.append(f"`scheduler` must be 'asha', 'fifo', 'pbt' or a Ray Tune scheduler object "
+                            f"(got {self.scheduler!r}).")
         if self.search_alg is not None and not _is_tune_searcher(self.search_alg):
             problems.append(f"`search_alg` must be a Ray Tune `Searcher` or `SearchAlgorithm` (got {self.search_alg!r}).")
         if (isinstance(self.scheduler, str) and self.scheduler == "asha" and isinstance(self.grace_period, int)
