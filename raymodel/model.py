@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
 from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import tmp
+from raymodel._internal import storage, tmp
 from raymodel.exceptions import CheckpointError, DataError, ModelDefinitionError
 from raymodel.hooks import ModelHooks, call_sync, is_default
 
@@ -185,26 +185,46 @@ class RayModel(ModelHooks):
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write this model (class, config, weights) as a checkpoint directory at ``path``.
 
-        The directory appears whole or not at all: it is written beside the
-        target and renamed into place.
+        ``path`` is a local folder or a ``pyarrow.fs`` URI (``s3://bucket/models/digits``).
+        The checkpoint appears whole or not at all: locally it is written beside
+        the target and renamed into place; on an object store its manifest is
+        uploaded last, and a folder without one is not a checkpoint.
+        Returns the checkpoint's location.
         """
         self.ensure_setup()
+        if storage.is_uri(os.fspath(path)):
+            return self._save_to(os.fspath(path))
         target = Path(path).resolve()
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise CheckpointError(f"`{target}` already exists and is not an empty folder; choose a new path.")
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = tmp.make(".raymodel-save", parent=target.parent)  # beside the target: the rename is atomic
         try:
-            state = self.backend.get_state(self)
-            if not is_default(self, "on_save_checkpoint"):
-                call_sync(self.on_save_checkpoint, state)
-            ckpt.write(self, staging, state)
+            self._write_checkpoint(staging)
             if target.exists():
                 target.rmdir()
             os.replace(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; left-overs of a failure
         return str(target)
+
+    def _save_to(self, location: str) -> str:
+        """``save`` to a URI: written locally, then uploaded with the manifest last (object stores
+        have no rename), so a reader never takes a half-uploaded folder for a checkpoint."""
+        try:
+            if storage.listdir(location):
+                raise CheckpointError(f"`{location}` already exists and is not empty; choose a new location.")
+            with tmp.tempdir("save") as staging:
+                self._write_checkpoint(staging)
+                return storage.upload(staging, location, last=ckpt.MANIFEST)
+        except (OSError, ValueError) as exc:  # pyarrow: unreachable store, unknown scheme, no bucket
+            raise CheckpointError(f"Cannot write a checkpoint to `{location}`: {exc}") from exc
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        state = self.backend.get_state(self)
+        if not is_default(self, "on_save_checkpoint"):
+            call_sync(self.on_save_checkpoint, state)
+        ckpt.write(self, directory, state)
 
     @classmethod
     def from_checkpoint(cls: type[M], path: str | os.PathLike[str], config: Mapping[str, Any] | None = None) -> M:

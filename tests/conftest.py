@@ -15,8 +15,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 @pytest.fixture(scope="session", autouse=True)
 def raymodel_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Runs and the registry go to a temporary RAYMODEL_HOME."""
+    from s3server import ENV
+
     home = tmp_path_factory.mktemp("raymodel_home")
     os.environ["RAYMODEL_HOME"] = str(home)
+    os.environ.update(ENV)  # the test S3 server's credentials, for Ray's workers too (set before Ray starts)
     return home
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -175,35 +174,15 @@ def test_cli_lists_aliases_and_deletes(registry):
     assert missing.returncode == 1 and "no version 2; versions: 1" in missing.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def s3_uri(monkeypatch):
     """A real S3-compatible server (moto's server mode) on 127.0.0.1."""
-    port = _free_port()
-    server = subprocess.Popen([PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for var, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(var, value)
-    import boto3
+    from s3server import ENV, S3Server
 
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}").create_bucket(Bucket="models")
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-    yield f"s3://models/registry?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-    server.terminate()
-    server.wait()
+    for var, value in ENV.items():
+        monkeypatch.setenv(var, value)
+    with S3Server() as s3:
+        yield s3.uri("registry")
 
 
 def test_the_registry_works_on_an_s3_compatible_store(s3_uri, tiny):

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
-import signal
 import time
 
 import pytest
-from ray import tune as ray_tune
 
 import raymodel as rm
 from raymodel.exceptions import SettingsError, TuneError
 
-from models import DigitsNet, TinyNet
+from models import DigitsNet, StopAfter, TinyNet
 
 TRIAL = {"resources_per_worker": {"CPU": 0.95}, "batch_size": 64}
 
@@ -55,18 +54,6 @@ def test_asha_stops_poor_trials_early_and_the_best_is_loaded(ray_session, digits
     assert accuracy == pytest.approx(result.best_metrics["val_acc"], abs=1e-6)
     # Every CPU is free again once tune() returns (ray-project/ray#54305, #47439).
     assert _free_cpus_eventually(ray_session, 2.0) == pytest.approx(2.0)
-
-
-class StopAfter(ray_tune.Callback):
-    """Interrupts the experiment like Ctrl-C once `n` trials have finished."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.done = n, 0
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self.done += 1
-        if self.done == self.n:
-            os.kill(os.getpid(), signal.SIGINT)
 
 
 @pytest.mark.integration
@@ -125,3 +112,46 @@ def test_a_metric_the_model_never_reports_names_the_ones_it_does(ray_session, ti
     with pytest.raises(TuneError, match=r"No trial reported `val_f1`. The model reports: \[.*'val_acc', 'val_loss'\]"):
         TinyNet().tune({}, settings={"num_samples": 1, "max_epochs": 1, "metric": "val_f1", "train": TRIAL},
                        data=rm.data.from_numpy(X, y))
+
+
+class ControllerCount(rm.Callback):
+    """Records, each epoch, how many Ray Train controllers are alive and the worker's process id."""
+
+    def __init__(self, path: str, before: set[str]) -> None:
+        self.path, self.before = path, before  # controllers alive before the experiment (other tests')
+
+    def after_epoch(self, epoch, metrics):
+        if self.context.rank == 0:
+            alive = _controllers() - self.before
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps([self.context.trial_id, self.context.world_size, len(alive)]) + "\n")
+
+
+def _controllers() -> set[str]:
+    from ray.util.state import list_actors
+
+    return {a.actor_id for a in list_actors(filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")])}
+
+
+@pytest.mark.integration
+def test_single_worker_trials_train_in_the_trial_and_match_a_worker_group(ray_session, tmp_path, tiny):
+    X, y = tiny
+    data = rm.data.from_numpy(X, y, valid_fraction=0.25)
+    log = tmp_path / "controllers.jsonl"
+    settings = {"num_samples": 1, "max_epochs": 2, "scheduler": "fifo", "max_concurrent_trials": 1,
+                "progress": False, "train": {**TRIAL, "batch_size": 4, "callbacks": [ControllerCount(str(log), _controllers())]}}
+    result = TinyNet().tune({"train.num_workers": rm.tune.grid_search([0, 1, 2])}, settings=settings, data=data)
+    seen = {}
+    for trial_id, world, controllers in (json.loads(line) for line in log.read_text().splitlines()):
+        seen.setdefault(trial_id, set()).add((world, controllers))
+    by_workers = {row["config/train.num_workers"]: seen[row["trial_id"]] for _, row in result.dataframe().iterrows()}
+    assert by_workers == {0: {(1, 0)}, 1: {(1, 0)}, 2: {(2, 1)}}  # no worker group unless there are 2 workers
+
+    # The trial with one worker trained exactly as a Ray Train worker group of one does.
+    frame = result.dataframe()
+    checkpoint = frame.loc[frame["config/train.num_workers"] == 1, "checkpoint"].item()
+    in_trial = json.loads(open(f"{checkpoint}/raymodel.json").read())["history"]
+    grouped = TinyNet().train({"num_workers": 1, "num_epochs": 2, "batch_size": 4, "progress": False}, data=data)
+    assert [row["epoch"] for row in in_trial] == [1, 2]
+    for a, b in zip(in_trial, grouped.history):
+        assert a == pytest.approx(b, rel=1e-6)

@@ -152,8 +152,9 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-#: Files a container may keep beside a checkpoint that the loader never reads (the registry's record).
-SIDECAR_FILES = frozenset({"record.json"})
+#: Files a container may keep beside a checkpoint that the loader never reads (the registry's
+#: record, and its claim on the version number on an object store).
+SIDECAR_FILES = frozenset({"record.json", "CLAIMED"})
 
 
 def _schema_problem(manifest: Any) -> str | None:
@@ -272,12 +273,12 @@ def load_class(directory: str | Path, manifest: dict[str, Any]) -> tuple[type, d
 @contextlib.contextmanager
 def local_copy(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a local directory for ``path``, downloading it first when it is a URI."""
-    text = os.fspath(path)
-    if "://" not in text or text.startswith("file://"):
-        yield Path(text.removeprefix("file://"))
-        return
-    from ray.train import Checkpoint
+    from raymodel._internal import storage
 
-    with tmp.tempdir("ckpt") as directory:
-        Checkpoint(text).to_directory(str(directory))
-        yield directory
+    try:
+        with storage.local_folder(os.fspath(path), "ckpt") as directory:
+            yield directory
+    except (OSError, ValueError) as exc:  # pyarrow: unreachable store, bad URI, no such bucket
+        if isinstance(exc, FileNotFoundError) or "://" not in os.fspath(path):
+            raise
+        raise CheckpointError(f"Cannot read the checkpoint at `{path}`: {exc}") from exc

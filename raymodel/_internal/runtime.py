@@ -24,10 +24,17 @@ def home() -> str:
     return str(Path(value).expanduser().resolve())
 
 
+def home_path(*names: str) -> str:
+    """A location under ``RAYMODEL_HOME`` (a URI keeps its scheme and query)."""
+    from raymodel._internal import storage
+
+    return storage.join(home(), *names)
+
+
 def runs_root() -> str:
     root = home()
     if "://" in root:
-        return root + "/runs"
+        return home_path("runs")
     path = Path(root) / "runs"
     path.mkdir(parents=True, exist_ok=True)
     return str(path)

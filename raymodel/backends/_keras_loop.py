@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 class KerasLoop(WorkerLoop):
     def __init__(self, run: "WorkerRun") -> None:
         super().__init__(run)
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        # On Ray Train workers (TF_CONFIG set by Ray): the multi-worker strategy; in a Tune trial: the default.
+        self.strategy = (tf.distribute.MultiWorkerMirroredStrategy() if run.session.on_ray_train
+                         else tf.distribute.get_strategy())
         self.valid: Any = None
         self.bridge: Any = None
 

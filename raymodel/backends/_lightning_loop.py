@@ -57,14 +57,16 @@ class LightningLoop(TorchLoop):
 
     async def run_epochs(self, first: int, last: int) -> None:
         run, settings = self.run, self.run.settings
+        # On a Ray Train worker: Ray's DDP strategy; placed in a Tune trial: one process, Lightning's default.
+        placement = ({"strategy": RayDDPStrategy(), "plugins": [RayLightningEnvironment()], "devices": "auto"}
+                     if run.session.on_ray_train else {"devices": 1})
         self.trainer = pl.Trainer(
-            max_epochs=last, devices="auto", accelerator="gpu" if settings.use_gpu else "cpu",
-            strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()], callbacks=[_Bridge(run)],
+            max_epochs=last, accelerator="gpu" if settings.use_gpu else "cpu", callbacks=[_Bridge(run)],
             use_distributed_sampler=False,  # raymodel's sharding policy (ShardSampler) instead
             enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0,
+            num_sanity_val_steps=0, **placement,
         )
-        trainer = prepare_trainer(self.trainer)
+        trainer = prepare_trainer(self.trainer) if run.session.on_ray_train else self.trainer
         train = self._loader("train")
         valid = self._loader("valid") if self.has_validation else None
         with tmp.tempdir("lightning") as staging:

@@ -49,7 +49,15 @@ def run_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
 
 class TrainSession:
-    """Where a run is placed: a Ray Train V2 worker (rank, reports, checkpoints)."""
+    """Where a run is placed: a Ray Train V2 worker (rank, reports, checkpoints).
+
+    A session answers: rank, world, local_rank, ``latest_checkpoint()``,
+    ``report(metrics, checkpoint_dir, name)``, ``broadcast(value)``, ``barrier()``.
+    The other placement is a Tune trial's own process (``tune/_trial.py``).
+    """
+
+    #: The framework's distributed setup (DDP, a strategy's cluster) comes from Ray Train.
+    on_ray_train = True
 
     def __init__(self) -> None:
         import ray.train

@@ -186,6 +186,10 @@ class Registry:
             n = self.resolve(key, version)
             self._migrate_aliases(key)
             self.store.write_text(f"{key}/aliases/{alias}.json", json.dumps({"version": n}))
+            if not self.store.local and self.store.exists(f"{key}/versions/{n}/{TOMBSTONE}"):
+                # No lock on an object store: a delete of <n> that raced this write wins.
+                self.store.delete_file(f"{key}/aliases/{alias}.json")
+                raise RegistryError(f"`{key}:{n}` was deleted while `{alias}` was being set; nothing changed.")
 
     def remove_alias(self, key: str, alias: str) -> None:
         names.key(key), names.alias(alias)
@@ -292,5 +296,4 @@ def default_uri() -> str:
     explicit = os.environ.get("RAYMODEL_REGISTRY")
     if explicit:
         return explicit
-    home = runtime.home()
-    return f"{home}/registry"
+    return runtime.home_path("registry")

@@ -4,13 +4,15 @@ Layout under the root::
 
     <key>/versions/<n>/            a checkpoint plus record.json (written last: then it is visible)
     <key>/versions/<n>/DELETED     a tombstone: the version was deleted; <n> is never handed out again
+    <key>/versions/<n>/CLAIMED     object stores: the writer's claim on <n> (S3: a conditional write)
     <key>/aliases/<alias>.json     one file per alias, replaced whole
     <key>/.staging/...             local puts in progress (a killed writer's are collected later)
     <key>/.lock                    local: serializes alias changes and deletes of one key
 
-Local storage claims a version number with an atomic directory rename, so
-concurrent writers get distinct versions and a half-written version is never
-visible. Every path is checked to stay inside the root.
+Local storage claims a version number with an atomic directory rename; S3
+with a conditional write of ``CLAIMED`` (``If-None-Match: *``). Either way
+concurrent writers get distinct versions, and a version is visible only once
+its ``record.json`` is written, after every other file. Every path is checked to stay inside the root.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from raymodel._internal import tmp
+from raymodel._internal import storage, tmp
 from raymodel.exceptions import RegistryError
 
 RECORD = "record.json"
 TOMBSTONE = "DELETED"
+CLAIM = "CLAIMED"
 
 
 class Store:
@@ -107,7 +110,7 @@ class Store:
             raise RegistryError(f"`{self.describe(rel)}` is corrupt (not JSON: {exc}).") from exc
 
     def describe(self, rel: str) -> str:
-        return str(self.root / rel) if self.local else f"{self.uri.rstrip('/')}/{rel}"
+        return str(self.root / rel) if self.local else storage.join(self.uri, rel)
 
     def write_text(self, rel: str, text: str) -> None:
         """Replace a small file whole (a temporary file renamed over it, locally)."""
@@ -163,11 +166,10 @@ class Store:
         taken = self.numbers(key)
         n = max(taken) + 1 if taken else 1
         if not self.local:
+            while not self._claim(f"{key}/versions/{n}/{CLAIM}"):  # one writer per number
+                n += 1
             target = f"{key}/versions/{n}"
-            for path in sorted(source.rglob("*")):
-                if path.is_file():
-                    with self.fs.open_output_stream(self._remote(f"{target}/{path.relative_to(source).as_posix()}")) as fh:
-                        fh.write(path.read_bytes())
+            storage.upload(source, storage.join(self.uri, target))
             self.write_text(f"{target}/{RECORD}", record_text(n))  # written last: now visible
             return n
         staging_root = self.path(f"{key}/.staging")
@@ -185,6 +187,31 @@ class Store:
                     if not (versions / str(n)).exists():
                         raise
                     n += 1
+
+    def _claim(self, rel: str) -> bool:
+        """Create the empty object ``rel`` unless it exists: ``False`` when another writer has it.
+
+        On S3 this is a conditional write (``If-None-Match: *``, through boto3),
+        which the store itself decides, so of any number of writers exactly one
+        gets a number. Other object stores have no such write in ``pyarrow.fs``:
+        there a writer checks and claims, which is safe for one writer at a time.
+        """
+        if self.uri.startswith("s3://"):
+            client, bucket, name = _s3_client(self.uri, self._remote(rel))
+            from botocore.exceptions import ClientError
+
+            try:
+                client.put_object(Bucket=bucket, Key=name, Body=b"", IfNoneMatch="*")
+                return True
+            except ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status in (409, 412):  # 412: the object exists; 409: a concurrent conditional write won
+                    return False
+                raise RegistryError(f"Cannot claim `{self.describe(rel)}`: {exc}") from exc
+        if self.exists(rel):
+            return False
+        self.write_text(rel, "")
+        return True
 
     def fetch(self, rel: str, into: Path) -> Path:
         """A local folder with the files of ``rel`` (the folder itself when local)."""
@@ -210,5 +237,29 @@ class Store:
 
         selector = pyarrow.fs.FileSelector(self._remote(rel), recursive=True)
         for info in self.fs.get_file_info(selector):
-            if info.type == pyarrow.fs.FileType.File and info.base_name != TOMBSTONE:
+            if info.type == pyarrow.fs.FileType.File and info.base_name not in (TOMBSTONE, CLAIM):
                 self.fs.delete_file(info.path)
+
+
+def _s3_client(uri: str, path: str) -> tuple[Any, str, str]:
+    """A boto3 S3 client configured as ``pyarrow.fs`` reads ``uri`` (its ``endpoint_override``,
+    ``scheme`` and ``region`` query options; credentials from the environment), and
+    ``(bucket, key)`` of ``path``."""
+    from urllib.parse import parse_qs, urlsplit
+
+    try:
+        import boto3
+    except ImportError as exc:
+        raise RegistryError("A registry on S3 needs boto3 for its conditional writes: "
+                            "`pip install 'raymodel[s3]'`.") from exc
+    options = {k: v[-1] for k, v in parse_qs(urlsplit(uri).query).items()}
+    kwargs: dict[str, Any] = {}
+    if "endpoint_override" in options:
+        endpoint = options["endpoint_override"]
+        kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"{options.get('scheme', 'https')}://{endpoint}"
+    if "region" in options:
+        kwargs["region_name"] = options["region"]
+    if "access_key" in options and "secret_key" in options:
+        kwargs["aws_access_key_id"], kwargs["aws_secret_access_key"] = options["access_key"], options["secret_key"]
+    bucket, _, name = path.partition("/")
+    return boto3.client("s3", **kwargs), bucket, name

@@ -7,7 +7,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from raymodel._internal import runtime
+from raymodel._internal import runtime, storage
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._settings import ServeSettings
 
@@ -27,10 +27,11 @@ class ServedModel:
         return self._handle.predict.remote(payload).result()
 
     def shutdown(self) -> None:
-        """Delete the application; its replicas and their resources are released."""
+        """Delete the application; its replicas, their resources and its serve checkpoints are released."""
         from ray import serve
 
         serve.delete(self.name, _blocking=True)
+        storage.delete(serve_folder(self.name))
 
     def __repr__(self) -> str:
         return f"ServedModel(name={self.name!r}, url={self.url!r})"
@@ -69,6 +70,7 @@ class Servable:
         self.name = self.settings.name or (re.sub(r"[^A-Za-z0-9_-]", "_", self.route.strip("/")) or "root")
         self.model: Any = None
         self.source: dict[str, Any] = {}
+        self._written: str | None = None  # the serve checkpoint ``as_application`` wrote
         if isinstance(model_or_ref, str) or type(model_or_ref).__name__ == "ModelRef":
             self.source, self.info = _registry_source(str(model_or_ref), registry)
         elif hasattr(model_or_ref, "backend") and callable(getattr(model_or_ref, "save", None)):
@@ -88,6 +90,7 @@ class Servable:
         from raymodel.serve._deployment import ModelServer
 
         source = self.source or {"checkpoint": _checkpoint_of(self.model, self.name)}
+        self._written = source.get("checkpoint") if not self.source else None
         info = {**self.info, "source": dict(self.model.source) if self.model is not None and self.model.source
                 else dict(source)}
         s = self.settings
@@ -112,7 +115,15 @@ class Servable:
         try:
             handle = serve.run(app, name=self.name, route_prefix=self.route, blocking=False)
         except Exception as exc:
+            if self._written:
+                storage.delete(self._written)
             raise ServeError(f"Could not deploy `{self.info['class']}` at `{self.route}`: {exc}") from exc
+        # The application runs on the new checkpoint now: the ones it replaced are not needed any more.
+        folder = serve_folder(self.name)
+        for name in storage.listdir(folder):
+            location = storage.join(folder, name)
+            if location != self._written:
+                storage.delete(location)
         host, port = _http_address(self.settings)
         return ServedModel(self.name, self.route, f"http://{host}:{port}{self.route}", handle, self.info)
 
@@ -143,13 +154,15 @@ def _check_route(route: Any) -> str:
     return route.rstrip("/") or "/"
 
 
+def serve_folder(name: str) -> str:
+    """Where an application's serve checkpoints live: ``$RAYMODEL_HOME/serve/<name>`` (any URI)."""
+    return runtime.home_path("serve", name)
+
+
 def _checkpoint_of(model: "RayModel", name: str) -> str:
-    """A checkpoint of the instance's *current* weights, which every replica loads."""
-    root = runtime.home()
-    if "://" in root:
-        raise ServeError("Serving writes a checkpoint under RAYMODEL_HOME, which must be a local path here.")
-    path = os.path.join(root, "serve", name, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}")
-    return model.save(path)
+    """A checkpoint of the instance's *current* weights, which every replica loads itself, from
+    wherever ``RAYMODEL_HOME`` is (a replica on another node reads the URI)."""
+    return model.save(storage.join(serve_folder(name), f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"))
 
 
 def _start_http(settings: ServeSettings) -> None:

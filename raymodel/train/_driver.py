@@ -7,10 +7,10 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from raymodel._internal import runtime, serialization, tmp
+from raymodel._internal import runtime, serialization, storage, tmp
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal.hub import start_hub, stop_hub
-from raymodel.backends._run import run_worker
+from raymodel.backends._run import WorkerRun, run_worker
 from raymodel.data import resolve
 from raymodel.data._splits import nonfinite
 from raymodel.exceptions import DataError, HookError, TrainingError
@@ -77,7 +77,7 @@ class Trainable:
         self.settings, self.spec = prepare(model, settings, data)
         self.name = self.settings.name or runtime.run_name(type(model).__name__)
         self.storage = self.settings.storage_path or runtime.runs_root()
-        self.path = _join(self.storage, self.name)
+        self.path = storage.join(self.storage, self.name)
         self._ray_callbacks = list(callbacks)
         self._hub = hub  # the caller's hub (it stops it), used for gathers too
         self._info = {"name": self.name, "path": self.path, **(info or {})}
@@ -113,7 +113,15 @@ class Trainable:
         finally:
             if hub is not self._hub:
                 stop_hub(hub)
-        return _collect(self.model, self.settings, result, self.name, load_result)
+        return _collect(self.model, self.settings, result, self.name, self.storage, load_result)
+
+    def run_here(self, session: Any) -> dict[str, Any]:
+        """Run the training loop in this process, placed by ``session`` (one worker): the same
+        ``WorkerRun`` lifecycle as on a Ray Train worker, without a worker group. A Tune trial
+        with one worker trains this way, in the trial itself."""
+        loop_config = {"payload": worker_payload(self.model, self.settings, self._info),
+                       "data": self.spec.for_workers(), "hub": None}
+        return WorkerRun(loop_config, session=session).run()
 
     def _trainer(self, printer: ProgressPrinter | None) -> tuple[Any, Any]:
         from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
@@ -186,16 +194,20 @@ def _root_message(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
 
-def _collect(model: "RayModel", settings: TrainSettings, result: Any, name: str, load_result: bool) -> TrainResult:
+def _collect(model: "RayModel", settings: TrainSettings, result: Any, name: str, root: str,
+             load_result: bool) -> TrainResult:
+    """The run's ``TrainResult``; its locations keep the storage's scheme (``s3://...``), which
+    Ray's ``Result`` drops (``Checkpoint.path`` is a path on its filesystem)."""
     returned = result.return_value or {}
     history = list(returned.get("history", []))
-    checkpoint = result.checkpoint.path if result.checkpoint is not None else None
+    checkpoint = storage.rebase(root, result.checkpoint.path) if result.checkpoint is not None else None
     if checkpoint is not None and not history:
         with ckpt.local_copy(checkpoint) as directory:
             history = list(ckpt.read_manifest(directory).get("history", []))
     best = None
     if settings.metric is not None:
         best = _best_checkpoint(result, settings.metric, settings.mode, history)
+        best = storage.rebase(root, best) if best is not None else None
     if load_result and checkpoint is not None:
         model.load_weights(checkpoint)
     return TrainResult(
@@ -203,7 +215,7 @@ def _collect(model: "RayModel", settings: TrainSettings, result: Any, name: str,
         history=history,
         checkpoint=checkpoint,
         best_checkpoint=best,
-        path=result.path,
+        path=storage.rebase(root, result.path),
         config=dict(model.config),
         name=name,
     )
@@ -218,10 +230,6 @@ def _best_checkpoint(result: Any, metric: str, mode: str, history: list[dict[str
         return None
     pick = min if mode == "min" else max
     return pick(scored, key=lambda cm: cm[1][metric])[0].path
-
-
-def _join(storage: str, name: str) -> str:
-    return f"{storage.rstrip('/')}/{name}"
 
 
 def _initial_state(model: "RayModel") -> dict[str, bytes] | None:

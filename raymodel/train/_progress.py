@@ -12,30 +12,6 @@ import threading
 import time
 from typing import Any, TextIO
 
-from ray.train import UserCallback
-
-
-class ProgressCallback(UserCallback):
-    """Forward each report's rank-0 metrics (and its checkpoint's path, as ``checkpoint_path``) to the run's hub.
-
-    With ``wait=True`` the report waits until the reader acknowledged the row
-    (the run then moves at its reader's pace, as a Tune trial must).
-    """
-
-    def __init__(self, hub: Any, wait: bool = False) -> None:
-        self.hub, self.wait = hub, wait
-
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-        if metrics:
-            row = dict(metrics[0])
-            if checkpoint is not None:
-                row["checkpoint_path"] = checkpoint.path
-            if self.wait:
-                import ray
-
-                ray.get(self.hub.deliver.remote(row))
-            else:
-                self.hub.push.remote(row)
 
 
 def format_metrics(metrics: dict[str, Any], skip: tuple[str, ...] = ("epoch", "checkpoint_path")) -> str:
@@ -58,7 +34,9 @@ class ProgressPrinter:
         self._thread = threading.Thread(target=self._run, name="raymodel-progress", daemon=True)
         self._start = time.monotonic()
 
-    def callback(self) -> ProgressCallback:
+    def callback(self) -> Any:
+        from raymodel.train._callbacks import ProgressCallback
+
         return ProgressCallback(self.hub)
 
     def __enter__(self) -> "ProgressPrinter":

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
-from raymodel._internal import runtime, serialization
+from raymodel._internal import runtime, serialization, storage
 from raymodel.exceptions import SettingsError, TuneError
 from raymodel.train import prepare
 from ray.tune import Callback
@@ -16,13 +17,11 @@ from ray.tune.search import SearchAlgorithm
 from raymodel.tune._progress import TrialPrinter, summary_table
 from raymodel.tune._result import TuneResult
 from raymodel.tune._settings import TuneSettings
-from raymodel.tune._trial import TRAIN_PREFIX, trial
+from raymodel.tune._trial import PLACEMENT_FIELDS, TRAIN_PREFIX, resources_of, trial, trial_resources
 
 if TYPE_CHECKING:
     from raymodel.model import RayModel
 
-#: CPU share of each trial's own function (it only drives the Train run).
-TRIAL_CPU = 0.01
 _TUNE_KEYS = ("training_iteration", "checkpoint_path", "time_this_iter_s", "time_total_s", "timestamp",
               "trial_id", "date", "pid", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
               "done", "config", "experiment_tag", "checkpoint_dir_name")
@@ -76,7 +75,7 @@ class Tunable:
             )
         self.name = settings.name or runtime.run_name(f"{type(model).__name__}-tune")
         self.storage = settings.storage_path or runtime.runs_root()
-        self.path = f"{self.storage.rstrip('/')}/{self.name}"
+        self.path = storage.join(self.storage, self.name)
         self.resume = resume
         _check_experiment_path(self.path, self.name, resume, named=settings.name is not None)
         self._guard = MetricGuard(self.metric)
@@ -86,10 +85,13 @@ class Tunable:
         runtime.ensure_ray(self.settings.verbose)
         from ray import tune
 
-        payload = serialization.dumps({"class": type(self.model), "train": self.train_settings}, type(self.model),
+        payload = serialization.dumps({"class": type(self.model), "train": self.train_settings,
+                                       "storage": self.storage}, type(self.model),
                                       *self.train_settings.callbacks)
         trainable = tune.with_parameters(trial, payload=payload, data=self.spec.for_workers())
-        return tune.with_resources(trainable, {"CPU": TRIAL_CPU})
+        # One worker: the trial trains in its own process and holds that worker's resources.
+        base = {name: getattr(self.train_settings, name) for name in PLACEMENT_FIELDS}
+        return tune.with_resources(trainable, functools.partial(resources_of, base))
 
     def as_tuner(self) -> Any:
         """The native ``tune.Tuner`` (or ``Tuner.restore`` with ``resume=True``), not yet fit."""
@@ -114,6 +116,7 @@ class Tunable:
             # `SearchAlgorithm` (such as the default generator, which takes it directly).
             max_concurrent_trials=None if isinstance(search_alg, SearchAlgorithm) else at_once,
             time_budget_s=settings.time_budget_s,
+            reuse_actors=True,
         )
         run_config = tune.RunConfig(name=self.name, storage_path=self.storage, callbacks=callbacks,
                                     verbose=1 if settings.verbose else 0)
@@ -122,7 +125,7 @@ class Tunable:
     def fit(self) -> TuneResult:
         """Run the experiment; afterwards the model holds the best trial's config and weights."""
         results = _fit(self.as_tuner(), self._guard)
-        result = _collect(results, self.metric, self.settings, list(self.space), self.path)
+        result = _collect(results, self.metric, self.settings, list(self.space), self.path, self.storage)
         if self.settings.progress:
             print(f"[{type(self.model).__name__}] {result.num_trials} trials; best {self.metric} "
                   f"{result.best_metrics.get(self.metric, float('nan')):.4f}:\n"
@@ -191,7 +194,7 @@ def _check_experiment_path(path: str, name: str, resume: bool, named: bool) -> N
     if resume and not tune.Tuner.can_restore(path):
         raise TuneError(f"Nothing to resume at `{path}`: no experiment of that name was started there. "
                         "Pass the `name` (and `storage_path`) of the interrupted experiment.")
-    if not resume and named and os.path.exists(path):
+    if not resume and named and storage.exists(path):
         raise SettingsError(f"An experiment named `{name}` already exists at `{path}`. Continue it with "
                             "`resume=True`, or choose another `name`.")
 
@@ -227,11 +230,16 @@ def _fits_at_once(train_settings: Any) -> int:
 
     cpus = float(ray.cluster_resources().get("CPU", 1))
     per_worker = float((train_settings.resources_per_worker or {}).get("CPU", 1))
-    per_trial = max(train_settings.num_workers, 1) * per_worker + TRIAL_CPU
+    workers = max(train_settings.num_workers, 1)
+    sliver = trial_resources(**{n: getattr(train_settings, n) for n in PLACEMENT_FIELDS}).get("CPU", 0.0)
+    per_trial = workers * per_worker + sliver * (workers > 1)
     return max(1, math.floor(cpus / per_trial + 1e-9))
 
 
-def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list[str], path: str) -> TuneResult:
+def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list[str], path: str,
+             root: str) -> TuneResult:
+    """The experiment's ``TuneResult``, from Tune's results (no file is read: trials may have run
+    on other nodes); locations keep the storage's scheme, which Ray's ``Result.path`` drops."""
     rows, reported = [], set()
     for r in results:
         metrics = dict(r.metrics or {})
@@ -246,7 +254,7 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
                "stopped_early": r.error is None and epochs < planned,
                "status": "ERROR" if r.error is not None else "TERMINATED",
                "checkpoint": metrics.get("checkpoint_path"),
-               "path": r.path, "error": None if r.error is None else str(r.error).strip().splitlines()[-1]}
+               "path": storage.rebase(root, r.path), "error": None if r.error is None else str(r.error).strip().splitlines()[-1]}
         rows.append(row)
     ok = [r for r in rows if isinstance(r.get(metric), (int, float)) and not math.isnan(r[metric])]
     if not ok:
@@ -256,7 +264,7 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
         raise TuneError(f"No trial reported `{metric}`. The model reports: {sorted(reported) or 'nothing'}. "
                         f"Set `TuneSettings(metric=...)` to one of those.")
     best = (min if settings.mode == "min" else max)(ok, key=lambda r: r[metric])
-    best_result = next(r for r in results if r.path == best["path"])
+    best_result = next(r for r in results if storage.rebase(root, r.path) == best["path"])
     best_metrics = {k: v for k, v in (best_result.metrics or {}).items()
                     if k not in _TUNE_KEYS and not k.startswith("config")}
     return TuneResult(best_config=dict(best_result.config), best_metrics=best_metrics,

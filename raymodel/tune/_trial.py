@@ -1,12 +1,22 @@
 """One trial: an ordinary training run inside a Ray Tune function trainable.
 
-The trial's Train run reports each epoch to the run's hub (a Ray Train
-``UserCallback``); the trial function passes every row on to Tune with
-``tune.report``, with a small *pointer* checkpoint naming the Train
-checkpoint of that epoch. Tune keeps the pointers, so a trial that Tune
-restarts (a restored experiment, or PBT exploiting another trial) gets one
-from ``tune.get_checkpoint()`` and continues from the checkpoint it names:
-its own, or the donor's, with the trial's (possibly mutated) config.
+Tune calls Train: a trial runs the same ``WorkerRun`` lifecycle as
+``model.train()``, placed one of two ways:
+
+* **one worker** (``num_workers`` 0 or 1, the default for tuning): in the
+  trial's own process, which holds the worker's resources. No Ray Train
+  worker group is started, so a trial costs its epochs, not a worker group's
+  start-up (:class:`TrialSession`);
+* **several workers**: a Ray Train V2 worker group, as ``model.train()`` uses;
+  its epochs reach the trial through the run's hub and are acknowledged once
+  Tune has them, so training waits for Tune's decision before the next epoch.
+
+Either way each epoch goes to Tune with ``tune.report`` and a small *pointer*
+checkpoint naming the training checkpoint of that epoch. Tune keeps the
+pointers, so a trial that Tune restarts (a restored experiment, or PBT
+exploiting another trial) gets one from ``tune.get_checkpoint()`` and
+continues from the checkpoint it names: its own, or the donor's, with the
+trial's (possibly mutated) config.
 """
 
 from __future__ import annotations
@@ -14,11 +24,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 from raymodel._internal import serialization
+from raymodel._internal import storage as locations
 
 #: A config key ``"train.<field>"`` sets that ``TrainSettings`` field for the trial.
 TRAIN_PREFIX = "train."
@@ -29,43 +42,138 @@ def trial(config: dict[str, Any], payload: bytes, data: Any) -> None:
     """Train the model with this trial's config (``model.train()``'s code path); report every epoch to Tune."""
     from ray import tune
 
-    from raymodel._internal.hub import start_hub, stop_hub
     from raymodel.train import Trainable
-    from raymodel.train._progress import ProgressCallback
 
     unpacked = serialization.loads(payload)
     model = unpacked["class"](config={k: v for k, v in config.items() if not k.startswith(TRAIN_PREFIX)})
-    overrides = {k[len(TRAIN_PREFIX):]: v for k, v in config.items() if k.startswith(TRAIN_PREFIX)}
+    settings = trial_settings(unpacked["train"], config)
     context = tune.get_context()
     given = tune.get_checkpoint()
     resume_from = _pointed(given) if given is not None else None
-    # A restarted trial starts a new Train run beside the old one, from the checkpoint Tune handed back.
+    # A restarted trial starts a new training run beside the old one, from the checkpoint Tune handed back.
     name = "train" if resume_from is None else f"train-{os.urandom(3).hex()}"
-    settings = dataclasses.replace(unpacked["train"], name=name, storage_path=trial_dir(context), progress=False,
-                                   **overrides)
+    settings = dataclasses.replace(settings, name=name, storage_path=trial_dir(context, unpacked.get("storage")),
+                                   progress=False)
+    info = {"experiment": context.get_experiment_name(), "trial_id": context.get_trial_id()}
+    if runs_in_trial(settings, data):
+        trainable = Trainable(model, settings, data=data, resume_from=resume_from, info=info)
+        trainable.run_here(TrialSession(trainable.path, keep=settings.keep_checkpoints))
+    else:
+        _run_worker_group(model, settings, data, resume_from, info)
+
+
+def trial_settings(train: Any, config: dict[str, Any]) -> Any:
+    """The trial's ``TrainSettings``: the experiment's, with the trial's ``train.<field>`` values."""
+    overrides = {k[len(TRAIN_PREFIX):]: v for k, v in config.items() if k.startswith(TRAIN_PREFIX)}
+    return dataclasses.replace(train, **overrides)
+
+
+def runs_in_trial(settings: Any, data: Any) -> bool:
+    """One worker, and no ``ray.data`` split (those are read through a worker group's shards)."""
+    return settings.num_workers <= 1 and not getattr(data, "ray_datasets", None)
+
+
+#: The ``TrainSettings`` fields that decide what a trial holds.
+PLACEMENT_FIELDS = ("num_workers", "resources_per_worker", "use_gpu")
+
+
+def trial_resources(num_workers: int, resources_per_worker: dict[str, float] | None,
+                    use_gpu: bool) -> dict[str, float]:
+    """What a trial holds: its one worker's resources, or a sliver when a worker group does the work."""
+    if num_workers > 1:
+        return {"CPU": 0.01}  # the trial only drives the run; the worker group holds the resources
+    resources = dict(resources_per_worker or {"CPU": 1.0})
+    if use_gpu:
+        resources.setdefault("GPU", 1.0)
+    return resources
+
+
+def resources_of(base: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
+    """``trial_resources`` of a trial's config (``base``: the experiment's placement fields)."""
+    fields = dict(base)
+    for name in PLACEMENT_FIELDS:
+        fields[name] = config.get(f"{TRAIN_PREFIX}{name}", fields[name])
+    return trial_resources(**fields)
+
+
+class TrialSession:
+    """Places a ``WorkerRun`` in the trial's own process: one worker; each epoch reported to Tune.
+
+    Checkpoints go to the training run's folder in the experiment's storage,
+    written beside their final name and renamed into place, so a checkpoint
+    appears whole or not at all, as Ray Train's upload would leave it.
+    """
+
+    rank, world, local_rank = 0, 1, 0
+    on_ray_train = False
+
+    def __init__(self, run_path: str, keep: int | None = None) -> None:
+        self.run_path, self.keep = run_path, keep
+        locations.ensure_dir(run_path)
+
+    def latest_checkpoint(self) -> Any:
+        return None  # the run's folder (and a checkpoint Tune handed back) are where resumes come from
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, name: str) -> None:
+        location = None
+        if checkpoint_dir is not None:
+            location = self._persist(Path(checkpoint_dir), name)
+        _report_to_tune(dict(metrics, **({"checkpoint_path": location} if location else {})))
+
+    def broadcast(self, value: Any) -> Any:
+        return value
+
+    def barrier(self) -> None:
+        pass
+
+    def _persist(self, source: Path, name: str) -> str:
+        from raymodel._internal.checkpoint import MANIFEST, epoch_of
+
+        target = locations.join(self.run_path, name)
+        if locations.is_uri(target):  # no rename on object stores: the manifest goes up last
+            locations.delete(target)
+            locations.upload(source, target, last=MANIFEST)
+        elif source.resolve() != Path(target).resolve():
+            staged = Path(self.run_path) / f".{name}.partial-{os.urandom(3).hex()}"
+            shutil.copytree(source, staged)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(staged, target)
+        if self.keep:
+            done = sorted(n for n in locations.listdir(self.run_path) if epoch_of(n) is not None)
+            for old in done[:-self.keep]:
+                locations.delete(locations.join(self.run_path, old))
+        return target
+
+
+def trial_dir(context: Any, root: str | None) -> str:
+    """The trial's folder in the experiment's storage (not Tune's local staging copy); on an
+    object store, under ``root`` (the experiment's ``storage_path``, which keeps its scheme and
+    query: Tune's own storage context keeps only the path on the filesystem)."""
+    storage = context.get_storage()
+    if root is None or not locations.is_uri(root):
+        return storage.trial_fs_path
+    return locations.join(root, storage.experiment_dir_name, storage.trial_dir_name)
+
+
+def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | None, info: dict[str, Any]) -> None:
+    from raymodel._internal.hub import start_hub, stop_hub
+    from raymodel.train import Trainable
+    from raymodel.train._callbacks import ProgressCallback
+
     hub = start_hub()
     try:
-        trainable = Trainable(model, settings, data=data, callbacks=[ProgressCallback(hub, wait=True)], hub=hub,
-                              resume_from=resume_from,
-                              info={"experiment": context.get_experiment_name(), "trial_id": context.get_trial_id()})
+        trainable = Trainable(model, settings, data=data, callbacks=[ProgressCallback(hub, wait=True, root=settings.storage_path)], hub=hub,
+                              resume_from=resume_from, info=info)
         outcome: dict[str, Any] = {}
         runner = threading.Thread(target=_fit, args=(trainable, outcome), name="raymodel-trial", daemon=True)
         runner.start()
         while runner.is_alive():
-            _report(hub, timeout=0.5)
-        _report(hub, timeout=0.0)  # the rows that came in with the end of the run
+            _relay(hub, timeout=0.5)
+        _relay(hub, timeout=0.0)  # the rows that came in with the end of the run
         if "error" in outcome:
             raise outcome["error"]
     finally:
         stop_hub(hub)
-
-
-def trial_dir(context: Any) -> str:
-    """The trial's folder in the experiment's storage (not Tune's local staging copy)."""
-    storage = context.get_storage()
-    if type(storage.storage_filesystem).__name__ == "LocalFileSystem":
-        return storage.trial_fs_path
-    return "/".join([storage.storage_path.rstrip("/"), storage.experiment_dir_name, storage.trial_dir_name])
 
 
 def _fit(trainable: Any, outcome: dict[str, Any]) -> None:
@@ -75,26 +183,32 @@ def _fit(trainable: Any, outcome: dict[str, Any]) -> None:
         outcome["error"] = exc
 
 
-def _report(hub: Any, timeout: float) -> None:
+def _relay(hub: Any, timeout: float) -> None:
+    """Pass the worker group's rows on to Tune, acknowledging each once Tune has it."""
     import ray
-    from ray import tune
 
     for row in ray.get(hub.pop.remote(timeout)):
         row_id = row.pop("_row_id", None)
-        path = row.get("checkpoint_path")
-        if path is None:
-            tune.report(row)
-        else:
-            with tempfile.TemporaryDirectory(prefix="raymodel-pointer-") as pointer:
-                with open(os.path.join(pointer, POINTER), "w") as fh:
-                    json.dump({"checkpoint": path}, fh)
-                tune.report(row, checkpoint=tune.Checkpoint.from_directory(pointer))
+        _report_to_tune(row)
         if row_id is not None:
             hub.ack.remote(row_id)  # Tune has the epoch: the run may go on
 
 
+def _report_to_tune(row: dict[str, Any]) -> None:
+    from ray import tune
+
+    path = row.get("checkpoint_path")
+    if path is None:
+        tune.report(row)
+        return
+    with tempfile.TemporaryDirectory(prefix="raymodel-pointer-") as pointer:
+        with open(os.path.join(pointer, POINTER), "w") as fh:
+            json.dump({"checkpoint": path}, fh)
+        tune.report(row, checkpoint=tune.Checkpoint.from_directory(pointer))
+
+
 def _pointed(checkpoint: Any) -> str:
-    """The Train checkpoint a Tune pointer checkpoint names."""
+    """The training checkpoint a Tune pointer checkpoint names."""
     with checkpoint.as_directory() as directory:
         with open(os.path.join(directory, POINTER)) as fh:
             return json.load(fh)["checkpoint"]

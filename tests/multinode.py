@@ -1,0 +1,114 @@
+"""The multi-node scenario of tests/test_storage.py, run in its own process (its own Ray).
+
+A head node with no CPUs for work (the driver's node) and two worker nodes,
+each with its own temporary directory, from Ray's ``ray.cluster_utils.Cluster``.
+Every location is on the S3 server named by ``RAYMODEL_HOME``: train on two
+workers, tune four trials, register the best and serve it by alias. Prints one
+JSON line with what the test checks.
+
+    RAYMODEL_HOME=s3://... python tests/multinode.py <tmp dir> <http port>
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import requests
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import raymodel as rm  # noqa: E402
+from raymodel._internal import runtime, storage  # noqa: E402
+
+
+def main() -> None:
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+    from sklearn.datasets import load_digits
+
+    from models import DigitsNet
+    from s3server import free_port
+
+    scratch, port = Path(sys.argv[1]), int(sys.argv[2])
+    # Ports of its own: the test session's Ray instance may be running beside it.
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "temp_dir": str(scratch / "head"), "include_dashboard": True,
+        "gcs_server_port": free_port(), "dashboard_port": free_port(), **agent_ports()})
+    for name in ("a", "b"):
+        cluster.add_node(num_cpus=2, temp_dir=str(scratch / f"node-{name}"), resources={f"node_{name}": 1},
+                         **agent_ports())
+    cluster.wait_for_nodes()
+    rm.init(address=cluster.address)
+    head = ray.get_runtime_context().get_node_id()
+
+    X, y = load_digits(return_X_y=True)
+    data = rm.data.from_numpy((X / 16.0).astype(np.float32), y, valid_fraction=0.2)
+    model = DigitsNet(config={"lr": 1e-2})
+    trained = model.train({"num_workers": 2, "num_epochs": 2, "batch_size": 64, "progress": False,
+                           "callbacks": [NodeLog()]}, data=data)
+    tuned = DigitsNet().tune({"lr": rm.tune.grid_search([1e-3, 3e-3, 1e-2, 3e-2])}, data=data, settings={
+        "num_samples": 1, "max_epochs": 2, "scheduler": "fifo", "progress": False,
+        "train": {"resources_per_worker": {"CPU": 1}, "batch_size": 64, "progress": False,
+                  "callbacks": [NodeLog()]}})
+    ref = rm.registry.put(tuned, key="digits", alias="production")
+
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    served = rm.Servable("digits@production", "/digits").deploy()
+    valid = data.splits["valid"]
+    answer = requests.post(served.url, json={"pixels": valid.x[:4].tolist()}, timeout=60)
+    replicas = [r["node_id"] for r in ray.util.state.list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+                if "ServeReplica" in r["class_name"]]
+    served.shutdown()
+
+    # The trained instance itself: its weights go to a serve checkpoint under RAYMODEL_HOME (on S3),
+    # which the replica on a worker node loads; a redeploy replaces it, a shutdown removes it.
+    direct = model.serve("/direct")
+    first = storage.listdir(runtime.home_path("serve", "direct"))
+    again = model.serve("/direct")
+    second = storage.listdir(runtime.home_path("serve", "direct"))
+    direct_status = requests.post(again.url, json={"pixels": valid.x[:2].tolist()}, timeout=60).status_code
+    again.shutdown()
+    serve_checkpoints = [first, second, storage.listdir(runtime.home_path("serve", "direct"))]
+    del direct
+
+    nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    print("RESULT", json.dumps({
+        "head": head, "nodes": sorted(nodes), "train_checkpoint": trained.checkpoint, "train_path": trained.path,
+        "tune_best": tuned.best_checkpoint, "tune_path": tuned.path, "ref": str(ref), "status": answer.status_code,
+        "answer": answer.json(), "labels": valid.y[:4].tolist(), "replica_nodes": replicas,
+        "worker_nodes": sorted(set(NodeLog.read())), "trial_paths": [t["path"] for t in tuned.trials],
+        "serve_checkpoints": serve_checkpoints, "direct_status": direct_status,
+    }), flush=True)
+    serve.shutdown()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def agent_ports() -> dict[str, int]:
+    from s3server import free_port
+
+    return {"dashboard_agent_listen_port": free_port(), "metrics_export_port": free_port()}
+
+
+class NodeLog(rm.Callback):
+    """Records, from every training process (Train worker or Tune trial), the node it runs on, on S3."""
+
+    def after_epoch(self, epoch, metrics):
+        import ray
+
+        fs, path = storage.filesystem(runtime.home_path("nodes"))
+        with fs.open_output_stream(f"{path}/{os.getpid()}-{ray.get_runtime_context().get_node_id()}"):
+            pass
+
+    @staticmethod
+    def read() -> list[str]:
+        return [name.split("-", 1)[1] for name in storage.listdir(runtime.home_path("nodes"))]
+
+
+if __name__ == "__main__":
+    main()
