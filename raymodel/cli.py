@@ -1,5 +1,6 @@
-"""The ``raymodel`` command: the registry (``models list|show|alias|delete``) and serving
-(``serve KEY@ALIAS --route /digits``) from a shell.
+"""The ``raymodel`` command: the registry (``models list|show|alias|delete``), serving
+(``serve KEY@ALIAS --route /digits``), the training server (``server start|stop|status``)
+and its jobs (``jobs list|show|logs|stop|wait``) from a shell.
 
 The registry is ``RAYMODEL_REGISTRY`` (a folder or URI), else
 ``$RAYMODEL_HOME/registry``; ``--registry URI`` overrides both. Every error
@@ -65,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--replicas", default="1", help="a number, or 'auto'")
     serve.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     serve.set_defaults(handler=_serve)
+    from raymodel.jobs._cli import add_commands
+
+    add_commands(sub)
     return parser
 
 

@@ -122,8 +122,13 @@ class RayModel(ModelHooks):
         return self.postprocess(out)
 
     # ---------------------------------------------------------------- verbs
-    def train(self, settings: "TrainSettings | Mapping[str, Any] | None" = None, *, data: Any = None) -> "TrainResult":
+    def train(self, settings: "TrainSettings | Mapping[str, Any] | None" = None, *, data: Any = None,
+              wait: bool = True) -> "TrainResult":
         """Train on Ray Train workers; afterwards this instance holds the trained weights.
+
+        With ``wait=False`` the run is a job of the training server: an
+        :class:`~raymodel.jobs.Job` is returned at once (``stream()``, ``stop()``,
+        ``wait()``), and the run goes on without the calling process.
 
         Args:
             settings: A :class:`~raymodel.TrainSettings` or a dict of its fields.
@@ -145,13 +150,19 @@ class RayModel(ModelHooks):
             >>> result.metrics["val_acc"]
             0.97
         """
+        if not wait:
+            from raymodel.jobs import submit_train
+
+            return submit_train(self, settings, data)
         from raymodel.train import Trainable
 
         return Trainable(self, settings, data=data).fit()
 
     def tune(self, space: Mapping[str, Any] | None = None, *, settings: "TuneSettings | Mapping[str, Any] | None" = None,
-             data: Any = None, resume: bool = False) -> "TuneResult":
+             data: Any = None, resume: bool = False, wait: bool = True) -> "TuneResult":
         """Search hyperparameters with Ray Tune (ASHA by default); each trial is a ``train()`` run.
+
+        With ``wait=False`` the experiment is a job of the training server (see :meth:`train`).
 
         Afterwards this instance holds the best trial's config and weights.
 
@@ -166,6 +177,10 @@ class RayModel(ModelHooks):
             >>> tuned = model.tune(settings=rm.TuneSettings(num_samples=8, metric="val_loss"), data=data)
             >>> tuned.best_config
         """
+        if not wait:
+            from raymodel.jobs import submit_tune
+
+            return submit_tune(self, space, settings, data, resume)
         from raymodel.tune import Tunable
 
         return Tunable(self, space, settings=settings, data=data, resume=resume).fit()

@@ -5,12 +5,26 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 _QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
+
+
+def _has_token() -> bool:
+    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                or (Path.home() / ".ray" / "auth_token").exists())
+
+
+# Ray's token auth stays on. A client sends its token only in token mode, which Ray turns on by
+# itself for the instances it starts; a process that joins a cluster started with `ray start`
+# (`raymodel server start`) must say so before Ray is imported (Ray reads the mode once; once
+# imported, it is left as Ray decided, which is consistent).
+if "RAY_AUTH_MODE" not in os.environ and "ray" not in sys.modules and _has_token():
+    os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def home() -> str:
@@ -49,8 +63,9 @@ def run_name(prefix: str) -> str:
 def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs: Any) -> None:
     """Start a local Ray instance, or join a cluster, unless Ray is already running.
 
-    ``RAY_ADDRESS`` (or ``address=``) joins a cluster; with neither, a local
-    instance is started (the dashboard stays on: Train V2 needs its state API).
+    ``RAY_ADDRESS`` (or ``address=``) joins a cluster, as does a running
+    ``raymodel server start``; otherwise a local instance is started (the
+    dashboard stays on: Train V2 needs its state API).
     With ``verbose=False`` Ray's own log lines are hidden on the driver.
 
     Args:
@@ -77,8 +92,13 @@ def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs
         "logging_level": logging.INFO if verbose else logging.ERROR,
         "configure_logging": True,
     }
+    if address is None and not os.environ.get("RAY_ADDRESS") and not ray_init_kwargs:
+        from raymodel.jobs._cli import running_server
+
+        address = (running_server() or {}).get("address")  # `raymodel server start` is running: join it
     if address is not None:
         kwargs["address"] = address
+
     kwargs.update(ray_init_kwargs)
     ray.init(**kwargs)
     quiet(verbose)

@@ -100,6 +100,21 @@ def read_bytes(location: str) -> bytes:
         return fh.read()
 
 
+def write_text(location: str, text: str) -> None:
+    """Replace the small file at ``location`` whole (locally a temporary file renamed over it;
+    on an object store one PUT)."""
+    if not is_uri(location):
+        path = local_path(location)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(3).hex()}")
+        staged.write_text(text)
+        os.replace(staged, path)
+        return
+    fs, path = filesystem(location)
+    with fs.open_output_stream(path) as fh:
+        fh.write(text.encode())
+
+
 def upload(source: str | Path, location: str, last: str | None = None) -> str:
     """Copy the folder ``source`` to ``location`` (a URI), the file ``last`` after every other one.
 

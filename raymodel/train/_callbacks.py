@@ -35,3 +35,14 @@ class ProgressCallback(UserCallback):
                 ray.get(self.hub.deliver.remote(row))
             else:
                 self.hub.push.remote(row)
+
+
+class JobRows(UserCallback):
+    """Each report's rank-0 metrics (with ``checkpoint_path``) to the job server, for a job's stream."""
+
+    def __init__(self, server: Any, job_id: str) -> None:
+        self.server, self.job_id = server, job_id
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        if metrics:
+            self.server.push.remote(self.job_id, [{k: v for k, v in metrics[0].items()}])

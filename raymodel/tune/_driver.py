@@ -79,6 +79,8 @@ class Tunable:
         self.resume = resume
         _check_experiment_path(self.path, self.name, resume, named=settings.name is not None)
         self._guard = MetricGuard(self.metric)
+        #: A Tune ``Stopper`` (or stop criteria) for the experiment; a job's stop uses it.
+        self.stop: Any = None
 
     def as_trainable(self) -> Any:
         """A Ray Tune function trainable: each call trains the model with its trial's config."""
@@ -119,7 +121,7 @@ class Tunable:
             reuse_actors=True,
         )
         run_config = tune.RunConfig(name=self.name, storage_path=self.storage, callbacks=callbacks,
-                                    verbose=1 if settings.verbose else 0)
+                                    verbose=1 if settings.verbose else 0, stop=self.stop)
         return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
 
     def fit(self) -> TuneResult:

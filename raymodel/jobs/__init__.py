@@ -1,0 +1,222 @@
+"""Jobs: ``model.train(..., wait=False)`` and ``model.tune(..., wait=False)`` on the training server.
+
+The server is a detached, named Ray actor (``raymodel-job-server``), used if
+running and started if not; any process attached to the same cluster sees
+every job::
+
+    job = model.train(settings, data=data, wait=False)
+    for row in job.stream(): ...
+    job.stop(); result = job.wait()
+    rm.jobs.list(); rm.jobs.get(job_id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any, AsyncIterator, Iterator
+
+from raymodel._internal import runtime, serialization
+from raymodel.exceptions import RayModelError, TrainingError, TuneError
+
+__all__ = ["Job", "list", "get", "server"]
+
+_list = list
+
+
+def server() -> Any:
+    """The training server's actor handle (started, detached, if none is running)."""
+    import ray
+
+    from raymodel.jobs._server import NAME, NAMESPACE, JobServerActor
+
+    runtime.ensure_ray(False)
+    try:
+        return ray.get_actor(NAME, namespace=NAMESPACE)
+    except ValueError:
+        return JobServerActor.options(name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                                      max_concurrency=64).remote(runtime.home())
+
+
+class JobNotFound(RayModelError):
+    """No job with that id on this cluster's server."""
+
+
+class Job:
+    """A handle on a job of the training server; any process attached to the cluster may hold one."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.id, self.kind = record["id"], record["kind"]
+        self._server = server()
+
+    def _record(self) -> dict[str, Any]:
+        import ray
+
+        record = ray.get(self._server.get.remote(self.id))
+        if record is None:
+            raise JobNotFound(f"No job `{self.id}` on this cluster's raymodel server.")
+        return record
+
+    @property
+    def status(self) -> str:
+        """``PENDING`` | ``RUNNING`` | ``SUCCEEDED`` | ``FAILED`` | ``STOPPED``."""
+        return self._record()["status"]
+
+    @property
+    def reason(self) -> str | None:
+        """Why a PENDING job waits (which resource), else ``None``."""
+        return self._record().get("reason")
+
+    @property
+    def resources(self) -> dict[str, float]:
+        """What the job's workers (or running trials) hold now, as Ray assigned it; ``{}`` when not running."""
+        return dict(self._record()["resources"])
+
+    def history(self) -> list[dict[str, Any]]:
+        """The epoch rows so far (tune rows carry ``trial_id``)."""
+        import ray
+
+        return ray.get(self._server.rows.remote(self.id, 0))[0]
+
+    def stream(self, poll_s: float = 0.1) -> "Stream":
+        """Each row as it arrives, from the first; ends when the job ends. Also an async iterator."""
+        return Stream(self, poll_s)
+
+    def logs(self) -> str:
+        """The job's log: submission, start, one line per epoch row, the end and any error."""
+        return "\n".join(self._record()["log"])
+
+    def stop(self) -> None:
+        """Graceful: the current epoch ends on every worker, a checkpoint is written, resources are
+        freed; the job ends STOPPED. A PENDING job is dropped from the queue."""
+        self._server.stop.remote(self.id)
+
+    def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> Any:
+        """The ``TrainResult`` or ``TuneResult`` (the result so far, for a STOPPED job).
+
+        Raises:
+            TimeoutError: the job is not done within ``timeout`` seconds.
+            TrainingError / TuneError: the job FAILED (the message names the worker's exception).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            record = self._record()
+            if record["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+                return _outcome(record)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"Job `{self.id}` is still {record['status']} after {timeout} s.")
+            time.sleep(poll_s)
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id!r}, kind={self.kind!r})"
+
+
+class Stream:
+    """Iterates a job's rows as they arrive (``for row in job.stream()`` or ``async for``)."""
+
+    def __init__(self, job: Job, poll_s: float) -> None:
+        self.job, self.poll_s, self.seen, self.buffer = job, poll_s, 0, _list()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import ray
+
+        while True:
+            rows, status = ray.get(self.job._server.rows.remote(self.job.id, self.seen))
+            self.seen += len(rows)
+            yield from rows
+            if not rows:
+                if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                    return
+                time.sleep(self.poll_s)
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            rows, status = await self.job._server.rows.remote(self.job.id, self.seen)
+            self.seen += len(rows)
+            for row in rows:
+                yield row
+            if not rows:
+                if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                    return
+                await asyncio.sleep(self.poll_s)
+
+
+def _outcome(record: dict[str, Any]) -> Any:
+    if record["status"] == "FAILED":
+        raise (TrainingError if record["kind"] == "train" else TuneError)(
+            f"Job `{record['id']}` failed: {record['error']}")
+    if record.get("result") is None:
+        return None  # stopped before it started
+    if record["kind"] == "train":
+        from raymodel.train import TrainResult
+
+        return TrainResult(**record["result"])
+    from raymodel.tune import TuneResult
+
+    return TuneResult(**record["result"])
+
+
+def list() -> _list[dict[str, Any]]:  # noqa: A001 - rm.jobs.list(), as the contract names it
+    """Every job the server knows (newest last): id, kind, status, reason, model class, times, resources."""
+    import ray
+
+    return ray.get(server().list.remote())
+
+
+def get(job_id: str) -> Job:
+    """The job ``job_id``; :class:`JobNotFound` names the ids that exist when there is none."""
+    import ray
+
+    record = ray.get(server().get.remote(job_id))
+    if record is None:
+        known = [r["id"] for r in list()][-5:]
+        raise JobNotFound(f"No job `{job_id}` on this cluster's raymodel server. "
+                          f"Recent jobs: {', '.join(known) if known else '(none)'}.")
+    return Job(record)
+
+
+def submit_train(model: Any, settings: Any, data: Any) -> Job:
+    """``model.train(..., wait=False)``: every check first (as ``train()``), then the job is queued."""
+    from raymodel.train._driver import _initial_state, prepare
+
+    settings, spec = prepare(model, settings, data)
+    workers = max(settings.num_workers, 1)
+    per = dict(settings.resources_per_worker or {"CPU": 1.0})
+    if settings.use_gpu:
+        per.setdefault("GPU", 1.0)
+    needs = {k: v * workers for k, v in per.items()}
+    payload = {"class": type(model), "config": dict(model.config), "settings": settings, "data": spec,
+               "state": _initial_state(model)}
+    return _submit("train", model, payload, needs, settings, settings.num_epochs)
+
+
+def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) -> Job:
+    """``model.tune(..., wait=False)``: checked as ``tune()`` checks, then queued."""
+    from raymodel.tune import Tunable
+    from raymodel.tune._trial import PLACEMENT_FIELDS, trial_resources
+
+    tunable = Tunable(model, space, settings=settings, data=data, resume=resume)  # every check, no Ray yet
+    ts = tunable.train_settings
+    trial = trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS})
+    if ts.num_workers > 1:
+        per = dict(ts.resources_per_worker or {"CPU": 1.0})
+        for k, v in per.items():
+            trial[k] = trial.get(k, 0.0) + v * ts.num_workers
+    settings = dataclasses.replace(tunable.settings, name=tunable.name)
+    payload = {"class": type(model), "config": dict(model.config), "settings": settings, "data": tunable.spec,
+               "space": tunable.space, "resume": resume}
+    return _submit("tune", model, payload, trial, settings, tunable.settings.max_epochs)
+
+
+def _submit(kind: str, model: Any, payload: dict[str, Any], needs: dict[str, float], settings: Any,
+            epochs: int) -> Job:
+    import ray
+
+    callbacks = [*(getattr(settings, "callbacks", ()) or ()),
+                 *(getattr(getattr(settings, "train", None), "callbacks", ()) or ())]
+    blob = serialization.dumps(payload, type(model), *callbacks)
+    info = {"needs": needs, "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "settings": repr(settings), "epochs": epochs}
+    record = ray.get(server().submit.remote(kind, blob, info))
+    return Job(record)

@@ -1,0 +1,210 @@
+"""``raymodel server start|stop|status`` and ``raymodel jobs list|show|logs|stop|wait``.
+
+``server start`` runs a persistent local Ray head (``ray start --head``) plus
+the training server, and writes where it is to ``$RAYMODEL_SERVER_FILE``
+(default ``~/.raymodel/server.json``); ``rm.init()`` and the ``jobs``
+commands in any process then attach to it (``RAY_ADDRESS`` overrides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from raymodel.exceptions import RayModelError
+
+
+def add_commands(sub: Any) -> None:
+    srv = sub.add_parser("server", help="the training server: a persistent local Ray head plus the job server")
+    srv_sub = srv.add_subparsers(dest="command", required=True)
+    start = srv_sub.add_parser("start", help="start a local Ray head and the job server")
+    start.add_argument("--port", type=int, default=6379, help="the Ray head's port (default 6379)")
+    start.add_argument("--dashboard-port", type=int, default=8265)
+    start.add_argument("--num-cpus", type=int, help="CPUs to offer (default: all)")
+    start.set_defaults(handler=_server_start)
+    srv_sub.add_parser("stop", help="stop the job server and the Ray head it runs on").set_defaults(
+        handler=_server_stop)
+    srv_sub.add_parser("status", help="where the server runs, and its jobs by status").set_defaults(
+        handler=_server_status)
+
+    jobs = sub.add_parser("jobs", help="train and tune jobs").add_subparsers(dest="command", required=True)
+    jobs.add_parser("list", help="every job").set_defaults(handler=_jobs_list)
+    for name, handler, text in (("show", _jobs_show, "a job's record"), ("stop", _jobs_stop, "stop a job"),
+                                ("wait", _jobs_wait, "wait until a job ends; exit 1 if it failed")):
+        cmd = jobs.add_parser(name, help=text)
+        cmd.add_argument("id")
+        cmd.set_defaults(handler=handler)
+    logs = jobs.add_parser("logs", help="a job's log")
+    logs.add_argument("id")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    logs.set_defaults(handler=_jobs_logs)
+
+
+def server_file() -> Path:
+    return Path(os.environ.get("RAYMODEL_SERVER_FILE") or Path.home() / ".raymodel" / "server.json")
+
+
+def running_server() -> dict[str, Any] | None:
+    """What ``server start`` wrote, if that head is still up."""
+    try:
+        info = json.loads(server_file().read_text())
+    except (OSError, ValueError):
+        return None
+    return info if _alive(info.get("gcs_pid", -1)) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return pid > 0
+    except (ProcessLookupError, PermissionError, OverflowError):
+        return False
+
+
+def _processes(marker: str) -> list[int]:
+    """Process ids whose command line holds ``marker`` (``ps``: Linux and macOS)."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [int(line.split(None, 1)[0]) for line in out.splitlines()
+            if marker in line and line.split(None, 1)[0].isdigit()]
+
+
+def _attach() -> None:
+    """Join the cluster of ``RAY_ADDRESS`` or of ``raymodel server start``; never start a new one."""
+    import raymodel as rm
+
+    address = os.environ.get("RAY_ADDRESS") or (running_server() or {}).get("address")
+    if not address:
+        raise RayModelError("No raymodel server is running: start one with `raymodel server start` "
+                            "(or set RAY_ADDRESS to a cluster).")
+    rm.init(address=address)
+
+
+def _server_start(args: argparse.Namespace) -> None:
+    if running_server():
+        print(f"a raymodel server is already running at {running_server()['address']}")
+        return
+    ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
+    temp_dir = f"/tmp/rms-{args.port}"  # short: Ray's socket paths must fit in 107 bytes
+    cmd = [ray_bin, "start", "--head", "--port", str(args.port), "--dashboard-host", "127.0.0.1",
+           "--dashboard-port", str(args.dashboard_port), "--temp-dir", temp_dir, "--disable-usage-stats"]
+    if args.num_cpus is not None:
+        cmd += ["--num-cpus", str(args.num_cpus)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RayModelError(f"`ray start` failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
+    address = f"127.0.0.1:{args.port}"
+    gcs = [pid for pid in _processes(temp_dir) if pid in _processes("gcs_server")]
+    import ray
+
+    import raymodel as rm
+    from raymodel import jobs
+
+    rm.init(address=address)
+    ray.get(jobs.server().list.remote())  # started and answering
+    server_file().parent.mkdir(parents=True, exist_ok=True)
+    server_file().write_text(json.dumps({"address": address, "temp_dir": temp_dir, "gcs_pid": gcs[0] if gcs else -1,
+                                         "started": time.time()}))
+    print(f"raymodel server running at {address}; attach with rm.init() or RAY_ADDRESS={address}")
+
+
+def _server_stop(args: argparse.Namespace) -> None:
+    import signal
+
+    info = running_server()
+    if info is None:
+        print("no raymodel server is running")
+        return
+    for pid in _processes(info["temp_dir"]):  # only this head's processes, not other Ray instances
+        if pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    server_file().unlink(missing_ok=True)
+    time.sleep(0.5)
+    shutil.rmtree(info["temp_dir"], ignore_errors=True)
+    print(f"stopped the raymodel server at {info['address']}")
+
+
+def _server_status(args: argparse.Namespace) -> int:
+    info = running_server()
+    if info is None:
+        print("no raymodel server is running")
+        return 1
+    _attach()
+    from raymodel import jobs
+
+    counts: dict[str, int] = {}
+    for record in jobs.list():
+        counts[record["status"]] = counts.get(record["status"], 0) + 1
+    print(f"raymodel server at {info['address']}; jobs: "
+          + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
+    return 0
+
+
+def _jobs_list(args: argparse.Namespace) -> None:
+    _attach()
+    from raymodel import jobs
+
+    rows = [["ID", "KIND", "STATUS", "MODEL", "EPOCHS", "RESOURCES"]]
+    for r in jobs.list():
+        rows.append([r["id"], r["kind"], r["status"] + (f" ({r['reason']})" if r.get("reason") else ""),
+                     r["model_class"].rsplit(".", 1)[-1], str(r.get("epochs") or "-"),
+                     ", ".join(f"{v:g} {k}" for k, v in r["resources"].items()) or "-"])
+    if len(rows) == 1:
+        print("(no jobs)")
+        return
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _jobs_show(args: argparse.Namespace) -> None:
+    _attach()
+    from raymodel import jobs
+
+    job = jobs.get(args.id)
+    record = {**job._record(), "history_rows": len(job.history())}
+    record.pop("log", None)
+    print(json.dumps(record, indent=2, default=str))
+
+
+def _jobs_stop(args: argparse.Namespace) -> None:
+    _attach()
+    from raymodel import jobs
+
+    jobs.get(args.id).stop()
+    print(f"stopping {args.id}")
+
+
+def _jobs_wait(args: argparse.Namespace) -> int:
+    _attach()
+    from raymodel import jobs
+
+    job = jobs.get(args.id)
+    result = job.wait()
+    print(f"{args.id} {job.status}" + (f": {result!r}" if result is not None else ""))
+    return 0
+
+
+def _jobs_logs(args: argparse.Namespace) -> None:
+    _attach()
+    from raymodel import jobs
+
+    job = jobs.get(args.id)
+    shown = 0
+    while True:
+        lines = job.logs().splitlines()
+        for line in lines[shown:]:
+            print(line, flush=True)
+        shown = len(lines)
+        if not args.follow or job.status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return
+        time.sleep(0.5)

@@ -1,0 +1,107 @@
+"""Inside a job's runner actor: the blocking verb, with the job's rows, stop and resources wired in."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ray
+from ray import tune
+
+from raymodel._internal import serialization, tmp
+from raymodel.hooks import Callback
+
+
+def run_job(runner: Any, kind: str, payload: bytes) -> dict[str, Any]:
+    from raymodel.jobs._server import NAME, NAMESPACE
+
+    job = serialization.loads(payload)
+    server = ray.get_actor(NAME, namespace=NAMESPACE)
+    me = ray.get_runtime_context().current_actor
+    model = job["class"](config=job["config"])
+    _restore_state(model, job.get("state"))
+    if kind == "train":
+        from raymodel.train import Trainable
+        from raymodel.train._callbacks import JobRows
+
+        settings = dataclasses.replace(job["settings"], progress=False,
+                                       callbacks=[*job["settings"].callbacks, JobControl(me)])
+        result = Trainable(model, settings, data=job["data"], callbacks=[JobRows(server, runner.job_id)]).fit()
+    else:
+        from raymodel.tune import Tunable
+
+        _RUNNERS[runner.job_id] = runner
+        settings = dataclasses.replace(job["settings"], progress=False,
+                                       callbacks=[*job["settings"].callbacks, JobTrials(server, runner.job_id)])
+        tunable = Tunable(model, job["space"], settings=settings, data=job["data"], resume=job["resume"])
+        tunable.stop = JobStopper(runner.job_id)
+        result = tunable.fit()
+    return dataclasses.asdict(result)
+
+
+def _restore_state(model: Any, files: dict[str, bytes] | None) -> None:
+    """The submitting instance's weights (``Trainable``'s initial state), when it had any."""
+    if not files:
+        return
+    model.ensure_setup()
+    with tmp.tempdir("job-state") as staging:
+        for rel, data in files.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        model.backend.set_state(model, model.backend.read_state(model, staging))
+
+
+class JobControl(Callback):
+    """On every training worker: tells the runner what Ray assigned it, and ends the run at the
+    end of an epoch once the job is stopped (the stop vote; a checkpoint is written)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def before_fit(self) -> None:
+        assigned = ray.get_runtime_context().get_assigned_resources()
+        self.runner.holds.remote(f"worker-{self.context.rank}", assigned)
+
+    def after_epoch(self, epoch: int, metrics: dict[str, Any]) -> None:
+        if self.context.rank == 0 and ray.get(self.runner.stopping.remote()):
+            self.context.should_stop = True
+
+
+#: The runner of each job running in this process. Tune pickles its callbacks and stopper: they
+#: hold the job's id and the server's handle, and find the runner here.
+_RUNNERS: dict[str, Any] = {}
+_TUNE_KEYS = ("training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "pid", "done",
+              "time_since_restore", "iterations_since_restore")
+
+
+class JobTrials(tune.Callback):
+    """Each trial's rows (with ``trial_id``) to the server; what running trials hold."""
+
+    def __init__(self, server: Any, job_id: str) -> None:
+        self.server, self.job_id = server, job_id
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        _RUNNERS[self.job_id].holds(trial.trial_id, dict(trial.placement_group_factory.required_resources))
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        row = {k: v for k, v in result.items() if k not in _TUNE_KEYS and isinstance(v, (int, float))}
+        self.server.push.remote(self.job_id, [dict(row, trial_id=trial.trial_id)])
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        _RUNNERS[self.job_id].holds(trial.trial_id, {})
+
+    on_trial_error = on_trial_complete
+
+
+class JobStopper(tune.Stopper):
+    """Stops every trial once the job is stopped; Tune keeps what they reported."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return self.stop_all()
+
+    def stop_all(self) -> bool:
+        return _RUNNERS[self.job_id].stop_event.is_set()

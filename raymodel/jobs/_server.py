@@ -1,0 +1,270 @@
+"""The training server: a detached, named Ray actor that owns the job records and runs each job.
+
+Each job runs in its own ``JobRunner`` actor (no resources of its own; the
+run's workers or trials hold them), which calls the blocking verb
+(``Trainable.fit`` or ``Tunable.fit``) exactly as ``model.train()`` and
+``model.tune()`` do, and pushes every epoch row to the server. The server
+starts a PENDING job once the cluster's free resources fit what it needs,
+keeps each record under ``$RAYMODEL_HOME/jobs/<id>.json`` (any storage URI),
+and on start marks every job a previous server left unfinished as FAILED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import traceback
+from typing import Any
+
+import ray
+
+from raymodel._internal import runtime, storage
+
+NAME, NAMESPACE = "raymodel-job-server", "raymodel"
+ACTIVE, DONE = ("PENDING", "RUNNING"), ("SUCCEEDED", "FAILED", "STOPPED")
+_LOG_LINES = 200
+
+
+def jobs_root() -> str:
+    return runtime.home_path("jobs")
+
+
+def fits(needs: dict[str, float], free: dict[str, float]) -> str | None:
+    """``None`` when ``needs`` fits ``free``, else the reason (which resource it waits for)."""
+    for name, amount in sorted(needs.items()):
+        have = free.get(name, 0.0)
+        if amount > have + 1e-9:
+            return f"waiting for {name}: needs {amount:g}, {have:g} free"
+    return None
+
+
+class JobServer:
+    """Job records, a FIFO queue, and one runner actor per running job."""
+
+    def __init__(self, home: str) -> None:
+        os.environ["RAYMODEL_HOME"] = home  # records and runs go where the first client's home is
+        self.records: dict[str, dict[str, Any]] = {}
+        self.payloads: dict[str, bytes] = {}
+        self.runners: dict[str, Any] = {}
+        self.done_refs: dict[Any, str] = {}
+        self.lock = threading.RLock()
+        self._recover()
+        threading.Thread(target=self._loop, name="raymodel-jobs", daemon=True).start()
+
+    # ------------------------------------------------------------- clients
+    def submit(self, kind: str, payload: bytes, info: dict[str, Any]) -> dict[str, Any]:
+        job_id = f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
+        needs = dict(info["needs"])
+        record = {"id": job_id, "kind": kind, "status": "PENDING", "reason": "queued", "needs": needs,
+                  "model_class": info["model_class"], "settings": info["settings"], "submitted": time.time(),
+                  "started": None, "ended": None, "history": [], "result": None, "error": None, "log": [],
+                  "epochs": info.get("epochs"), "resources": {}}
+        total = {k: float(v) for k, v in ray.cluster_resources().items()}
+        never = fits(needs, total)
+        with self.lock:
+            self.records[job_id] = record
+            if never is not None:
+                self._finish(job_id, "FAILED", error=f"The job can never run on this cluster: it needs "
+                             f"{_show(needs)}, and the whole cluster has {_show(total, needs)}.")
+            else:
+                self.payloads[job_id] = payload
+                self._log(job_id, f"submitted; needs {_show(needs)}")
+                self._save(job_id)
+        self._schedule()
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        with self.lock:
+            record = self.records.get(job_id)
+            return None if record is None else {k: v for k, v in record.items() if k != "history"}
+
+    def list(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [{k: v for k, v in r.items() if k not in ("history", "log", "result")}
+                    for r in sorted(self.records.values(), key=lambda r: r["submitted"])]
+
+    def rows(self, job_id: str, start: int = 0) -> tuple[list[dict[str, Any]], str]:
+        with self.lock:
+            record = self.records[job_id]
+            return record["history"][start:], record["status"]
+
+    def stop(self, job_id: str) -> str:
+        with self.lock:
+            record = self.records.get(job_id)
+            if record is None:
+                return "missing"
+            if record["status"] == "PENDING":
+                self.payloads.pop(job_id, None)
+                self._finish(job_id, "STOPPED", result=None)
+            elif record["status"] == "RUNNING":
+                record["stopping"] = True
+                self._log(job_id, "stop requested: the current epoch ends, a checkpoint is written")
+                self.runners[job_id].stop.remote()
+            return record["status"]
+
+    # ---------------------------------------------------------- from runners
+    def push(self, job_id: str, rows: list[dict[str, Any]]) -> None:
+        with self.lock:
+            record = self.records[job_id]
+            record["history"].extend(rows)
+            for row in rows:
+                shown = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "epoch"}
+                where = f"trial {row['trial_id']} " if "trial_id" in row else ""
+                self._log(job_id, f"{where}epoch {row.get('epoch')}: "
+                          + "  ".join(f"{k} {v:.4g}" for k, v in sorted(shown.items())))
+            self._save(job_id)
+
+    def hold(self, job_id: str, resources: dict[str, float]) -> None:
+        """What the job's workers or trials hold now (as Ray assigned it to them)."""
+        with self.lock:
+            if self.records[job_id]["status"] == "RUNNING":
+                self.records[job_id]["resources"] = {k: round(v, 6) for k, v in resources.items() if v}
+
+    # ------------------------------------------------------------ internals
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._reap(timeout=0.25)
+                self._schedule()
+            except Exception:  # noqa: BLE001 - the loop must outlive any one failure
+                traceback.print_exc()
+                time.sleep(0.5)
+
+    def _schedule(self) -> None:
+        with self.lock:
+            pending = sorted((r for r in self.records.values() if r["status"] == "PENDING"),
+                             key=lambda r: r["submitted"])
+            if not pending:
+                return
+            total = {k: float(v) for k, v in ray.cluster_resources().items()}
+            available = {k: float(v) for k, v in ray.available_resources().items()}
+            held = {}
+            for r in self.records.values():  # started jobs whose workers may not hold their share yet
+                if r["status"] == "RUNNING":
+                    for k, v in r["needs"].items():
+                        held[k] = held.get(k, 0.0) + v
+            free = {k: min(available.get(k, 0.0), total[k] - held.get(k, 0.0)) for k in total}
+            for record in pending:
+                reason = fits(record["needs"], free)
+                if reason is not None:
+                    record["reason"] = reason
+                    break  # first in, first out: a small job does not overtake a waiting big one
+                for k, v in record["needs"].items():
+                    free[k] = free.get(k, 0.0) - v
+                self._launch(record)
+
+    def _launch(self, record: dict[str, Any]) -> None:
+        job_id = record["id"]
+        runner = JobRunnerActor.options(name=f"raymodel-job-{job_id}", namespace=NAMESPACE,
+                                        max_concurrency=8).remote(job_id)
+        self.runners[job_id] = runner
+        self.done_refs[runner.run.remote(record["kind"], self.payloads.pop(job_id))] = job_id
+        record.update(status="RUNNING", reason=None, started=time.time(), resources=dict(record["needs"]))
+        self._log(job_id, "started")
+        self._save(job_id)
+
+    def _reap(self, timeout: float) -> None:
+        refs = list(self.done_refs)
+        if not refs:
+            time.sleep(timeout)
+            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for ref in ready:
+            job_id = self.done_refs.pop(ref)
+            try:
+                outcome = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - the runner itself died
+                outcome = {"error": f"The job's runner died: {exc}"}
+            with self.lock:
+                stopped = self.records[job_id].get("stopping")
+                if outcome.get("error"):
+                    self._finish(job_id, "FAILED", error=outcome["error"], detail=outcome.get("traceback"))
+                else:
+                    self._finish(job_id, "STOPPED" if stopped else "SUCCEEDED", result=outcome["result"])
+                runner = self.runners.pop(job_id, None)
+            if runner is not None:
+                ray.kill(runner)
+
+    def _finish(self, job_id: str, status: str, result: Any = None, error: str | None = None,
+                detail: str | None = None) -> None:
+        record = self.records[job_id]
+        record.update(status=status, ended=time.time(), reason=None, resources={}, result=result, error=error)
+        self._log(job_id, status.lower() + (f": {error}" if error else ""))
+        if detail:
+            for line in detail.rstrip().splitlines()[-20:]:
+                self._log(job_id, line)
+        self._save(job_id)
+
+    def _log(self, job_id: str, line: str) -> None:
+        log = self.records[job_id]["log"]
+        log.append(f"{time.strftime('%H:%M:%S')} {line}")
+        del log[:-_LOG_LINES]
+
+    def _save(self, job_id: str) -> None:
+        record = {k: v for k, v in self.records[job_id].items() if k != "stopping"}
+        storage.write_text(storage.join(jobs_root(), f"{job_id}.json"), json.dumps(record, default=repr))
+
+    def _recover(self) -> None:
+        """Load the records; a job a previous server left PENDING or RUNNING was lost with it."""
+        root = jobs_root()
+        for name in storage.listdir(root):
+            if not name.endswith(".json"):
+                continue
+            try:
+                record = json.loads(storage.read_bytes(storage.join(root, name)))
+            except (OSError, ValueError):
+                continue
+            self.records[record["id"]] = record
+            if record["status"] in ACTIVE:
+                self._finish(record["id"], "FAILED", error=f"The job server restarted while the job was "
+                             f"{record['status']}; the job was lost. Submit it again.")
+
+
+def _show(resources: dict[str, float], only: dict[str, float] | None = None) -> str:
+    keys = sorted(only or resources)
+    return ", ".join(f"{resources.get(k, 0.0):g} {k}" for k in keys) or "nothing"
+
+
+JobServerActor = ray.remote(num_cpus=0)(JobServer)
+
+
+class JobRunner:
+    """Runs one job: the blocking verb, in this actor, rows and resources pushed to the server."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.stop_event = threading.Event()
+        self.held: dict[str, dict[str, float]] = {}
+        self.lock = threading.Lock()
+
+    def run(self, kind: str, payload: bytes) -> dict[str, Any]:
+        from raymodel.jobs._run import run_job
+
+        try:
+            return {"result": run_job(self, kind, payload)}
+        except BaseException as exc:  # noqa: BLE001 - reported as the job's error
+            return {"error": str(exc) or type(exc).__name__, "traceback": traceback.format_exc()}
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def stopping(self) -> bool:
+        return self.stop_event.is_set()
+
+    def holds(self, key: str, resources: dict[str, float]) -> None:
+        """``key`` (a worker or a trial) holds ``resources`` now (``{}``: nothing any more)."""
+        with self.lock:
+            if resources:
+                self.held[key] = dict(resources)
+            else:
+                self.held.pop(key, None)
+            total: dict[str, float] = {}
+            for held in self.held.values():
+                for name, amount in held.items():
+                    total[name] = total.get(name, 0.0) + float(amount)
+        ray.get_actor(NAME, namespace=NAMESPACE).hold.remote(self.job_id, total)
+
+
+JobRunnerActor = ray.remote(num_cpus=0)(JobRunner)

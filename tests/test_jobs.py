@@ -1,0 +1,173 @@
+"""The training server: jobs that run without the caller, on the session's real Ray."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from models import TinyNet
+
+import raymodel as rm
+from raymodel.exceptions import TrainingError
+
+TESTS = str(Path(__file__).parent)
+PYTHON = sys.executable
+
+
+@pytest.fixture(scope="module")
+def data(tiny):
+    X, y = tiny
+    return rm.data.from_numpy(np.tile(X, (4, 1)), np.tile(y, 4), valid_fraction=0.25)
+
+
+def _until(check, timeout=90.0, every=0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("timed out waiting")
+
+
+def _free_cpus(ray):
+    return ray.available_resources().get("CPU", 0.0)
+
+
+@pytest.mark.integration
+def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_back(ray_session, data):
+    baseline = _free_cpus(ray_session)
+    start = time.monotonic()
+    job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=data, wait=False)
+    assert time.monotonic() - start < 5 and job.kind == "train"
+    assert job.status in ("PENDING", "RUNNING")
+    epochs = []
+    for row in job.stream():
+        epochs.append(row["epoch"])
+        if len(epochs) == 2:
+            break
+    assert epochs == [1, 2]
+    assert job.resources == {"CPU": 1.0}  # as Ray assigned it to the worker
+    job.stop()
+    result = job.wait(timeout=120)
+    assert job.status == "STOPPED" and 2 <= len(result.history) < 200
+    assert [row["epoch"] for row in result.history] == list(range(1, len(result.history) + 1))
+    again = rm.RayModel.from_checkpoint(result.checkpoint)
+    assert isinstance(again, TinyNet)
+    assert _until(lambda: _free_cpus(ray_session) == baseline), "the job's CPUs were not given back"
+    assert job.resources == {} and "stopped" in job.logs()
+    assert job.id in [r["id"] for r in rm.jobs.list()]
+
+
+@pytest.mark.integration
+def test_jobs_that_fit_run_together_and_one_that_does_not_waits_then_runs(ray_session, data):
+    one = {"num_workers": 1, "num_epochs": 200, "progress": False}
+    a = TinyNet().train(one, data=data, wait=False)
+    b = TinyNet().train(one, data=data, wait=False)
+    big = TinyNet().train({"num_workers": 2, "num_epochs": 2, "progress": False}, data=data, wait=False)
+    _until(lambda: len(a.history()) >= 1 and len(b.history()) >= 1)  # both train at the same time
+    assert a.status == b.status == "RUNNING"
+    assert big.status == "PENDING" and big.reason.startswith("waiting for CPU: needs 2")
+    a.stop(), b.stop()
+    result = big.wait(timeout=240)
+    assert big.status == "SUCCEEDED" and [r["epoch"] for r in result.history] == [1, 2]
+    assert a.status == b.status == "STOPPED"
+
+    never = TinyNet().train({"num_workers": 8, "num_epochs": 1, "progress": False}, data=data, wait=False)
+    assert never.status == "FAILED"
+    with pytest.raises(TrainingError, match="can never run on this cluster: it needs 8 CPU"):
+        never.wait()
+
+
+@pytest.mark.integration
+def test_a_stopped_tune_job_stops_every_trial_and_keeps_the_best_so_far(ray_session, data):
+    job = TinyNet().tune({"lr": rm.tune.grid_search([0.01, 0.02])}, data=data, wait=False, settings={
+        "num_samples": 1, "max_epochs": 200, "scheduler": "fifo", "progress": False,
+        "train": {"resources_per_worker": {"CPU": 0.95}, "progress": False}})
+    assert job.kind == "tune"
+    seen = set()
+    for row in job.stream():
+        seen.add(row["trial_id"])
+        if len(seen) == 2 and row["epoch"] >= 2:
+            break
+    job.stop()
+    result = job.wait(timeout=180)
+    assert job.status == "STOPPED" and result.num_trials == 2
+    assert all(2 <= t["epochs"] < 200 for t in result.trials)
+    assert rm.RayModel.from_checkpoint(result.best_checkpoint).config["lr"] == result.best_config["lr"]
+    assert _until(lambda: _free_cpus(ray_session) == 2.0)
+
+
+class Exploding(TinyNet):
+    def train_step(self, batch):
+        raise RuntimeError("the loss exploded")
+
+
+@pytest.mark.integration
+def test_a_failed_job_raises_the_workers_own_error(ray_session, data):
+    job = Exploding().train({"num_workers": 1, "num_epochs": 2, "progress": False}, data=data, wait=False)
+    with pytest.raises(TrainingError, match="RuntimeError: the loss exploded"):
+        job.wait(timeout=120)
+    assert job.status == "FAILED"
+
+
+@pytest.mark.integration
+def test_a_job_lost_with_its_server_is_failed_not_left_running(ray_session, data):
+    from raymodel.jobs._server import NAME, NAMESPACE
+
+    job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=data, wait=False)
+    _until(lambda: job.history())
+    ray_session.kill(ray_session.get_actor(NAME, namespace=NAMESPACE))
+    again = rm.jobs.get(job.id)  # a new server, from the records on disk
+    assert again.status == "FAILED" and "server restarted" in again._record()["error"]
+    assert _until(lambda: _free_cpus(ray_session) == 2.0), "the lost job's workers still hold CPUs"
+
+
+SUBMIT = """
+import sys
+sys.path.insert(0, {tests!r})
+import numpy as np, raymodel as rm
+from models import TinyNet
+rng = np.random.default_rng(0)
+X = rng.normal(size=(32, 4)).astype(np.float32)
+rm.init()  # attaches to `raymodel server start`
+job = TinyNet().train({{"num_workers": 1, "num_epochs": 3, "progress": False}},
+                      data=rm.data.from_numpy(X, (X[:, 0] > 0).astype(np.int64)), wait=False)
+print(job.id)
+"""
+
+
+@pytest.mark.integration
+def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start(tmp_path):
+    from s3server import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHONBREAKPOINT"))}
+    env.update({"RAYMODEL_SERVER_FILE": str(tmp_path / "server.json"), "RAYMODEL_HOME": str(tmp_path / "home")})
+    cli = [PYTHON, "-m", "raymodel.cli"]
+    run = lambda *a, **kw: subprocess.run([*cli, *a], env=env, capture_output=True, text=True, timeout=300, **kw)  # noqa: E731
+    try:
+        started = run("server", "start", "--port", str(free_port()), "--dashboard-port", str(free_port()),
+                      "--num-cpus", "2")
+        assert started.returncode == 0, started.stderr[-2000:]
+        submitted = subprocess.run([PYTHON, "-c", SUBMIT.format(tests=TESTS)], env=env, capture_output=True,
+                                   text=True, timeout=300)
+        assert submitted.returncode == 0, submitted.stderr[-2000:]
+        job_id = submitted.stdout.strip().splitlines()[-1]  # the submitter has exited
+        waited = run("jobs", "wait", job_id)
+        assert waited.returncode == 0 and f"{job_id} SUCCEEDED" in waited.stdout, waited.stderr[-2000:]
+        listed = run("jobs", "list")
+        assert job_id in listed.stdout and "SUCCEEDED" in listed.stdout
+        logs = run("jobs", "logs", job_id)
+        assert "epoch 3" in logs.stdout
+        missing = run("jobs", "show", "no-such-job")
+        assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "No job `no-such-job`" in missing.stderr
+        assert (tmp_path / "home" / "jobs" / f"{job_id}.json").exists()  # the record outlives everyone
+    finally:
+        stopped = run("server", "stop")
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    assert run("jobs", "list").returncode == 1  # no server: one line, exit 1
