@@ -50,6 +50,7 @@ class JobServer:
         self.runners: dict[str, Any] = {}
         self.done_refs: dict[Any, str] = {}
         self.lock = threading.RLock()
+        self.spare: Any = _new_runner()
         self._recover()
         threading.Thread(target=self._loop, name="raymodel-jobs", daemon=True).start()
 
@@ -157,10 +158,9 @@ class JobServer:
 
     def _launch(self, record: dict[str, Any]) -> None:
         job_id = record["id"]
-        runner = JobRunnerActor.options(name=f"raymodel-job-{job_id}", namespace=NAMESPACE,
-                                        max_concurrency=8).remote(job_id)
+        runner, self.spare = self.spare or _new_runner(), None  # a warm process: no start-up, imports done
         self.runners[job_id] = runner
-        self.done_refs[runner.run.remote(record["kind"], self.payloads.pop(job_id))] = job_id
+        self.done_refs[runner.run.remote(job_id, record["kind"], self.payloads.pop(job_id))] = job_id
         record.update(status="RUNNING", reason=None, started=time.time(), resources=dict(record["needs"]))
         self._log(job_id, "started")
         self._save(job_id)
@@ -185,7 +185,10 @@ class JobServer:
                     self._finish(job_id, "STOPPED" if stopped else "SUCCEEDED", result=outcome["result"])
                 runner = self.runners.pop(job_id, None)
             if runner is not None:
-                ray.kill(runner)
+                with self.lock:  # the finished job's process waits for the next job (its imports done)
+                    runner, self.spare = (runner, None) if self.spare is not None else (None, runner)
+                if runner is not None:
+                    ray.kill(runner)
 
     def _finish(self, job_id: str, status: str, result: Any = None, error: str | None = None,
                 detail: str | None = None) -> None:
@@ -230,18 +233,34 @@ def _show(resources: dict[str, float], only: dict[str, float] | None = None) -> 
 JobServerActor = ray.remote(num_cpus=0)(JobServer)
 
 
-class JobRunner:
-    """Runs one job: the blocking verb, in this actor, rows and resources pushed to the server."""
+def _new_runner() -> Any:
+    runner = JobRunnerActor.options(namespace=NAMESPACE, max_concurrency=8).remote()
+    runner.warm.remote()
+    return runner
 
-    def __init__(self, job_id: str) -> None:
-        self.job_id = job_id
+
+class JobRunner:
+    """Runs a job at a time: the blocking verb, in this actor, rows and resources pushed to the server."""
+
+    def __init__(self) -> None:
+        self.job_id = ""
         self.stop_event = threading.Event()
         self.held: dict[str, dict[str, float]] = {}
         self.lock = threading.Lock()
 
-    def run(self, kind: str, payload: bytes) -> dict[str, Any]:
+    def warm(self) -> None:
+        """Import what every job needs before one arrives."""
+        import raymodel.jobs._run  # noqa: F401
+        import raymodel.train._driver  # noqa: F401
+        import raymodel.tune  # noqa: F401
+
+    def run(self, job_id: str, kind: str, payload: bytes) -> dict[str, Any]:
         from raymodel.jobs._run import run_job
 
+        self.job_id = job_id
+        self.stop_event.clear()
+        with self.lock:
+            self.held.clear()
         try:
             return {"result": run_job(self, kind, payload)}
         except BaseException as exc:  # noqa: BLE001 - reported as the job's error
