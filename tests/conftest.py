@@ -41,6 +41,15 @@ def ray_session(raymodel_home: Path):
     ray.shutdown()
 
 
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    """An empty registry of the test's own (``RAYMODEL_REGISTRY``)."""
+    import raymodel as rm
+
+    monkeypatch.setenv("RAYMODEL_REGISTRY", str(tmp_path / "registry"))
+    return rm.registry.open()
+
+
 @pytest.fixture(scope="module")
 def digits():
     from sklearn.datasets import load_digits

@@ -23,12 +23,6 @@ PYTHON = sys.executable
 TESTS = str(Path(__file__).parent)
 
 
-@pytest.fixture
-def registry(tmp_path, monkeypatch):
-    monkeypatch.setenv("RAYMODEL_REGISTRY", str(tmp_path / "registry"))
-    return rm.registry.open()
-
-
 def _model(seed: int) -> TinyNet:
     import torch
 

@@ -270,6 +270,16 @@ def load_class(directory: str | Path, manifest: dict[str, Any]) -> tuple[type, d
     return payload["class"], payload["config"]
 
 
+def state_from_files(model: Any, files: dict[str, bytes]) -> dict[str, Any]:
+    """The backend state held in ``files`` (``{relative path: bytes}`` of a state folder)."""
+    with tmp.tempdir("state") as staging:
+        for rel, data in files.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        return model.backend.read_state(model, staging)
+
+
 @contextlib.contextmanager
 def local_copy(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a local directory for ``path``, downloading it first when it is a URI."""

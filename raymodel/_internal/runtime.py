@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -54,6 +55,27 @@ def runs_root() -> str:
     return str(path)
 
 
+def server_file() -> Path:
+    return Path(os.environ.get("RAYMODEL_SERVER_FILE") or Path.home() / ".raymodel" / "server.json")
+
+
+def running_server() -> dict[str, Any] | None:
+    """What ``raymodel server start`` wrote, if that head is still up."""
+    try:
+        info = json.loads(server_file().read_text())
+    except (OSError, ValueError):
+        return None
+    return info if _alive(info.get("gcs_pid", -1)) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return pid > 0
+    except (ProcessLookupError, PermissionError, OverflowError):
+        return False
+
+
 def run_name(prefix: str) -> str:
     """A unique, readable run name: ``DigitsNet-2026-11-21_12-05-10-4f3a``."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", prefix)
@@ -93,8 +115,6 @@ def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs
         "configure_logging": True,
     }
     if address is None and not os.environ.get("RAY_ADDRESS") and not ray_init_kwargs:
-        from raymodel.jobs._cli import running_server
-
         address = (running_server() or {}).get("address")  # `raymodel server start` is running: join it
     if address is not None:
         kwargs["address"] = address

@@ -270,12 +270,7 @@ class WorkerRun:
             raise CheckpointError(f"Cannot resume from `{self.info['resume_from']}`: it is not a complete "
                                   "checkpoint any more (was it deleted, e.g. by `keep_checkpoints`?).")
         if self.initial_state:
-            with tmp.tempdir("init") as staging:
-                for rel, data in self.initial_state.items():
-                    path = staging / rel
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(data)
-                state = self.backend.read_state(self.model, staging)
+            state = ckpt.state_from_files(self.model, self.initial_state)
             self.backend.set_state(self.model, state)
             await self.hooks.call("on_load_checkpoint", state)
 

@@ -10,8 +10,6 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-import numpy as np
-
 from raymodel.backends.base import Backend, rows_of, to_jsonable
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel

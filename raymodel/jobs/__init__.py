@@ -181,11 +181,10 @@ def submit_train(model: Any, settings: Any, data: Any) -> Job:
     from raymodel.train._driver import _initial_state, prepare
 
     settings, spec = prepare(model, settings, data)
+    from raymodel.tune._trial import worker_resources
+
     workers = max(settings.num_workers, 1)
-    per = dict(settings.resources_per_worker or {"CPU": 1.0})
-    if settings.use_gpu:
-        per.setdefault("GPU", 1.0)
-    needs = {k: v * workers for k, v in per.items()}
+    needs = {k: v * workers for k, v in worker_resources(settings.resources_per_worker, settings.use_gpu).items()}
     payload = {"class": type(model), "config": dict(model.config), "settings": settings, "data": spec,
                "state": _initial_state(model)}
     return _submit("train", model, payload, needs, settings, settings.num_epochs)
@@ -194,14 +193,13 @@ def submit_train(model: Any, settings: Any, data: Any) -> Job:
 def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) -> Job:
     """``model.tune(..., wait=False)``: checked as ``tune()`` checks, then queued."""
     from raymodel.tune import Tunable
-    from raymodel.tune._trial import PLACEMENT_FIELDS, trial_resources
+    from raymodel.tune._trial import PLACEMENT_FIELDS, trial_resources, worker_resources
 
     tunable = Tunable(model, space, settings=settings, data=data, resume=resume)  # every check, no Ray yet
     ts = tunable.train_settings
     trial = trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS})
-    if ts.num_workers > 1:
-        per = dict(ts.resources_per_worker or {"CPU": 1.0})
-        for k, v in per.items():
+    if ts.num_workers > 1:  # the trial's sliver and its worker group
+        for k, v in worker_resources(ts.resources_per_worker, ts.use_gpu).items():
             trial[k] = trial.get(k, 0.0) + v * ts.num_workers
     settings = dataclasses.replace(tunable.settings, name=tunable.name)
     payload = {"class": type(model), "config": dict(model.config), "settings": settings, "data": tunable.spec,

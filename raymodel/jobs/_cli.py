@@ -15,9 +15,9 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from raymodel._internal.runtime import running_server, server_file
 from raymodel.exceptions import RayModelError
 
 
@@ -47,27 +47,6 @@ def add_commands(sub: Any) -> None:
     logs.set_defaults(handler=_jobs_logs)
 
 
-def server_file() -> Path:
-    return Path(os.environ.get("RAYMODEL_SERVER_FILE") or Path.home() / ".raymodel" / "server.json")
-
-
-def running_server() -> dict[str, Any] | None:
-    """What ``server start`` wrote, if that head is still up."""
-    try:
-        info = json.loads(server_file().read_text())
-    except (OSError, ValueError):
-        return None
-    return info if _alive(info.get("gcs_pid", -1)) else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return pid > 0
-    except (ProcessLookupError, PermissionError, OverflowError):
-        return False
-
-
 def _processes(marker: str) -> list[int]:
     """Process ids whose command line holds ``marker`` (``ps``: Linux and macOS)."""
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
@@ -87,8 +66,9 @@ def _attach() -> None:
 
 
 def _server_start(args: argparse.Namespace) -> None:
-    if running_server():
-        print(f"a raymodel server is already running at {running_server()['address']}")
+    already = running_server()
+    if already:
+        print(f"a raymodel server is already running at {already['address']}")
         return
     ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
     temp_dir = f"/tmp/rms-{args.port}"  # short: Ray's socket paths must fit in 107 bytes
@@ -100,7 +80,7 @@ def _server_start(args: argparse.Namespace) -> None:
     if done.returncode != 0:
         raise RayModelError(f"`ray start` failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
     address = f"127.0.0.1:{args.port}"
-    gcs = [pid for pid in _processes(temp_dir) if pid in _processes("gcs_server")]
+    gcs = sorted(set(_processes(temp_dir)) & set(_processes("gcs_server")))
     import ray
 
     import raymodel as rm

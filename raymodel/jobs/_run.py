@@ -8,7 +8,8 @@ from typing import Any
 import ray
 from ray import tune
 
-from raymodel._internal import serialization, tmp
+from raymodel._internal import checkpoint as ckpt
+from raymodel._internal import serialization
 from raymodel.hooks import Callback
 
 
@@ -44,12 +45,7 @@ def _restore_state(model: Any, files: dict[str, bytes] | None) -> None:
     if not files:
         return
     model.ensure_setup()
-    with tmp.tempdir("job-state") as staging:
-        for rel, data in files.items():
-            path = staging / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        model.backend.set_state(model, model.backend.read_state(model, staging))
+    model.backend.set_state(model, ckpt.state_from_files(model, files))
 
 
 class JobControl(Callback):

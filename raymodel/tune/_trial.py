@@ -77,15 +77,20 @@ def runs_in_trial(settings: Any, data: Any) -> bool:
 PLACEMENT_FIELDS = ("num_workers", "resources_per_worker", "use_gpu")
 
 
+def worker_resources(resources_per_worker: dict[str, float] | None, use_gpu: bool) -> dict[str, float]:
+    """What one training worker holds: ``resources_per_worker`` (1 CPU by default), a GPU with ``use_gpu``."""
+    resources = dict(resources_per_worker or {"CPU": 1.0})
+    if use_gpu:
+        resources.setdefault("GPU", 1.0)
+    return resources
+
+
 def trial_resources(num_workers: int, resources_per_worker: dict[str, float] | None,
                     use_gpu: bool) -> dict[str, float]:
     """What a trial holds: its one worker's resources, or a sliver when a worker group does the work."""
     if num_workers > 1:
         return {"CPU": 0.01}  # the trial only drives the run; the worker group holds the resources
-    resources = dict(resources_per_worker or {"CPU": 1.0})
-    if use_gpu:
-        resources.setdefault("GPU", 1.0)
-    return resources
+    return worker_resources(resources_per_worker, use_gpu)
 
 
 def resources_of(base: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
@@ -162,8 +167,9 @@ def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | N
 
     hub = start_hub()
     try:
-        trainable = Trainable(model, settings, data=data, callbacks=[ProgressCallback(hub, wait=True, root=settings.storage_path)], hub=hub,
-                              resume_from=resume_from, info=info)
+        relay = ProgressCallback(hub, wait=True, root=settings.storage_path)
+        trainable = Trainable(model, settings, data=data, callbacks=[relay], hub=hub, resume_from=resume_from,
+                              info=info)
         outcome: dict[str, Any] = {}
         runner = threading.Thread(target=_fit, args=(trainable, outcome), name="raymodel-trial", daemon=True)
         runner.start()
