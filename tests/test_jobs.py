@@ -52,7 +52,7 @@ def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_
         if len(epochs) == 2:
             break
     assert epochs == [1, 2]
-    assert job.resources == {"CPU": 1.0}  # as Ray assigned it to the worker
+    assert job.resources == {"CPU": 1.0}  # its worker group's placement group, from Ray's state API
     job.stop()
     result = job.wait(timeout=120)
     assert job.status == "STOPPED" and 2 <= len(result.history) < 200
@@ -95,6 +95,7 @@ def test_a_stopped_tune_job_stops_every_trial_and_keeps_the_best_so_far(ray_sess
         seen.add(row["trial_id"])
         if len(seen) == 2 and row["epoch"] >= 2:
             break
+    assert job.resources == {"CPU": 1.9}  # both trials' placement groups, from Ray's state API
     job.stop()
     result = job.wait(timeout=180)
     assert job.status == "STOPPED" and result.num_trials == 2

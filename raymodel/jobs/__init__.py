@@ -12,7 +12,6 @@ every job::
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from typing import Any, AsyncIterator, Iterator
@@ -20,7 +19,7 @@ from typing import Any, AsyncIterator, Iterator
 from raymodel._internal import runtime, serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
 
-__all__ = ["Job", "list", "get", "server"]
+__all__ = ["Job", "list", "get", "held", "server"]
 
 _list = list
 
@@ -36,7 +35,7 @@ def server() -> Any:
         return ray.get_actor(NAME, namespace=NAMESPACE)
     except ValueError:
         return JobServerActor.options(name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                                      max_concurrency=64).remote(runtime.home())
+                                      max_concurrency=256).remote(runtime.home())
 
 
 class JobNotFound(RayModelError):
@@ -50,10 +49,10 @@ class Job:
         self.id, self.kind = record["id"], record["kind"]
         self._server = server()
 
-    def _record(self) -> dict[str, Any]:
+    def _record(self, until_done: float = 0.0) -> dict[str, Any]:
         import ray
 
-        record = ray.get(self._server.get.remote(self.id))
+        record = ray.get(self._server.get.remote(self.id, until_done))
         if record is None:
             raise JobNotFound(f"No job `{self.id}` on this cluster's raymodel server.")
         return record
@@ -70,8 +69,8 @@ class Job:
 
     @property
     def resources(self) -> dict[str, float]:
-        """What the job's workers (or running trials) hold now, as Ray assigned it; ``{}`` when not running."""
-        return dict(self._record()["resources"])
+        """What the job holds now: its workers' (or trials') placement groups, from Ray's state API."""
+        return held([self._record()])[self.id]
 
     def history(self) -> list[dict[str, Any]]:
         """The epoch rows so far (tune rows carry ``trial_id``)."""
@@ -79,9 +78,9 @@ class Job:
 
         return ray.get(self._server.rows.remote(self.id, 0))[0]
 
-    def stream(self, poll_s: float = 0.1) -> "Stream":
+    def stream(self) -> "Stream":
         """Each row as it arrives, from the first; ends when the job ends. Also an async iterator."""
-        return Stream(self, poll_s)
+        return Stream(self)
 
     def logs(self) -> str:
         """The job's log: submission, start, one line per epoch row, the end and any error."""
@@ -92,7 +91,7 @@ class Job:
         freed; the job ends STOPPED. A PENDING job is dropped from the queue."""
         self._server.stop.remote(self.id)
 
-    def wait(self, timeout: float | None = None, poll_s: float = 0.1) -> Any:
+    def wait(self, timeout: float | None = None) -> Any:
         """The ``TrainResult`` or ``TuneResult`` (the result so far, for a STOPPED job).
 
         Raises:
@@ -101,12 +100,12 @@ class Job:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            record = self._record()
-            if record["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+            left = _LONG_POLL_S if deadline is None else min(_LONG_POLL_S, deadline - time.monotonic())
+            record = self._record(until_done=max(left, 0.0))  # the server answers as soon as it ends
+            if record["status"] in DONE:
                 return _outcome(record)
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"Job `{self.id}` is still {record['status']} after {timeout} s.")
-            time.sleep(poll_s)
 
     def __repr__(self) -> str:
         return f"Job(id={self.id!r}, kind={self.kind!r})"
@@ -115,31 +114,55 @@ class Job:
 class Stream:
     """Iterates a job's rows as they arrive (``for row in job.stream()`` or ``async for``)."""
 
-    def __init__(self, job: Job, poll_s: float) -> None:
-        self.job, self.poll_s, self.seen, self.buffer = job, poll_s, 0, _list()
+    def __init__(self, job: Job) -> None:
+        self.job, self.seen = job, 0
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         import ray
 
-        while True:
-            rows, status = ray.get(self.job._server.rows.remote(self.job.id, self.seen))
+        while True:  # a long poll: the server answers when a row arrives or the job ends
+            rows, status = ray.get(self.job._server.rows.remote(self.job.id, self.seen, _LONG_POLL_S))
             self.seen += len(rows)
             yield from rows
-            if not rows:
-                if status in ("SUCCEEDED", "FAILED", "STOPPED"):
-                    return
-                time.sleep(self.poll_s)
+            if not rows and status in DONE:
+                return
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         while True:
-            rows, status = await self.job._server.rows.remote(self.job.id, self.seen)
+            rows, status = await self.job._server.rows.remote(self.job.id, self.seen, _LONG_POLL_S)
             self.seen += len(rows)
             for row in rows:
                 yield row
-            if not rows:
-                if status in ("SUCCEEDED", "FAILED", "STOPPED"):
-                    return
-                await asyncio.sleep(self.poll_s)
+            if not rows and status in DONE:
+                return
+
+
+def held(records: _list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """What each job holds now: the bundles of its placement groups that Ray's state API shows
+    CREATED (one query for all the records; ``{}`` for a job that is not running)."""
+    wanted = {g for r in records if r["status"] == "RUNNING" for g in r.get("placement_groups", ())}
+    live: dict[str, dict[str, float]] = {}
+    if wanted:
+        from ray.util.state import list_placement_groups
+
+        for group in list_placement_groups(filters=[("state", "=", "CREATED")], detail=True, limit=10_000,
+                                           raise_on_missing_output=False):
+            if group.placement_group_id in wanted:
+                live[group.placement_group_id] = _sum(b.get("unit_resources", {}) for b in group.bundles or ())
+    return {r["id"]: _sum(live.get(g, {}) for g in r.get("placement_groups", ()) if r["status"] == "RUNNING")
+            for r in records}
+
+
+def _sum(parts: Any) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for part in parts:
+        for name, amount in part.items():
+            total[name] = round(total.get(name, 0.0) + float(amount), 6)
+    return {k: v for k, v in total.items() if v}
+
+
+DONE = ("SUCCEEDED", "FAILED", "STOPPED")
+_LONG_POLL_S = 5.0
 
 
 def _outcome(record: dict[str, Any]) -> Any:

@@ -134,10 +134,12 @@ def _jobs_list(args: argparse.Namespace) -> None:
     from raymodel import jobs
 
     rows = [["ID", "KIND", "STATUS", "MODEL", "EPOCHS", "RESOURCES"]]
-    for r in jobs.list():
+    records = jobs.list()
+    holds = jobs.held(records)
+    for r in records:
         rows.append([r["id"], r["kind"], r["status"] + (f" ({r['reason']})" if r.get("reason") else ""),
                      r["model_class"].rsplit(".", 1)[-1], str(r.get("epochs") or "-"),
-                     ", ".join(f"{v:g} {k}" for k, v in r["resources"].items()) or "-"])
+                     ", ".join(f"{v:g} {k}" for k, v in holds[r["id"]].items()) or "-"])
     if len(rows) == 1:
         print("(no jobs)")
         return

@@ -26,13 +26,15 @@ def run_job(runner: Any, kind: str, payload: bytes) -> dict[str, Any]:
         from raymodel.train._callbacks import JobRows
 
         settings = dataclasses.replace(job["settings"], progress=False,
-                                       callbacks=[*job["settings"].callbacks, JobControl(me)])
+                                       callbacks=[*job["settings"].callbacks, JobControl(server, me, runner.job_id)])
         result = Trainable(model, settings, data=job["data"], callbacks=[JobRows(server, runner.job_id)]).fit()
     else:
         from raymodel.tune import Tunable
 
         _RUNNERS[runner.job_id] = runner
-        settings = dataclasses.replace(job["settings"], progress=False,
+        train = job["settings"].train  # each trial's workers tell the server where they run
+        train = dataclasses.replace(train, callbacks=[*train.callbacks, JobControl(server, me, runner.job_id)])
+        settings = dataclasses.replace(job["settings"], progress=False, train=train,
                                        callbacks=[*job["settings"].callbacks, JobTrials(server, runner.job_id)])
         tunable = Tunable(model, job["space"], settings=settings, data=job["data"], resume=job["resume"])
         tunable.stop = JobStopper(runner.job_id)
@@ -49,15 +51,17 @@ def _restore_state(model: Any, files: dict[str, bytes] | None) -> None:
 
 
 class JobControl(Callback):
-    """On every training worker: tells the runner what Ray assigned it, and ends the run at the
-    end of an epoch once the job is stopped (the stop vote; a checkpoint is written)."""
+    """On every training worker (a job's, or a tune job's trial's): tells the server the placement
+    group it runs in (``Job.resources`` asks Ray's state API what those hold), and ends the run at
+    the end of an epoch once the job is stopped (the stop vote; a checkpoint is written)."""
 
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
+    def __init__(self, server: Any, runner: Any, job_id: str) -> None:
+        self.server, self.runner, self.job_id = server, runner, job_id
 
     def before_fit(self) -> None:
-        assigned = ray.get_runtime_context().get_assigned_resources()
-        self.runner.holds.remote(f"worker-{self.context.rank}", assigned)
+        group = ray.get_runtime_context().get_placement_group_id()
+        if group:
+            self.server.hold.remote(self.job_id, group)
 
     def after_epoch(self, epoch: int, metrics: dict[str, Any]) -> None:
         if self.context.rank == 0 and ray.get(self.runner.stopping.remote()):
@@ -72,22 +76,14 @@ _TUNE_KEYS = ("training_iteration", "time_this_iter_s", "time_total_s", "timesta
 
 
 class JobTrials(tune.Callback):
-    """Each trial's rows (with ``trial_id``) to the server; what running trials hold."""
+    """Each trial's rows (with ``trial_id``) to the server."""
 
     def __init__(self, server: Any, job_id: str) -> None:
         self.server, self.job_id = server, job_id
 
-    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        _RUNNERS[self.job_id].holds(trial.trial_id, dict(trial.placement_group_factory.required_resources))
-
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         row = {k: v for k, v in result.items() if k not in _TUNE_KEYS and isinstance(v, (int, float))}
         self.server.push.remote(self.job_id, [dict(row, trial_id=trial.trial_id)])
-
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        _RUNNERS[self.job_id].holds(trial.trial_id, {})
-
-    on_trial_error = on_trial_complete
 
 
 class JobStopper(tune.Stopper):

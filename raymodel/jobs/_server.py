@@ -50,8 +50,10 @@ class JobServer:
         self.runners: dict[str, Any] = {}
         self.done_refs: dict[Any, str] = {}
         self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)  # a row, a status: wakes the clients' long polls
         self.spare: Any = _new_runner()
-        self._recover()
+        with self.lock:
+            self._recover()
         threading.Thread(target=self._loop, name="raymodel-jobs", daemon=True).start()
 
     # ------------------------------------------------------------- clients
@@ -61,7 +63,7 @@ class JobServer:
         record = {"id": job_id, "kind": kind, "status": "PENDING", "reason": "queued", "needs": needs,
                   "model_class": info["model_class"], "settings": info["settings"], "submitted": time.time(),
                   "started": None, "ended": None, "history": [], "result": None, "error": None, "log": [],
-                  "epochs": info.get("epochs"), "resources": {}}
+                  "epochs": info.get("epochs"), "placement_groups": []}
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         never = fits(needs, total)
         with self.lock:
@@ -76,8 +78,11 @@ class JobServer:
         self._schedule()
         return self.get(job_id)
 
-    def get(self, job_id: str) -> dict[str, Any] | None:
-        with self.lock:
+    def get(self, job_id: str, timeout: float = 0.0) -> dict[str, Any] | None:
+        """The record without its rows; waits up to ``timeout`` s for the job to end (a long poll)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.records.get(job_id, {}).get("status", "DONE") not in ACTIVE,
+                                  timeout=timeout)
             record = self.records.get(job_id)
             return None if record is None else {k: v for k, v in record.items() if k != "history"}
 
@@ -86,9 +91,12 @@ class JobServer:
             return [{k: v for k, v in r.items() if k not in ("history", "log", "result")}
                     for r in sorted(self.records.values(), key=lambda r: r["submitted"])]
 
-    def rows(self, job_id: str, start: int = 0) -> tuple[list[dict[str, Any]], str]:
-        with self.lock:
+    def rows(self, job_id: str, start: int = 0, timeout: float = 0.0) -> tuple[list[dict[str, Any]], str]:
+        """The rows from ``start`` on and the status; waits up to ``timeout`` s for one (a long poll)."""
+        with self.changed:
             record = self.records[job_id]
+            self.changed.wait_for(lambda: len(record["history"]) > start or record["status"] not in ACTIVE,
+                                  timeout=timeout)
             return record["history"][start:], record["status"]
 
     def stop(self, job_id: str) -> str:
@@ -110,6 +118,7 @@ class JobServer:
         with self.lock:
             record = self.records[job_id]
             record["history"].extend(rows)
+            self.changed.notify_all()
             for row in rows:
                 shown = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "epoch"}
                 where = f"trial {row['trial_id']} " if "trial_id" in row else ""
@@ -117,11 +126,12 @@ class JobServer:
                           + "  ".join(f"{k} {v:.4g}" for k, v in sorted(shown.items())))
             self._save(job_id)
 
-    def hold(self, job_id: str, resources: dict[str, float]) -> None:
-        """What the job's workers or trials hold now (as Ray assigned it to them)."""
+    def hold(self, job_id: str, placement_group: str) -> None:
+        """A placement group the job's workers or trials run in (what it holds: Ray's state API)."""
         with self.lock:
-            if self.records[job_id]["status"] == "RUNNING":
-                self.records[job_id]["resources"] = {k: round(v, 6) for k, v in resources.items() if v}
+            held = self.records[job_id].setdefault("placement_groups", [])
+            if placement_group not in held:
+                held.append(placement_group)
 
     # ------------------------------------------------------------ internals
     def _loop(self) -> None:
@@ -161,9 +171,10 @@ class JobServer:
         runner, self.spare = self.spare or _new_runner(), None  # a warm process: no start-up, imports done
         self.runners[job_id] = runner
         self.done_refs[runner.run.remote(job_id, record["kind"], self.payloads.pop(job_id))] = job_id
-        record.update(status="RUNNING", reason=None, started=time.time(), resources=dict(record["needs"]))
+        record.update(status="RUNNING", reason=None, started=time.time())
         self._log(job_id, "started")
         self._save(job_id)
+        self.changed.notify_all()
 
     def _reap(self, timeout: float) -> None:
         refs = list(self.done_refs)
@@ -193,12 +204,13 @@ class JobServer:
     def _finish(self, job_id: str, status: str, result: Any = None, error: str | None = None,
                 detail: str | None = None) -> None:
         record = self.records[job_id]
-        record.update(status=status, ended=time.time(), reason=None, resources={}, result=result, error=error)
+        record.update(status=status, ended=time.time(), reason=None, result=result, error=error)
         self._log(job_id, status.lower() + (f": {error}" if error else ""))
         if detail:
             for line in detail.rstrip().splitlines()[-20:]:
                 self._log(job_id, line)
         self._save(job_id)
+        self.changed.notify_all()
 
     def _log(self, job_id: str, line: str) -> None:
         log = self.records[job_id]["log"]
@@ -240,13 +252,11 @@ def _new_runner() -> Any:
 
 
 class JobRunner:
-    """Runs a job at a time: the blocking verb, in this actor, rows and resources pushed to the server."""
+    """Runs a job at a time: the blocking verb, in this actor (its workers push rows to the server)."""
 
     def __init__(self) -> None:
         self.job_id = ""
         self.stop_event = threading.Event()
-        self.held: dict[str, dict[str, float]] = {}
-        self.lock = threading.Lock()
 
     def warm(self) -> None:
         """Import what every job needs before one arrives."""
@@ -259,8 +269,6 @@ class JobRunner:
 
         self.job_id = job_id
         self.stop_event.clear()
-        with self.lock:
-            self.held.clear()
         try:
             return {"result": run_job(self, kind, payload)}
         except BaseException as exc:  # noqa: BLE001 - reported as the job's error
@@ -271,19 +279,6 @@ class JobRunner:
 
     def stopping(self) -> bool:
         return self.stop_event.is_set()
-
-    def holds(self, key: str, resources: dict[str, float]) -> None:
-        """``key`` (a worker or a trial) holds ``resources`` now (``{}``: nothing any more)."""
-        with self.lock:
-            if resources:
-                self.held[key] = dict(resources)
-            else:
-                self.held.pop(key, None)
-            total: dict[str, float] = {}
-            for held in self.held.values():
-                for name, amount in held.items():
-                    total[name] = total.get(name, 0.0) + float(amount)
-        ray.get_actor(NAME, namespace=NAMESPACE).hold.remote(self.job_id, total)
 
 
 JobRunnerActor = ray.remote(num_cpus=0)(JobRunner)
