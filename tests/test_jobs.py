@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -74,6 +75,11 @@ def test_jobs_that_fit_run_together_and_one_that_does_not_waits_then_runs(ray_se
     assert a.status == b.status == "RUNNING"
     assert big.status == "PENDING" and big.reason.startswith("waiting for CPU: needs 2")
     a.stop(), b.stop()
+
+    async def epochs_of(job):  # the async stream: through PENDING, RUNNING, to the end
+        return [row["epoch"] async for row in job.stream()]
+
+    assert asyncio.run(asyncio.wait_for(epochs_of(big), timeout=240)) == [1, 2]
     result = big.wait(timeout=240)
     assert big.status == "SUCCEEDED" and [r["epoch"] for r in result.history] == [1, 2]
     assert a.status == b.status == "STOPPED"
