@@ -1,6 +1,6 @@
 """The ``raymodel`` command: the registry (``models list|show|alias|delete``), serving
 (``serve KEY@ALIAS --route /digits``), the training server (``server start|stop|status``)
-and its jobs (``jobs list|show|logs|stop|wait``) from a shell.
+its jobs (``jobs list|show|logs|stop|wait``) and the web ``dashboard`` from a shell.
 
 The registry is ``RAYMODEL_REGISTRY`` (a folder or URI), else
 ``$RAYMODEL_HOME/registry``; ``--registry URI`` overrides both. Every error
@@ -69,7 +69,21 @@ def _parser() -> argparse.ArgumentParser:
     from raymodel.jobs._cli import add_commands
 
     add_commands(sub)
+    dash = sub.add_parser("dashboard", help="the web dashboard: jobs and their curves, trials, models, routes, "
+                                            "resources (joins the running raymodel server's cluster)")
+    dash.add_argument("--port", type=int, default=8270)
+    dash.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1; 0.0.0.0 "
+                                                          "exposes it to your network)")
+    dash.set_defaults(handler=_dashboard)
     return parser
+
+
+def _dashboard(args: argparse.Namespace) -> None:
+    from raymodel.web import run
+    from raymodel.jobs._cli import attach
+
+    attach()
+    run(args.port, args.host)
 
 
 def _registry(args: argparse.Namespace) -> Any:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 from models import TinyNet
 
 import raymodel as rm
@@ -174,6 +175,16 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
         missing = run("jobs", "show", "no-such-job")
         assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "No job `no-such-job`" in missing.stderr
         assert (tmp_path / "home" / "jobs" / f"{job_id}.json").exists()  # the record outlives everyone
+        dashboard = subprocess.Popen([*cli, "dashboard", "--port", str(free_port())], env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            url = dashboard.stdout.readline().split()[-1]  # "raymodel dashboard: http://127.0.0.1:PORT/?token=..."
+            assert url.startswith("http://127.0.0.1:") and "?token=" in url
+            shown = requests.get(url.split("?")[0] + "api/jobs", timeout=60).json()
+            assert [j["status"] for j in shown if j["id"] == job_id] == ["SUCCEEDED"]
+        finally:
+            dashboard.terminate()
+            dashboard.wait(timeout=30)
     finally:
         stopped = run("server", "stop")
     assert stopped.returncode == 0 and "stopped" in stopped.stdout

@@ -88,6 +88,17 @@ def test_concurrent_requests_are_batched_and_one_bad_request_spoils_nothing(serv
     assert max(size for _, _, size in answers) > 1, "no request was batched with another"
 
 
+def test_the_dashboard_sees_the_route_its_health_rate_latency_and_batches(served):
+    from raymodel.web import _api
+
+    _, app = served
+    [route] = [r for r in _api.routes() if r["route"] == "/digits"]
+    stats = route["stats"]  # the replica's own last minute (the tests above posted to it)
+    assert route["healthy"] and route["status"] == "RUNNING"
+    assert stats["requests"] >= 24 and stats["rate_per_s"] > 0
+    assert 0 < stats["p50_ms"] <= stats["p99_ms"] and stats["mean_batch_size"] >= 1
+
+
 def test_two_routes_reserve_without_drops_and_shutdown(ray_session, served, digits):
     _, app = served
     X, _ = digits

@@ -24,8 +24,9 @@ __all__ = ["Job", "list", "get", "held", "server"]
 _list = list
 
 
-def server() -> Any:
-    """The training server's actor handle (started, detached, if none is running)."""
+def server(start: bool = True) -> Any:
+    """The training server's actor handle (started, detached, if none is running; ``None`` then
+    with ``start=False``)."""
     import ray
 
     from raymodel.jobs._server import NAME, NAMESPACE, JobServerActor
@@ -34,6 +35,8 @@ def server() -> Any:
     try:
         return ray.get_actor(NAME, namespace=NAMESPACE)
     except ValueError:
+        if not start:
+            return None
         return JobServerActor.options(name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                                       max_concurrency=256).remote(runtime.home())
 
@@ -143,10 +146,12 @@ def held(records: _list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     wanted = {g for r in records if r["status"] == "RUNNING" for g in r.get("placement_groups", ())}
     live: dict[str, dict[str, float]] = {}
     if wanted:
+        import ray
         from ray.util.state import list_placement_groups
 
-        for group in list_placement_groups(filters=[("state", "=", "CREATED")], detail=True, limit=10_000,
-                                           raise_on_missing_output=False):
+        address = ray.get_runtime_context().gcs_address  # this cluster's, even with others on the machine
+        for group in list_placement_groups(address=address, filters=[("state", "=", "CREATED")], detail=True,
+                                           limit=10_000, raise_on_missing_output=False):
             if group.placement_group_id in wanted:
                 live[group.placement_group_id] = _sum(b.get("unit_resources", {}) for b in group.bundles or ())
     return {r["id"]: _sum(live.get(g, {}) for g in r.get("placement_groups", ()) if r["status"] == "RUNNING")
@@ -227,17 +232,18 @@ def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) 
     settings = dataclasses.replace(tunable.settings, name=tunable.name)
     payload = {"class": type(model), "config": dict(model.config), "settings": settings, "data": tunable.spec,
                "space": tunable.space, "resume": resume}
-    return _submit("tune", model, payload, trial, settings, tunable.settings.max_epochs)
+    return _submit("tune", model, payload, trial, settings, tunable.settings.max_epochs,
+                   metric=tunable.metric, mode=tunable.settings.mode)
 
 
 def _submit(kind: str, model: Any, payload: dict[str, Any], needs: dict[str, float], settings: Any,
-            epochs: int) -> Job:
+            epochs: int, **more: Any) -> Job:
     import ray
 
     callbacks = [*(getattr(settings, "callbacks", ()) or ()),
                  *(getattr(getattr(settings, "train", None), "callbacks", ()) or ())]
     blob = serialization.dumps(payload, type(model), *callbacks)
     info = {"needs": needs, "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
-            "settings": repr(settings), "epochs": epochs}
+            "settings": repr(settings), "epochs": epochs, **more}
     record = ray.get(server().submit.remote(kind, blob, info))
     return Job(record)

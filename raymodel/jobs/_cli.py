@@ -54,7 +54,7 @@ def _processes(marker: str) -> list[int]:
             if marker in line and line.split(None, 1)[0].isdigit()]
 
 
-def _attach() -> None:
+def attach() -> None:
     """Join the cluster of ``RAY_ADDRESS`` or of ``raymodel server start``; never start a new one."""
     import raymodel as rm
 
@@ -118,7 +118,7 @@ def _server_status(args: argparse.Namespace) -> int:
     if info is None:
         print("no raymodel server is running")
         return 1
-    _attach()
+    attach()
     from raymodel import jobs
 
     counts: dict[str, int] = {}
@@ -130,7 +130,7 @@ def _server_status(args: argparse.Namespace) -> int:
 
 
 def _jobs_list(args: argparse.Namespace) -> None:
-    _attach()
+    attach()
     from raymodel import jobs
 
     rows = [["ID", "KIND", "STATUS", "MODEL", "EPOCHS", "RESOURCES"]]
@@ -149,7 +149,7 @@ def _jobs_list(args: argparse.Namespace) -> None:
 
 
 def _jobs_show(args: argparse.Namespace) -> None:
-    _attach()
+    attach()
     from raymodel import jobs
 
     job = jobs.get(args.id)
@@ -159,7 +159,7 @@ def _jobs_show(args: argparse.Namespace) -> None:
 
 
 def _jobs_stop(args: argparse.Namespace) -> None:
-    _attach()
+    attach()
     from raymodel import jobs
 
     jobs.get(args.id).stop()
@@ -167,7 +167,7 @@ def _jobs_stop(args: argparse.Namespace) -> None:
 
 
 def _jobs_wait(args: argparse.Namespace) -> int:
-    _attach()
+    attach()
     from raymodel import jobs
 
     job = jobs.get(args.id)
@@ -177,7 +177,7 @@ def _jobs_wait(args: argparse.Namespace) -> int:
 
 
 def _jobs_logs(args: argparse.Namespace) -> None:
-    _attach()
+    attach()
     from raymodel import jobs
 
     job = jobs.get(args.id)

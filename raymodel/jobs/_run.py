@@ -71,15 +71,25 @@ class JobControl(Callback):
 #: The runner of each job running in this process. Tune pickles its callbacks and stopper: they
 #: hold the job's id and the server's handle, and find the runner here.
 _RUNNERS: dict[str, Any] = {}
-_TUNE_KEYS = ("training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "pid", "done",
-              "time_since_restore", "iterations_since_restore")
+_TUNE_KEYS = ("training_iteration", "should_checkpoint", "time_this_iter_s", "time_total_s", "timestamp", "pid",
+              "done", "time_since_restore", "iterations_since_restore")
 
 
 class JobTrials(tune.Callback):
-    """Each trial's rows (with ``trial_id``) to the server."""
+    """Each trial's config, rows (with ``trial_id``) and end to the server."""
 
     def __init__(self, server: Any, job_id: str) -> None:
         self.server, self.job_id = server, job_id
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        config = {k: v for k, v in trial.config.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        self.server.trial.remote(self.job_id, trial.trial_id, {"config": config, "status": "RUNNING"})
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.server.trial.remote(self.job_id, trial.trial_id, {"status": "TERMINATED"})
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.server.trial.remote(self.job_id, trial.trial_id, {"status": "ERROR"})
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         row = {k: v for k, v in result.items() if k not in _TUNE_KEYS and isinstance(v, (int, float))}

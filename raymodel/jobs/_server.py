@@ -63,7 +63,8 @@ class JobServer:
         record = {"id": job_id, "kind": kind, "status": "PENDING", "reason": "queued", "needs": needs,
                   "model_class": info["model_class"], "settings": info["settings"], "submitted": time.time(),
                   "started": None, "ended": None, "history": [], "result": None, "error": None, "log": [],
-                  "epochs": info.get("epochs"), "placement_groups": []}
+                  "epochs": info.get("epochs"), "placement_groups": [], "trials": {},
+                  "metric": info.get("metric"), "mode": info.get("mode")}
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         never = fits(needs, total)
         with self.lock:
@@ -88,7 +89,10 @@ class JobServer:
 
     def list(self) -> list[dict[str, Any]]:
         with self.lock:
-            return [{k: v for k, v in r.items() if k not in ("history", "log", "result")}
+            return [{**{k: v for k, v in r.items() if k not in ("history", "log", "result", "trials")},
+                     "last_epoch": max((row.get("epoch", 0) for row in r["history"]), default=0),
+                     "rows": len(r["history"]), "num_trials": len(r.get("trials") or {}),
+                     "result_path": (r.get("result") or {}).get("path")}
                     for r in sorted(self.records.values(), key=lambda r: r["submitted"])]
 
     def rows(self, job_id: str, start: int = 0, timeout: float = 0.0) -> tuple[list[dict[str, Any]], str]:
@@ -124,6 +128,12 @@ class JobServer:
                 where = f"trial {row['trial_id']} " if "trial_id" in row else ""
                 self._log(job_id, f"{where}epoch {row.get('epoch')}: "
                           + "  ".join(f"{k} {v:.4g}" for k, v in sorted(shown.items())))
+            self._save(job_id)
+
+    def trial(self, job_id: str, trial_id: str, info: dict[str, Any]) -> None:
+        """A tune job's trial started (its config) or ended (its status)."""
+        with self.lock:
+            self.records[job_id].setdefault("trials", {}).setdefault(trial_id, {}).update(info)
             self._save(job_id)
 
     def hold(self, job_id: str, placement_group: str) -> None:

@@ -52,6 +52,8 @@ class ModelServer:
         self.info = info
         self.max_body_bytes = max_body_bytes
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
+        self.requests: collections.deque[tuple[float, float]] = collections.deque(maxlen=5000)  # (end, latency s)
+        self.started = time.time()
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
         if "registry" in source and not isinstance(source.get("version"), int):
@@ -110,8 +112,27 @@ class ModelServer:
             raise RuntimeError(f"{content['error']}: {content['detail']}")
         return content
 
+    def stats(self, window_s: float = 60.0) -> dict[str, Any]:
+        """This replica's last ``window_s`` seconds: request rate, latency p50/p99, mean batch size."""
+        now = time.time()
+        latencies = sorted(lat for end, lat in list(self.requests) if now - end <= window_s)
+        span = max(1e-9, min(window_s, now - self.started))
+        pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 3)  # noqa: E731
+        sizes = list(self.batch_sizes)
+        return {"route": self.info.get("route"), "serving": _label(self.model), "requests": len(latencies),
+                "rate_per_s": len(latencies) / span,
+                "p50_ms": pick(0.5) if latencies else None, "p99_ms": pick(0.99) if latencies else None,
+                "mean_batch_size": sum(sizes) / len(sizes) if sizes else None, "window_s": window_s}
+
     # -------------------------------------------------------------- the model
     async def _answer(self, payload: Any) -> tuple[int, Any, int, Any]:
+        began = time.monotonic()
+        try:
+            return await self._respond(payload)
+        finally:
+            self.requests.append((time.time(), time.monotonic() - began))
+
+    async def _respond(self, payload: Any) -> tuple[int, Any, int, Any]:
         request_id = uuid.uuid4().hex[:12]
         model = self.model  # this request's model, even if a new version is swapped in meanwhile
         try:

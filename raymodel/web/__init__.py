@@ -1,0 +1,90 @@
+"""The dashboard: jobs with live learning curves, a tune job's trials, the registry, served routes
+and the cluster's resources, in one web page on 127.0.0.1.
+
+    url = rm.dashboard()              # in this process, in the background; returns the URL (with its token)
+    $ raymodel dashboard [--port 8270] [--host 127.0.0.1]
+
+It reads the job server's records, Ray's state API, the registry and Ray
+Serve; it loads nothing from the internet (the charts are SVG the page
+draws). It is read-only except for stopping a job, which needs the token
+printed with the URL.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+from raymodel.exceptions import SettingsError
+
+__all__ = ["dashboard", "run"]
+
+DEFAULT_PORT = 8270
+_running: dict[tuple[str, int], str] = {}
+_lock = threading.Lock()
+
+
+def dashboard(port: int = DEFAULT_PORT, host: str = "127.0.0.1", token: str | None = None) -> str:
+    """Start the dashboard in this process (a background thread) and return its URL.
+
+    The URL carries the token (``?token=...``) that the page needs to stop a
+    job; keep it to yourself. Calling it again for the same host and port
+    returns the same URL. Binds ``host`` only (127.0.0.1 unless you ask).
+
+    Raises:
+        SettingsError: ``port`` or ``host`` is not usable (e.g. the port is taken).
+    """
+    from raymodel._internal import runtime
+
+    with _lock:
+        if (host, port) in _running:
+            return _running[(host, port)]
+        token = token or secrets.token_urlsafe(16)
+        server = _server(host, port, token)
+        runtime.ensure_ray(False)
+        thread = threading.Thread(target=server.run, name="raymodel-dashboard", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise SettingsError(f"The dashboard could not start on {host}:{port}.")
+            time.sleep(0.05)
+        url = _url(host, port, token)
+        _running[(host, port)] = url
+        return url
+
+
+def run(port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
+    """``raymodel dashboard``: serve until interrupted (the URL is printed once it answers)."""
+    url = dashboard(port, host)
+    print(f"raymodel dashboard: {url}\n"
+          f"  (the token in the URL is needed to stop jobs; the rest is read-only. Ctrl-C ends it.)", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def _server(host: str, port: int, token: str) -> Any:
+    """A uvicorn server for the app, once ``host:port`` is checked free (a clear error, not a log line)."""
+    import uvicorn
+
+    from raymodel.web._app import create_app
+
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise SettingsError(f"`port` must be an integer from 1 to 65535 (got {port!r}).")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise SettingsError(f"The dashboard cannot listen on {host}:{port}: {exc.strerror or exc}. "
+                                f"Pass another port (`--port` / `port=`).") from exc
+    config = uvicorn.Config(create_app(token), host=host, port=port, log_level="warning", access_log=False)
+    return uvicorn.Server(config)  # in a background thread it leaves signals alone
+
+
+def _url(host: str, port: int, token: str) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{shown}:{port}/?token={token}"

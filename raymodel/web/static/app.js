@@ -1,0 +1,176 @@
+// The raymodel dashboard: one page, five views, drawn from /api/*; charts are SVG drawn here.
+"use strict";
+
+const params = new URLSearchParams(location.search);
+if (params.get("token")) sessionStorage.setItem("raymodel-token", params.get("token"));
+const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#e16f24", "#6e7781"];
+const DONE = ["SUCCEEDED", "FAILED", "STOPPED"];
+const view = document.getElementById("view");
+let busy = false;
+
+const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+const num = (v, d = 4) => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(d)) : (v ?? "–"));
+const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "–");
+const secs = (s) => (s == null ? "–" : s < 60 ? `${s.toFixed(1)} s` : s < 3600 ? `${Math.floor(s / 60)} m ${Math.round(s % 60)} s` : `${(s / 3600).toFixed(1)} h`);
+const held = (r) => Object.entries(r || {}).map(([k, v]) => `${num(v, 3)} ${esc(k)}`).join(", ") || "–";
+const badge = (s) => `<span class="status ${esc(s)}">${esc(s)}</span>`;
+
+async function get(path) {
+  const response = await fetch(path, {cache: "no-store"});
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+
+// ------------------------------------------------------------------ charts
+function chart(title, series, {width = 560, height = 260, xLabel = "epoch"} = {}) {
+  const pad = {l: 56, r: 14, t: 10, b: 34};
+  const all = series.flatMap((s) => s.points).filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y));
+  if (!all.length) return `<div class="chart"><h3>${esc(title)}</h3><p class="muted">no points yet</p></div>`;
+  let [x0, x1] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
+  let [y0, y1] = [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
+  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
+  const X = (x) => pad.l + ((x - x0) / (x1 - x0)) * (width - pad.l - pad.r);
+  const Y = (y) => height - pad.b - ((y - y0) / (y1 - y0)) * (height - pad.t - pad.b);
+  const ticks = (a, b, n) => Array.from({length: n + 1}, (_, i) => a + ((b - a) * i) / n);
+  let svg = `<svg width="${width}" height="${height}" role="img" aria-label="${esc(title)}">`;
+  for (const t of ticks(y0, y1, 4)) {
+    svg += `<line x1="${pad.l}" x2="${width - pad.r}" y1="${Y(t)}" y2="${Y(t)}" stroke="#eaeef2"/>`;
+    svg += `<text x="${pad.l - 6}" y="${Y(t) + 4}" font-size="11" text-anchor="end" fill="#656d76">${esc(num(t, 3))}</text>`;
+  }
+  const step = Math.max(1, Math.ceil((x1 - x0) / 6));  // epochs: whole numbers
+  for (let t = Math.ceil(x0); t <= x1; t += step) {
+    svg += `<text x="${X(t)}" y="${height - pad.b + 16}" font-size="11" text-anchor="middle" fill="#656d76">${t}</text>`;
+  }
+  svg += `<text x="${(pad.l + width - pad.r) / 2}" y="${height - 4}" font-size="11" text-anchor="middle" fill="#656d76">${esc(xLabel)}</text>`;
+  series.forEach((s, i) => {
+    const pts = s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y));
+    if (!pts.length) return;
+    const color = s.color || COLORS[i % COLORS.length];
+    const d = pts.map(([x, y], j) => `${j ? "L" : "M"}${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join("");
+    svg += `<path class="curve" data-series="${esc(s.name)}" data-points="${pts.length}" d="${d}" fill="none" stroke="${color}" stroke-width="${s.bold ? 3 : 1.6}"/>`;
+    if (pts.length < 60) for (const [x, y] of pts) svg += `<circle cx="${X(x).toFixed(1)}" cy="${Y(y).toFixed(1)}" r="${s.bold ? 3 : 2}" fill="${color}"/>`;
+  });
+  svg += "</svg>";
+  const legend = series.map((s, i) => `<span${s.bold ? ' class="best"' : ""}><i style="background:${s.color || COLORS[i % COLORS.length]}"></i>${esc(s.name)}</span>`).join("");
+  return `<div class="chart"><h3>${esc(title)}</h3>${svg}<div class="legend">${legend}</div></div>`;
+}
+
+// ------------------------------------------------------------------- views
+const views = {
+  async jobs() {
+    const jobs = await get("/api/jobs");
+    if (!jobs.length) return `<h1>Jobs</h1><p class="muted">No jobs yet. <code>model.train(settings, data=data, wait=False)</code> submits one.</p>`;
+    const rows = jobs.map((j) => `<tr data-job="${esc(j.id)}">
+      <td><a href="#/jobs/${encodeURIComponent(j.id)}">${esc(j.id)}</a></td><td>${esc(j.kind)}</td>
+      <td>${badge(j.status)}${j.reason ? `<div class="muted">${esc(j.reason)}</div>` : ""}</td>
+      <td>${esc(j.model_class.split(".").pop())}</td><td>${when(j.started)}</td><td class="num">${secs(j.duration_s)}</td>
+      <td>${esc(j.progress)}</td><td>${held(j.resources)}</td>
+      <td>${DONE.includes(j.status) ? "" : `<button data-stop="${esc(j.id)}">stop</button>`}</td></tr>`).join("");
+    return `<h1>Jobs</h1><table><thead><tr><th>id</th><th>kind</th><th>status</th><th>model</th><th>started</th>
+      <th>duration</th><th>progress</th><th>resources</th><th></th></tr></thead><tbody>${rows}</tbody></table>`;
+  },
+
+  async job(id) {
+    const j = await get(`/api/jobs/${encodeURIComponent(id)}`);
+    let html = `<h1><span class="job-id">${esc(j.id)}</span> ${badge(j.status)}</h1>
+      <p class="muted">${esc(j.kind)} · ${esc(j.model_class)} · started ${when(j.started)} · holds ${held(j.resources)}
+      ${DONE.includes(j.status) ? "" : ` · <button data-stop="${esc(j.id)}">stop</button>`}</p>`;
+    if (j.reason) html += `<p>${esc(j.reason)}</p>`;
+    if (j.error) html += `<p class="error">${esc(j.error)}</p>`;
+    html += j.kind === "tune" ? tuneCharts(j) : trainCharts(j);
+    html += `<h2>Log</h2><pre class="log">${esc((j.log || []).join("\n"))}</pre>`;
+    return html;
+  },
+
+  async models() {
+    const models = await get("/api/models");
+    if (!models.length) return `<h1>Models</h1><p class="muted">The registry is empty. <code>rm.registry.put(result, "key")</code> adds a version.</p>`;
+    return `<h1>Models</h1>` + models.map((m) => `<h2 class="model-key">${esc(m.key)}</h2><table><thead><tr><th>version</th>
+      <th>aliases</th><th>created</th><th>metrics</th><th>class</th><th>lineage</th></tr></thead><tbody>` +
+      m.versions.map((v) => `<tr><td>${v.version}</td><td>${v.aliases.map((a) => `<code>@${esc(a)}</code>`).join(" ")}</td>
+        <td>${when(v.created)}</td><td>${Object.entries(v.metrics || {}).filter(([, x]) => typeof x === "number").slice(0, 4).map(([k, x]) => `${esc(k)} ${esc(num(x))}`).join("<br>")}</td>
+        <td>${esc((v.model_class || "").split(".").pop())} <span class="muted">${esc(v.backend)}</span></td>
+        <td>${v.job ? `job <a href="#/jobs/${encodeURIComponent(v.job)}">${esc(v.job)}</a><br>` : ""}<span class="muted">${esc(v.lineage.run || v.lineage.trial_id || v.lineage.checkpoint || "")}</span></td></tr>`).join("") +
+      `</tbody></table>`).join("");
+  },
+
+  async routes() {
+    const routes = await get("/api/routes");
+    if (!routes.length) return `<h1>Routes</h1><p class="muted">Nothing is served. <code>model.serve("/digits")</code> starts a route.</p>`;
+    const rows = routes.map((r) => { const s = r.stats || {}; return `<tr><td><code>${esc(r.route || "–")}</code></td><td>${esc(r.name)} <span class="muted">(${r.replicas} replica${r.replicas === 1 ? "" : "s"})</span></td>
+      <td>${badge(r.healthy ? "HEALTHY" : r.status)}</td><td>${esc(s.serving || "–")}</td><td class="num">${s.rate_per_s == null ? "–" : num(s.rate_per_s, 3) + "/s"}</td>
+      <td class="num">${s.p50_ms == null ? "–" : num(s.p50_ms, 3) + " ms"}</td><td class="num">${s.p99_ms == null ? "–" : num(s.p99_ms, 3) + " ms"}</td>
+      <td class="num">${num(s.mean_batch_size, 3)}</td></tr>`; }).join("");
+    return `<h1>Routes</h1><table><thead><tr><th>route</th><th>application</th><th>health</th><th>serving</th><th>requests</th>
+      <th>p50</th><th>p99</th><th>mean batch</th></tr></thead><tbody>${rows}</tbody></table>
+      <p class="muted">Rates and latencies: the last minute, as a replica of each route saw it.</p>`;
+  },
+
+  async resources() {
+    const r = await get("/api/resources");
+    const gib = (name, v) => (name.includes("memory") ? `${(v / 2 ** 30).toFixed(1)} GiB` : num(v, 3));
+    const rows = Object.entries(r.cluster).map(([name, c]) => `<tr><td>${esc(name)}</td>
+      <td><span class="bar"><div style="width:${c.total ? (100 * c.used) / c.total : 0}%"></div></span></td>
+      <td class="num">${gib(name, c.used)} used</td><td class="num">${gib(name, c.free)} free</td><td class="num">${gib(name, c.total)} total</td></tr>`).join("");
+    const jobs = r.jobs.map((j) => `<tr><td><a href="#/jobs/${encodeURIComponent(j.id)}">${esc(j.id)}</a></td><td>${esc(j.kind)}</td><td>${held(j.resources)}</td></tr>`).join("");
+    return `<h1>Resources</h1><p class="muted">${r.nodes} node(s)</p><table><tbody>${rows}</tbody></table>
+      <h2>Held by running jobs</h2>${jobs ? `<table><thead><tr><th>job</th><th>kind</th><th>holds</th></tr></thead><tbody>${jobs}</tbody></table>` : `<p class="muted">No job is running.</p>`}`;
+  },
+};
+
+function trainCharts(j) {
+  const rows = j.history || [];
+  const series = (key) => ({name: key, points: rows.filter((r) => typeof r[key] === "number").map((r) => [r.epoch, r[key]])});
+  const losses = j.metrics.filter((k) => /loss/.test(k));
+  const others = j.metrics.filter((k) => !/loss/.test(k) && !/^(time|lr)/.test(k));
+  let html = `<h2>Learning curves <span class="muted">(${rows.length} epochs${j.epochs ? ` of ${j.epochs}` : ""})</span></h2><div class="charts">`;
+  if (losses.length) html += chart("loss", losses.map(series));
+  if (others.length) html += chart("validation metrics", others.map(series));
+  return html + "</div>";
+}
+
+function tuneCharts(j) {
+  const metric = j.metric;
+  const trials = j.trials || [];
+  const series = trials.map((t) => ({name: `${t.trial_id}${t.trial_id === j.best_trial_id ? " ★ best" : ""}`, bold: t.trial_id === j.best_trial_id,
+    points: (j.history || []).filter((r) => r.trial_id === t.trial_id && typeof r[metric] === "number").map((r) => [r.epoch, r[metric]])}));
+  const keys = [...new Set(trials.flatMap((t) => Object.keys(t.config || {})))].filter((k) => trials.some((t) => t.config[k] !== trials[0].config[k]));
+  const rows = trials.map((t) => `<tr${t.trial_id === j.best_trial_id ? ' class="best"' : ""}><td>${esc(t.trial_id)}${t.trial_id === j.best_trial_id ? " ★" : ""}</td>
+    ${keys.map((k) => `<td>${esc(num(t.config[k]))}</td>`).join("")}<td class="num">${esc(num(t.metric))}</td><td class="num">${t.epochs}</td>
+    <td>${badge(t.status)}</td><td>${t.stopped_early ? "yes" : "no"}</td></tr>`).join("");
+  return `<h2>Trials <span class="muted">(${esc(metric)}, ${esc(j.mode)})</span></h2><table><thead><tr><th>trial</th>${keys.map((k) => `<th>${esc(k)}</th>`).join("")}
+    <th>${esc(metric)}</th><th>epochs</th><th>status</th><th>stopped early</th></tr></thead><tbody>${rows}</tbody></table>
+    <div class="charts">${chart(`${metric}, every trial`, series, {width: 760, height: 300})}</div>`;
+}
+
+// ---------------------------------------------------------------- plumbing
+async function render() {
+  if (busy) return;
+  busy = true;
+  const [, name = "jobs", ...rest] = (location.hash || "#/jobs").split("/");
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === name));
+  try {
+    const html = name === "jobs" && rest.length ? await views.job(decodeURIComponent(rest.join("/"))) : await (views[name] || views.jobs)();
+    view.innerHTML = html;
+    document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  } catch (err) {
+    view.innerHTML = `<p class="error">${esc(err.message)}</p>`;
+  } finally {
+    busy = false;
+  }
+}
+
+view.addEventListener("click", async (event) => {
+  const id = event.target.dataset && event.target.dataset.stop;
+  if (!id) return;
+  const token = sessionStorage.getItem("raymodel-token") || "";
+  const response = await fetch(`/api/jobs/${encodeURIComponent(id)}/stop`, {method: "POST", headers: {"X-Raymodel-Token": token}});
+  if (!response.ok) alert((await response.json()).error);
+  render();
+});
+
+window.addEventListener("hashchange", render);
+render();
+setInterval(render, 1000);

@@ -1,0 +1,134 @@
+"""The dashboard in a real browser (Debian's chromium, headless) against real jobs on the session's Ray."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from models import TinyNet
+
+import raymodel as rm
+
+ARTIFACTS = Path(__file__).parent / "artifacts"  # screenshots: look at them (not committed)
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("no chromium: `make test` installs it with `apt-get install chromium` where the machine allows")
+
+
+def _browser(binary: str, url: str, *args: str, budget_ms: int = 4000) -> str:
+    """The page's DOM after its scripts ran (``--dump-dom``), or a screenshot with ``--screenshot=``."""
+    with tempfile.TemporaryDirectory() as profile:
+        command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                   f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *(args or ["--dump-dom"]), url]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and (done.stdout or args), f"{url}: {done.stderr[-2000:]}"
+    return done.stdout
+
+
+def _points(dom: str, series: str) -> int:
+    found = re.search(rf'<path class="curve" data-series="{series}" data-points="(\d+)" d="M[\d.,L]+"', dom)
+    assert found, f"no drawn `{series}` curve in the page"
+    return int(found.group(1))
+
+
+@pytest.fixture(scope="module")
+def data(tiny):
+    X, y = tiny
+    return rm.data.from_numpy(np.tile(X, (4, 1)), np.tile(y, 4), valid_fraction=0.25)
+
+
+@pytest.mark.integration
+def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(ray_session, data, registry):
+    from s3server import free_port
+
+    browser = _chromium()
+    url = rm.dashboard(port=free_port())
+    base, token = url.split("/?token=")
+    assert base.startswith("http://127.0.0.1:") and rm.dashboard(port=int(base.rsplit(":", 1)[1])) == url
+    job = TinyNet().train({"num_workers": 1, "num_epochs": 5000, "progress": False}, data=data, wait=False)
+    try:
+        for row in job.stream():
+            if row["epoch"] >= 3:
+                break
+        ARTIFACTS.mkdir(exist_ok=True)
+        listing = _browser(browser, f"{base}/#/jobs")
+        row = re.search(rf'<tr data-job="{job.id}">(.*?)</tr>', listing, re.S)
+        assert row and '<span class="status RUNNING">' in row.group(1) and "<td>1 CPU</td>" in row.group(1)
+        held = requests.get(f"{base}/api/resources", timeout=30).json()
+        assert {"id": job.id, "kind": "train", "resources": {"CPU": 1.0}} in held["jobs"]
+        page = f"{base}/?token={token}#/jobs/{job.id}"
+        first = _browser(browser, page)
+        assert f'<span class="job-id">{job.id}</span> <span class="status RUNNING">' in first
+        before = _points(first, "loss")
+        assert before >= 3 and _points(first, "val_acc") >= 3
+        shown = len(job.history())
+        while len(job.history()) < shown + 3:  # more epochs end...
+            time.sleep(0.2)
+        after = _points(_browser(browser, page), "loss")
+        assert after > before, f"the curve did not gain points ({before} -> {after})"
+        _browser(browser, page, "--window-size=1280,900", f"--screenshot={ARTIFACTS / 'dashboard-job.png'}")
+        assert (ARTIFACTS / "dashboard-job.png").stat().st_size > 10_000
+
+        stop = f"{base}/api/jobs/{job.id}/stop"
+        assert requests.post(stop, timeout=10).status_code == 401  # read-only without the token
+        assert requests.post(stop, headers={"X-Raymodel-Token": "wrong"}, timeout=10).status_code == 401
+        assert job.status == "RUNNING"
+        assert requests.post(stop, headers={"X-Raymodel-Token": token}, timeout=10).status_code == 200
+        result = job.wait(timeout=120)
+    finally:
+        job.stop()
+    assert job.status == "STOPPED"
+    resources = requests.get(f"{base}/api/resources", timeout=30).json()
+    assert resources["cluster"]["CPU"]["total"] == 2.0
+
+    registry.put(result, "dash-digits", alias="production")
+    _browser(browser, f"{base}/#/models", "--window-size=1280,700", f"--screenshot={ARTIFACTS / 'dashboard-models.png'}")
+    models = _browser(browser, f"{base}/#/models")
+    assert '<h2 class="model-key">dash-digits</h2>' in models and "@production" in models
+    assert f'href="#/jobs/{job.id}"' in models  # lineage: the job that produced the version
+    _browser(browser, f"{base}/#/jobs", "--window-size=1280,500", f"--screenshot={ARTIFACTS / 'dashboard-jobs.png'}")
+
+
+def test_a_tune_jobs_trials_best_and_early_stops_are_worked_out_from_its_record():
+    from raymodel.web._api import _trials
+
+    record = {"metric": "val_loss", "mode": "min", "epochs": 4, "result": None,
+              "trials": {"a": {"config": {"lr": 0.1}, "status": "TERMINATED"},
+                         "b": {"config": {"lr": 0.01}, "status": "RUNNING"}},
+              "history": [{"trial_id": "a", "epoch": 1, "val_loss": 0.9},
+                          {"trial_id": "b", "epoch": 1, "val_loss": 0.8},
+                          {"trial_id": "b", "epoch": 2, "val_loss": 0.5},
+                          {"trial_id": "a", "epoch": 2, "val_loss": 0.7}]}
+    trials, best = _trials(record)
+    assert best == "b"  # the lowest last val_loss
+    by_id = {t["trial_id"]: t for t in trials}
+    assert by_id["a"]["stopped_early"] and not by_id["b"]["stopped_early"]  # ended at 2 of 4 epochs; still running
+    assert by_id["a"]["epochs"] == 2 and by_id["b"]["metric"] == 0.5 and by_id["a"]["config"] == {"lr": 0.1}
+    record["result"] = {"best_trial_id": "a"}  # once the job ended, Tune's own choice wins
+    assert _trials(record)[1] == "a"
+
+
+def test_a_taken_or_bad_port_is_a_clear_error_before_anything_starts():
+    import socket
+
+    from raymodel.exceptions import SettingsError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SettingsError, match=f"cannot listen on 127.0.0.1:{port}.*another port"):
+            rm.dashboard(port=port)
+    with pytest.raises(SettingsError, match="`port` must be an integer from 1 to 65535"):
+        rm.dashboard(port=70000)
