@@ -92,5 +92,5 @@ class _BatchHooks(tf.keras.callbacks.Callback):
             self.run.sync(self.run.before_batch(None, batch))
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if self.run.hooks.has("after_batch"):
+        if self.run.hooks.has("after_batch") or self.run.progress is not None:
             self.run.sync(self.run.after_batch(batch, dict(logs or {})))

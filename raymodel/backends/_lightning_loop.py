@@ -64,7 +64,7 @@ class LightningLoop(TorchLoop):
             max_epochs=last, accelerator="gpu" if settings.use_gpu else "cpu", callbacks=[_Bridge(run)],
             use_distributed_sampler=False,  # raymodel's sharding policy (ShardSampler) instead
             enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0, **placement,
+            num_sanity_val_steps=0, **placement, **_step_arguments(settings),
         )
         trainer = prepare_trainer(self.trainer) if run.session.on_ray_train else self.trainer
         train = self._loader("train")
@@ -126,7 +126,7 @@ class _Bridge(pl.Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
             self.losses.append(loss.detach().float().cpu())
-        if self.run.hooks.has("after_batch"):
+        if self.run.hooks.has("after_batch") or self.run.progress is not None:
             self.run.sync(self.run.after_batch(batch_idx, outputs))
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
@@ -146,3 +146,11 @@ class _Bridge(pl.Callback):
 def _scalars(trainer: Any) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items()
             if isinstance(v, torch.Tensor) and v.numel() == 1}
+
+
+def _step_arguments(settings: Any) -> dict[str, Any]:
+    """``TrainSettings``' precision, accumulation and clipping as Lightning's ``Trainer`` arguments."""
+    clip = settings.grad_clip_norm if settings.grad_clip_norm is not None else settings.grad_clip_value
+    return {"precision": "32-true" if settings.precision == "32" else settings.precision,
+            "accumulate_grad_batches": settings.accumulate_grad_batches, "gradient_clip_val": clip,
+            "gradient_clip_algorithm": "value" if settings.grad_clip_value is not None else "norm"}

@@ -32,6 +32,7 @@ from raymodel._internal import serialization, storage, tmp
 from raymodel._internal.hub import Collective
 from raymodel.exceptions import CheckpointError
 from raymodel.hooks import HookRunner, RunContext, maybe_await
+from raymodel.train._progress import BatchProgress
 
 # Which phase may follow which: a backend that calls them out of order is a bug.
 _NEXT = {
@@ -106,7 +107,8 @@ class WorkerRun:
         self.collective = Collective(loop_config.get("hub"), self.rank, self.world, self.session.broadcast)
         self.context = RunContext(rank=self.rank, world_size=self.world, local_rank=self.session.local_rank,
                                   num_epochs=int(self.settings.num_epochs), name=self.info.get("name", ""),
-                                  storage_path=self.info.get("path", ""), trial_id=self.info.get("trial_id"))
+                                  storage_path=self.info.get("path", ""), trial_id=self.info.get("trial_id"),
+                                  settings=self.settings)
         self.model.context = self.context
         self.callbacks = list(self.settings.callbacks)
         self.hooks = HookRunner(self.model, self.callbacks, self.context)
@@ -117,6 +119,10 @@ class WorkerRun:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.worker: Any = None  # the backend's WorkerLoop, made in `fit`
         self._phase = "created"
+        self.last_checkpoint: str | None = None  # the newest this run wrote (``after_fit`` gets it)
+        hub = loop_config.get("hub")
+        self.progress = BatchProgress(hub) if hub is not None and self.rank == 0 and self.settings.progress else None
+        self._batches_per_epoch: int | None = None
 
     @property
     def num_epochs(self) -> int:
@@ -150,7 +156,7 @@ class WorkerRun:
             await self.worker.run_epochs(self.start_epoch, self.num_epochs)
         self._enter("done")
         result = {"metrics": self.history[-1] if self.history else {}, "history": self.history}
-        await self.hooks.call("after_fit", result)
+        await self.hooks.call("after_fit", {**result, "checkpoint": self.last_checkpoint})
         return result
 
     async def epoch(self, epoch: int) -> bool:
@@ -174,6 +180,10 @@ class WorkerRun:
         return batch
 
     async def after_batch(self, batch_idx: int, outputs: Any) -> None:
+        if self.progress is not None:
+            if batch_idx == 0:
+                self._batches_per_epoch = self.worker.batches_per_epoch()
+            self.progress.batch(self.context.epoch, batch_idx, self._batches_per_epoch, outputs)
         if self.hooks.has("after_batch"):
             await self.hooks.call("after_batch", batch_idx, outputs)
 
@@ -204,8 +214,14 @@ class WorkerRun:
             state = self.worker.get_state()  # on every worker: some frameworks save collectively
             if self.rank == 0:
                 directory = await self._write_checkpoint(epoch, state, row, [rng for _, rng in votes])
+        if self.progress is not None and self.settings.num_workers == 0:
+            import ray  # local mode: no controller forwards the report; the row is in before fit() returns
+
+            ray.get(self.progress.hub.push.remote(row))
         try:
             self.session.report(row, directory, f"checkpoint_epoch_{epoch:06d}")
+            if due and self.info.get("path"):
+                self.last_checkpoint = storage.join(self.info["path"], f"checkpoint_epoch_{epoch:06d}")
         finally:
             if directory is not None and not self._keeps_checkpoint_dirs:
                 shutil.rmtree(directory, ignore_errors=True)

@@ -7,6 +7,7 @@ processed; synchronous steps are called directly, ``async def`` ones awaited.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Iterator
 
@@ -51,6 +52,7 @@ class TorchLoop(WorkerLoop):
         self.device = _device(run.settings.use_gpu)
         self.distributed = run.world > 1 and dist.is_available() and dist.is_initialized()
         self.step_module: nn.Module | None = None
+        self.control = StepControl(run.settings, self.device)
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
@@ -61,6 +63,12 @@ class TorchLoop(WorkerLoop):
             m.to(self.device)
         model._optimizers, model._scheduler_configs = configure_optimizers(model)
         model._schedulers = [c.scheduler for c in model._scheduler_configs]
+        self.control.modules = list(model.backend.modules(model).values())
+        model._step_control = self.control
+        if not model.automatic_optimization and self.control.scaler is not None:
+            raise ModelDefinitionError("`precision='16-mixed'` needs automatic optimization (its gradient scaler "
+                                       "steps the optimizers); with `automatic_optimization = False` use "
+                                       "`precision='bf16-mixed'`.")
 
     def ready(self) -> None:
         self.step_module = self._wrap(self.model.backend.modules(self.model))
@@ -102,23 +110,45 @@ class TorchLoop(WorkerLoop):
         step = self.step_module if self.step_module is not None else model.train_step
         sums: dict[str, torch.Tensor] = {}
         n_batches = 0
-        async for batch_idx, batch in _aenumerate(self._batches("train", epoch)):
+        control = self.control
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        async for batch_idx, batch, last in _with_last(self._batches("train", epoch)):
             batch = await run.before_batch(_to_device(batch, self.device), batch_idx)
-            if auto:
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-            outputs = await _call_step(step, batch, "train_step")
-            loss = _loss_of(outputs)
-            if auto:
-                loss.backward()
-                for opt in optimizers:
-                    opt.step()
-            for config in per_step:
-                config.step()
+            # The optimizers step every `accumulate_grad_batches` batches and after the epoch's last one;
+            # in between, DDP keeps the gradients local (no all-reduce) and they add up.
+            due = last or (batch_idx + 1) % control.every == 0
+            model._step_due = due
+            with self._no_sync(auto and not due):
+                with control.autocast():
+                    outputs = await _call_step(step, batch, "train_step")
+                loss = _loss_of(outputs)
+                if auto:
+                    control.backward(loss)
+            if auto and due:
+                control.step(optimizers)
+            if due or not auto:
+                for config in per_step:
+                    config.step()
             _accumulate(sums, outputs, loss)
             n_batches += 1
             await run.after_batch(batch_idx, outputs)
         return run.mean_over_workers({k: (float(v), n_batches) for k, v in sums.items()})
+
+    def _no_sync(self, accumulating: bool) -> Any:
+        if accumulating and self.step_module is not None:
+            return self.step_module.no_sync()
+        return contextlib.nullcontext()
+
+    def batches_per_epoch(self) -> int | None:
+        split, s = self.run.splits["train"], self.run.settings
+        if isinstance(split, Arrays):
+            rows = len(worker_rows(len(split), self.run.rank, self.run.world, train=True, shuffle=False, seed=0,
+                                   epoch=0))
+            return -(-rows // s.batch_size)
+        if isinstance(split, TorchDataset):
+            return -(-len(split.dataset) // (s.batch_size * self.run.world))
+        return None
 
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         for config in self.model._scheduler_configs:
@@ -336,11 +366,63 @@ def _array_batches(x: torch.Tensor, y: torch.Tensor | None, idx: torch.Tensor, b
         yield (x[sel],) if y is None else (x[sel], y[sel])
 
 
-async def _aenumerate(it: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any]]:
-    i = 0
+async def _with_last(it: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any, bool]]:
+    """``(index, item, is_last)``: one item of look-ahead (the batches are prefetched anyway)."""
+    i, pending, have = 0, None, False
     async for item in it:
-        yield i, item
-        i += 1
+        if have:
+            yield i, pending, False
+            i += 1
+        pending, have = item, True
+    if have:
+        yield i, pending, True
+
+
+class StepControl:
+    """Precision, gradient accumulation and clipping of one worker's optimizer steps
+    (``TrainSettings.precision``, ``accumulate_grad_batches``, ``grad_clip_norm``/``grad_clip_value``)."""
+
+    def __init__(self, settings: Any, device: torch.device) -> None:
+        self.every = int(settings.accumulate_grad_batches)
+        self.clip_norm, self.clip_value = settings.grad_clip_norm, settings.grad_clip_value
+        self.dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(settings.precision)
+        self.device_type = device.type
+        self.scaler = torch.amp.GradScaler(device.type) if settings.precision == "16-mixed" else None
+        self.modules: list[nn.Module] = []
+
+    def autocast(self) -> Any:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """The loss over ``accumulate_grad_batches`` (the summed gradients are the big batch's mean)."""
+        loss = loss / self.every if self.every > 1 else loss
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def clip(self, optimizers: list[Any]) -> None:
+        if self.clip_norm is None and self.clip_value is None:
+            return
+        if self.scaler is not None:
+            for opt in optimizers:
+                self.scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
+        params = [p for m in self.modules for p in m.parameters() if p.grad is not None]
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
+        else:
+            torch.nn.utils.clip_grad_value_(params, self.clip_value)
+
+    def step(self, optimizers: list[Any]) -> None:
+        self.clip(optimizers)
+        for opt in optimizers:
+            if self.scaler is not None:
+                self.scaler.step(opt)
+            else:
+                opt.step()
+        if self.scaler is not None:
+            self.scaler.update()
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
 
 
 def _device(use_gpu: bool) -> torch.device:

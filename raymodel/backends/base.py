@@ -64,6 +64,9 @@ class Backend:
     #: True when the worker loop gathers across workers with the framework's own collective
     #: (:meth:`WorkerLoop.all_gather`); otherwise the run's hub actor carries the values.
     native_collective: ClassVar[bool] = False
+    #: True when ``TrainSettings.precision``, ``accumulate_grad_batches`` and the gradient clips
+    #: apply (a loop of optimizer steps: torch, Lightning).
+    gradient_steps: ClassVar[bool] = False
     #: Keys of the state dict that :meth:`write_state` writes itself; any other entry
     #: (added in ``on_save_checkpoint``) is saved beside them by the checkpoint format.
     state_keys: ClassVar[tuple[str, ...]] = ()
@@ -217,6 +220,10 @@ class WorkerLoop:
 
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         """After ``after_epoch``, before the checkpoint: per-epoch bookkeeping (e.g. LR schedulers)."""
+
+    def batches_per_epoch(self) -> int | None:
+        """This worker's training batches per epoch, when known (the progress bar's total)."""
+        return None
 
     async def run_epochs(self, first: int, last: int) -> None:
         """Run epochs ``first..last``, stopping early when ``run.epoch`` says so."""

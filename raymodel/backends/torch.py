@@ -29,6 +29,7 @@ class TorchBackend(Backend):
     hook_notes = {"before_batch": "yes (may replace the batch)", "after_batch": "yes (the step's output)"}
     state_keys = ("modules", "optimizers", "schedulers")
     native_collective = True  # torch.distributed, which DDP already set up
+    gradient_steps = True  # precision, accumulation and clipping (TrainSettings)
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._torch_loop import TorchLoop
@@ -193,11 +194,24 @@ class RayTorchModel(RayModel):
         return scheds[0] if len(scheds) == 1 else list(scheds)
 
     def manual_backward(self, loss: "torch.Tensor") -> None:
-        """``loss.backward()``, then average the gradients over all workers."""
-        loss.backward()
+        """``loss.backward()``, then average the gradients over all workers.
+
+        It keeps to the run's ``TrainSettings``: the loss is divided by
+        ``accumulate_grad_batches`` (step your optimizers every that many
+        batches), and on a batch where a step is due the gradients are clipped
+        by ``grad_clip_norm`` / ``grad_clip_value``. (``precision`` already
+        applies: ``train_step`` runs under its autocast.)
+        """
         from raymodel.backends._torch_loop import average_gradients
 
+        control = getattr(self, "_step_control", None)
+        if control is None:
+            loss.backward()
+        else:
+            control.backward(loss)
         average_gradients(TorchBackend.modules(self).values())
+        if control is not None and getattr(self, "_step_due", True):
+            control.clip(self._optimizers)
 
 
 __all__ = ["RayTorchModel", "TorchBackend"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass
@@ -25,6 +26,7 @@ class RunContext:
         resumed_from: The epoch of the checkpoint this attempt resumed from (0: a fresh start).
         checkpoint: Where that checkpoint is (``None``: a fresh start).
         trial_id: The Ray Tune trial this run is (``None`` outside ``tune``).
+        settings: The run's ``TrainSettings``.
         should_stop: Stop at the end of this epoch (any worker may set it).
     """
 
@@ -38,4 +40,5 @@ class RunContext:
     resumed_from: int = 0
     checkpoint: str | None = None
     trial_id: str | None = None
+    settings: Any = None
     should_stop: bool = False

@@ -13,7 +13,7 @@ from raymodel._internal.hub import start_hub, stop_hub
 from raymodel.backends._run import WorkerRun, run_worker
 from raymodel.data import resolve
 from raymodel.data._splits import nonfinite
-from raymodel.exceptions import DataError, HookError, TrainingError
+from raymodel.exceptions import DataError, HookError, SettingsError, TrainingError
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
 from raymodel.train._settings import TrainSettings
@@ -26,12 +26,25 @@ def prepare(model: "RayModel", settings: Any, data: Any) -> tuple[TrainSettings,
     """Every check that can fail before Ray is touched: settings, model, data."""
     settings = TrainSettings.coerce(settings)
     backend = model.backend
+    _check_step_settings(settings, backend)
     backend.import_framework()
     backend.validate_model(model)
     spec = resolve(data)
     backend.validate_data(spec)
     _check_finite(spec, settings.nonfinite)
     return settings, spec
+
+
+def _check_step_settings(settings: TrainSettings, backend: Any) -> None:
+    from raymodel.train._settings import STEP_SETTINGS
+
+    if backend.gradient_steps:
+        return
+    changed = [f"`{k}={getattr(settings, k)!r}`" for k, v in STEP_SETTINGS.items() if getattr(settings, k) != v]
+    if changed:
+        raise SettingsError(f"{', '.join(changed)}: the {backend.name} backend has no gradient steps to change; "
+                            f"precision, gradient accumulation and clipping are for the torch and Lightning "
+                            f"backends. Leave them at their defaults.")
 
 
 def _check_finite(spec: Any, policy: str) -> None:

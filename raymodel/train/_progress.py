@@ -1,8 +1,11 @@
-"""Epoch progress on the driver: a Ray Train ``UserCallback`` feeds the run's hub, the driver prints.
+"""Epoch progress on the driver: the run's hub carries rows to a thread on the driver, which shows them.
 
-The callback runs in Train V2's controller actor; the run's ``RunHub`` (a
-tiny actor) carries rank 0's metrics to a thread on the driver, which prints
-one line per epoch while ``fit()`` blocks.
+Two kinds of row reach the hub: each epoch's metrics (from a Ray Train
+``UserCallback`` in Train V2's controller, or from rank 0 itself in local
+mode), and, a few times a second, rank 0's batch progress (``_progress``
+rows: batches done, of how many, the loss). In a terminal the driver draws a
+live bar per epoch (batches, loss, rate, ETA) under an epoch counter (tqdm);
+elsewhere (CI logs, a pipe) it prints one plain line per epoch.
 """
 
 from __future__ import annotations
@@ -12,27 +15,65 @@ import threading
 import time
 from typing import Any, TextIO
 
+#: How often rank 0 sends its batch progress (seconds).
+BATCH_EVERY_S = 0.25
 
 
 def format_metrics(metrics: dict[str, Any], skip: tuple[str, ...] = ("epoch", "checkpoint_path")) -> str:
     parts = []
     for key, value in metrics.items():
-        if key in skip:
+        if key in skip or key.startswith("_"):
             continue
         parts.append(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}")
     return "  ".join(parts)
 
 
+def is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class BatchProgress:
+    """On rank 0: sends ``{"_progress": True, "epoch", "batch", "total", "loss"}`` to the hub, at
+    most every :data:`BATCH_EVERY_S` seconds (a fire-and-forget call: training never waits)."""
+
+    def __init__(self, hub: Any) -> None:
+        self.hub, self.last = hub, 0.0
+
+    def batch(self, epoch: int, batch_idx: int, total: int | None, outputs: Any) -> None:
+        now = time.monotonic()
+        if now - self.last < BATCH_EVERY_S and batch_idx + 1 != total:
+            return
+        self.last = now
+        self.hub.push.remote({"_progress": True, "epoch": epoch, "batch": batch_idx + 1, "total": total,
+                              "loss": _loss(outputs)})
+
+
+def _loss(outputs: Any) -> float | None:
+    value = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    if hasattr(value, "detach"):
+        value = value.detach()
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
 class ProgressPrinter:
-    """Prints ``[Name] epoch 3/5  loss 0.1234  val_acc 0.9700  (12.3s)`` per epoch."""
+    """Shows ``[Name] epoch 3/5  loss 0.1234  val_acc 0.9700  (12.3s)`` per epoch, with live bars in a terminal."""
 
     def __init__(self, hub: Any, label: str, total: int, unit: str = "epoch", stream: TextIO | None = None) -> None:
         self.hub = hub
         self.label, self.total, self.unit = label, total, unit
         self.stream = stream or sys.stdout
+        self.live = is_terminal(self.stream)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raymodel-progress", daemon=True)
         self._start = time.monotonic()
+        self._epochs: Any = None  # tqdm bars, in a terminal
+        self._batches: Any = None
 
     def callback(self) -> Any:
         from raymodel.train._callbacks import ProgressCallback
@@ -48,6 +89,9 @@ class ProgressPrinter:
         self._stop.set()
         self._thread.join(timeout=5)
         self._poll(timeout=0.0)  # rows that arrived after the thread's last look
+        for bar in (self._batches, self._epochs):
+            if bar is not None:
+                bar.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -61,10 +105,42 @@ class ProgressPrinter:
         except Exception:  # noqa: BLE001 - the hub going away ends progress output, not the run
             return
         for row in rows:
-            self._print(row)
+            if row.get("_progress"):
+                if self.live:
+                    self._batch(row)
+            else:
+                self._print(row)
+
+    def _bars(self) -> None:
+        from tqdm.auto import tqdm
+
+        if self._epochs is None:
+            self._epochs = tqdm(total=self.total, desc=f"[{self.label}] {self.unit}s", unit=self.unit,
+                                position=0, file=self.stream, dynamic_ncols=True)
+
+    def _batch(self, row: dict[str, Any]) -> None:
+        from tqdm.auto import tqdm
+
+        self._bars()
+        if self._batches is None or self._batches.desc != f"{self.unit} {row['epoch']}":
+            if self._batches is not None:
+                self._batches.close()
+            self._batches = tqdm(total=row.get("total"), desc=f"{self.unit} {row['epoch']}", unit="batch",
+                                 position=1, leave=False, file=self.stream, dynamic_ncols=True)
+        self._batches.update(row["batch"] - self._batches.n)
+        if row.get("loss") is not None:
+            self._batches.set_postfix(loss=f"{row['loss']:.4f}", refresh=True)
 
     def _print(self, row: dict[str, Any]) -> None:
         elapsed = time.monotonic() - self._start
         epoch = row.get("epoch", "?")
-        print(f"[{self.label}] {self.unit} {epoch}/{self.total}  {format_metrics(row)}  ({elapsed:.1f}s)",
-              file=self.stream, flush=True)
+        line = f"[{self.label}] {self.unit} {epoch}/{self.total}  {format_metrics(row)}  ({elapsed:.1f}s)"
+        if not self.live:
+            print(line, file=self.stream, flush=True)
+            return
+        self._bars()
+        if self._batches is not None:
+            self._batches.close()
+            self._batches = None
+        self._epochs.write(line, file=self.stream)
+        self._epochs.update(1)

@@ -31,6 +31,13 @@ class TrainResult:
     config: dict[str, Any]
     name: str
 
+    def plot(self, path: str | None = None) -> Any:
+        """The learning curves: training and validation loss per epoch, and each other validation
+        metric. Returns the matplotlib ``Figure``; with ``path``, also saves it as a PNG there."""
+        from raymodel._internal.plots import train_figure
+
+        return train_figure(self, path)
+
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.metrics.items())
         return f"TrainResult({shown}, epochs={len(self.history)}, checkpoint={self.checkpoint!r})"

@@ -9,11 +9,17 @@ from raymodel._internal.settings import (
     check_choice,
     check_int,
     check_name,
+    check_number,
     check_resources,
     check_type,
     collect,
     settings_class,
 )
+
+#: The training step's float precision (Lightning's names).
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+#: Settings of the training step that only loop-driven gradient backends (torch, Lightning) honour.
+STEP_SETTINGS = {"precision": "32", "accumulate_grad_batches": 1, "grad_clip_norm": None, "grad_clip_value": None}
 
 #: Seeds feed numpy's generators, which take 0 <= seed < 2**32.
 MAX_SEED = 2**32 - 1
@@ -52,6 +58,15 @@ class TrainSettings(SettingsBase):
         progress: Print one line per epoch on the driver.
         nonfinite: What NaN or infinite values in array data do: ``"warn"`` (a
             warning naming the array), ``"error"`` (a ``DataError``) or ``"allow"``.
+        precision: ``"32"`` (default), ``"bf16-mixed"`` (bfloat16 autocast; works on
+            CPU) or ``"16-mixed"`` (float16 autocast with a gradient scaler; needs
+            ``use_gpu=True``). Torch and Lightning backends.
+        accumulate_grad_batches: Step the optimizers every this many batches, on
+            the summed gradients of the loss divided by it (a batch of ``batch_size``
+            times this many, in memory for one). Torch and Lightning.
+        grad_clip_norm: Clip the gradients' total 2-norm to this before each step.
+        grad_clip_value: Clip each gradient element to ``[-value, value]`` before
+            each step (one of the two clips at a time). Torch and Lightning.
     """
 
     num_workers: int = 1
@@ -72,6 +87,10 @@ class TrainSettings(SettingsBase):
     verbose: bool = False
     progress: bool = True
     nonfinite: str = "warn"
+    precision: str = "32"
+    accumulate_grad_batches: int = 1
+    grad_clip_norm: float | None = None
+    grad_clip_value: float | None = None
 
     def _validate(self) -> list[str]:
         from raymodel.hooks import Callback
@@ -96,7 +115,16 @@ class TrainSettings(SettingsBase):
             check_type("progress", self.progress, (bool,), "True or False"),
             check_resources("resources_per_worker", self.resources_per_worker),
             check_choice("nonfinite", self.nonfinite, ("warn", "error", "allow")),
+            check_choice("precision", self.precision, PRECISIONS),
+            check_int("accumulate_grad_batches", self.accumulate_grad_batches, minimum=1),
+            check_number("grad_clip_norm", self.grad_clip_norm, minimum=0, exclusive_min=True, allow_none=True),
+            check_number("grad_clip_value", self.grad_clip_value, minimum=0, exclusive_min=True, allow_none=True),
         )
+        if self.grad_clip_norm is not None and self.grad_clip_value is not None:
+            problems.append("Set one of `grad_clip_norm` and `grad_clip_value`, not both.")
+        if self.precision == "16-mixed" and self.use_gpu is False:
+            problems.append("`precision='16-mixed'` needs a GPU (`use_gpu=True`): float16 autocast with a gradient "
+                            "scaler is a GPU feature. On CPU use `precision='bf16-mixed'`.")
         if isinstance(self.storage_path, str) and not self.storage_path.strip():
             problems.append("`storage_path` must not be empty (leave it out for `$RAYMODEL_HOME/runs`).")
         if not isinstance(self.callbacks, tuple):

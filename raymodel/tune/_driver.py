@@ -242,7 +242,7 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
              root: str) -> TuneResult:
     """The experiment's ``TuneResult``, from Tune's results (no file is read: trials may have run
     on other nodes); locations keep the storage's scheme, which Ray's ``Result.path`` drops."""
-    rows, reported = [], set()
+    rows, reported, curves = [], set(), {}
     for r in results:
         metrics = dict(r.metrics or {})
         reported |= {k for k in metrics if k not in _TUNE_KEYS and not k.startswith("config")}
@@ -258,6 +258,7 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
                "checkpoint": metrics.get("checkpoint_path"),
                "path": storage.rebase(root, r.path), "error": None if r.error is None else str(r.error).strip().splitlines()[-1]}
         rows.append(row)
+        curves[row["trial_id"]] = _curve(r, metric)
     ok = [r for r in rows if isinstance(r.get(metric), (int, float)) and not math.isnan(r[metric])]
     if not ok:
         errors = [r["error"] for r in rows if r["error"]]
@@ -271,7 +272,16 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
                     if k not in _TUNE_KEYS and not k.startswith("config")}
     return TuneResult(best_config=dict(best_result.config), best_metrics=best_metrics,
                       best_checkpoint=best["checkpoint"], num_trials=len(rows), path=path, metric=metric,
-                      mode=settings.mode, trials=rows, best_trial_id=best["trial_id"])
+                      mode=settings.mode, trials=rows, best_trial_id=best["trial_id"], curves=curves)
+
+
+def _curve(result: Any, metric: str) -> list[list[float]]:
+    """``[[epoch, value], ...]`` of ``metric`` for one trial (a restarted trial's repeats: the last)."""
+    frame = getattr(result, "metrics_dataframe", None)
+    if frame is None or metric not in frame.columns or "epoch" not in frame.columns:
+        return []
+    by_epoch = {int(e): float(v) for e, v in zip(frame["epoch"], frame[metric]) if v == v and e == e}
+    return [[e, by_epoch[e]] for e in sorted(by_epoch)]
 
 
 def _load_best(model: "RayModel", result: TuneResult) -> None:

@@ -17,6 +17,8 @@ class TuneResult:
         num_trials: How many trials ran.
         path: The experiment's folder (pass ``settings.name`` and ``resume=True`` to continue it).
         metric, mode: What was optimized.
+        trials: One dict per trial (``dataframe()`` shows them as a table).
+        curves: Each trial's ``metric`` by epoch: ``{trial_id: [[epoch, value], ...]}``.
     """
 
     best_config: dict[str, Any]
@@ -28,6 +30,7 @@ class TuneResult:
     mode: str
     trials: list[dict[str, Any]]
     best_trial_id: str = ""
+    curves: dict[str, list[list[float]]] = dataclasses.field(default_factory=dict)
 
     def dataframe(self) -> Any:
         """One row per trial: ``trial_id``, ``config/<key>`` columns, final metrics,
@@ -38,6 +41,14 @@ class TuneResult:
         if self.metric in frame.columns:
             frame = frame.sort_values(self.metric, ascending=self.mode == "min", na_position="last")
         return frame.reset_index(drop=True)
+
+    def plot(self, path: str | None = None) -> Any:
+        """Every trial's ``metric`` by epoch on one chart: the best trial highlighted, trials that
+        were stopped early marked with an ×. Returns the matplotlib ``Figure``; with ``path``,
+        also saves it as a PNG there."""
+        from raymodel._internal.plots import tune_figure
+
+        return tune_figure(self, path)
 
     def __repr__(self) -> str:
         value = self.best_metrics.get(self.metric)
