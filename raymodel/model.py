@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 

@@ -65,3 +65,12 @@ def tiny():
     X = rng.normal(size=(16, 4)).astype(np.float32)
     y = (X[:, 0] > 0).astype(np.int64)
     return X, y
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tiny):
+    """``tiny`` four times over (64 rows), a quarter held out: a few batches an epoch, for jobs."""
+    import raymodel as rm
+
+    X, y = tiny
+    return rm.data.from_numpy(np.tile(X, (4, 1)), np.tile(y, 4), valid_fraction=0.25)

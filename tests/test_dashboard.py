@@ -9,7 +9,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import requests
 from models import TinyNet
@@ -42,21 +41,15 @@ def _points(dom: str, series: str) -> int:
     return int(found.group(1))
 
 
-@pytest.fixture(scope="module")
-def data(tiny):
-    X, y = tiny
-    return rm.data.from_numpy(np.tile(X, (4, 1)), np.tile(y, 4), valid_fraction=0.25)
-
-
 @pytest.mark.integration
-def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(ray_session, data, registry):
+def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(ray_session, tiny_data, registry):
     from s3server import free_port
 
     browser = _chromium()
     url = rm.dashboard(port=free_port())
     base, token = url.split("/?token=")
     assert base.startswith("http://127.0.0.1:") and rm.dashboard(port=int(base.rsplit(":", 1)[1])) == url
-    job = TinyNet().train({"num_workers": 1, "num_epochs": 5000, "progress": False}, data=data, wait=False)
+    job = TinyNet().train({"num_workers": 1, "num_epochs": 5000, "progress": False}, data=tiny_data, wait=False)
     try:
         for row in job.stream():
             if row["epoch"] >= 3:
@@ -93,7 +86,8 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
     assert resources["cluster"]["CPU"]["total"] == 2.0
 
     registry.put(result, "dash-digits", alias="production")
-    _browser(browser, f"{base}/#/models", "--window-size=1280,700", f"--screenshot={ARTIFACTS / 'dashboard-models.png'}")
+    _browser(browser, f"{base}/#/models", "--window-size=1280,700",
+             f"--screenshot={ARTIFACTS / 'dashboard-models.png'}")
     models = _browser(browser, f"{base}/#/models")
     assert '<h2 class="model-key">dash-digits</h2>' in models and "@production" in models
     assert f'href="#/jobs/{job.id}"' in models  # lineage: the job that produced the version

@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import requests
 from models import TinyNet
@@ -19,12 +18,6 @@ from raymodel.exceptions import TrainingError
 
 TESTS = str(Path(__file__).parent)
 PYTHON = sys.executable
-
-
-@pytest.fixture(scope="module")
-def data(tiny):
-    X, y = tiny
-    return rm.data.from_numpy(np.tile(X, (4, 1)), np.tile(y, 4), valid_fraction=0.25)
 
 
 def _until(check, timeout=90.0, every=0.2):
@@ -42,10 +35,10 @@ def _free_cpus(ray):
 
 
 @pytest.mark.integration
-def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_back(ray_session, data):
+def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_back(ray_session, tiny_data):
     baseline = _free_cpus(ray_session)
     start = time.monotonic()
-    job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=data, wait=False)
+    job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=tiny_data, wait=False)
     assert time.monotonic() - start < 5 and job.kind == "train"
     assert job.status in ("PENDING", "RUNNING")
     epochs = []
@@ -67,11 +60,11 @@ def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_
 
 
 @pytest.mark.integration
-def test_jobs_that_fit_run_together_and_one_that_does_not_waits_then_runs(ray_session, data):
+def test_jobs_that_fit_run_together_and_one_that_does_not_waits_then_runs(ray_session, tiny_data):
     one = {"num_workers": 1, "num_epochs": 200, "progress": False}
-    a = TinyNet().train(one, data=data, wait=False)
-    b = TinyNet().train(one, data=data, wait=False)
-    big = TinyNet().train({"num_workers": 2, "num_epochs": 2, "progress": False}, data=data, wait=False)
+    a = TinyNet().train(one, data=tiny_data, wait=False)
+    b = TinyNet().train(one, data=tiny_data, wait=False)
+    big = TinyNet().train({"num_workers": 2, "num_epochs": 2, "progress": False}, data=tiny_data, wait=False)
     _until(lambda: len(a.history()) >= 1 and len(b.history()) >= 1)  # both train at the same time
     assert a.status == b.status == "RUNNING"
     assert big.status == "PENDING" and big.reason.startswith("waiting for CPU: needs 2")
@@ -85,15 +78,15 @@ def test_jobs_that_fit_run_together_and_one_that_does_not_waits_then_runs(ray_se
     assert big.status == "SUCCEEDED" and [r["epoch"] for r in result.history] == [1, 2]
     assert a.status == b.status == "STOPPED"
 
-    never = TinyNet().train({"num_workers": 8, "num_epochs": 1, "progress": False}, data=data, wait=False)
+    never = TinyNet().train({"num_workers": 8, "num_epochs": 1, "progress": False}, data=tiny_data, wait=False)
     assert never.status == "FAILED"
     with pytest.raises(TrainingError, match="can never run on this cluster: it needs 8 CPU"):
         never.wait()
 
 
 @pytest.mark.integration
-def test_a_stopped_tune_job_stops_every_trial_and_keeps_the_best_so_far(ray_session, data):
-    job = TinyNet().tune({"lr": rm.tune.grid_search([0.01, 0.02])}, data=data, wait=False, settings={
+def test_a_stopped_tune_job_stops_every_trial_and_keeps_the_best_so_far(ray_session, tiny_data):
+    job = TinyNet().tune({"lr": rm.tune.grid_search([0.01, 0.02])}, data=tiny_data, wait=False, settings={
         "num_samples": 1, "max_epochs": 200, "scheduler": "fifo", "progress": False,
         "train": {"resources_per_worker": {"CPU": 0.95}, "progress": False}})
     assert job.kind == "tune"
@@ -117,18 +110,18 @@ class Exploding(TinyNet):
 
 
 @pytest.mark.integration
-def test_a_failed_job_raises_the_workers_own_error(ray_session, data):
-    job = Exploding().train({"num_workers": 1, "num_epochs": 2, "progress": False}, data=data, wait=False)
+def test_a_failed_job_raises_the_workers_own_error(ray_session, tiny_data):
+    job = Exploding().train({"num_workers": 1, "num_epochs": 2, "progress": False}, data=tiny_data, wait=False)
     with pytest.raises(TrainingError, match="RuntimeError: the loss exploded"):
         job.wait(timeout=120)
     assert job.status == "FAILED"
 
 
 @pytest.mark.integration
-def test_a_job_lost_with_its_server_is_failed_not_left_running(ray_session, data):
+def test_a_job_lost_with_its_server_is_failed_not_left_running(ray_session, tiny_data):
     from raymodel.jobs._server import NAME, NAMESPACE
 
-    job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=data, wait=False)
+    job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=tiny_data, wait=False)
     _until(lambda: job.history())
     ray_session.kill(ray_session.get_actor(NAME, namespace=NAMESPACE))
     again = rm.jobs.get(job.id)  # a new server, from the records on disk

@@ -179,12 +179,6 @@ def _events(folder):
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny_data(tiny):
-    X, y = tiny
-    return rm.data.from_numpy(np.tile(X, (4, 1)), np.tile(y, 4), valid_fraction=0.25)
-
-
 @pytest.mark.integration
 def test_early_stopping_and_tracking_survive_a_worker_restart(ray_session, tiny_data, tmp_path):
     import mlflow

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from raymodel._internal import runtime, serialization, storage, tmp
