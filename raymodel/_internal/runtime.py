@@ -124,11 +124,28 @@ def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs
     quiet(verbose)
 
 
+class _BelowWarning(logging.Filter):
+    """Drops a logger's INFO lines while raymodel is quiet: Ray Serve resets its logger's level
+    when it starts (and logs "Started Serve ..." right then), but keeps the logger's filters."""
+
+    active = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.active or record.levelno >= logging.WARNING
+
+
+_FILTER = _BelowWarning()
+
+
 def quiet(verbose: bool) -> None:
     """Hide (or show again) Ray's driver-side logging and progress reporters."""
     level = logging.INFO if verbose else logging.WARNING
+    _FILTER.active = not verbose
     for name in _QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(level)
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
     if not verbose:
         # Tune's console reporter and Ray's deprecation chatter. (Tune's JSON/CSV trial
         # loggers stay on: its ResultGrid reads them.)

@@ -104,8 +104,10 @@ class Tunable:
         param_space = {**self.model.config, **self.space}
         callbacks = [self._guard, *settings.callbacks]
         if settings.progress:
+            grid = math.prod(len(v["grid_search"]) for v in self.space.values()
+                             if isinstance(v, dict) and "grid_search" in v)
             callbacks.insert(0, TrialPrinter(type(self.model).__name__, list(self.space), self.metric,
-                                             settings.max_epochs))
+                                             settings.max_epochs, total=settings.num_samples * grid))
         if self.resume:
             return tune.Tuner.restore(self.path, trainable=trainable, param_space=param_space,
                                       resume_unfinished=True, resume_errored=True)

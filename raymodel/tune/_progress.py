@@ -7,14 +7,26 @@ from typing import Any
 
 from ray.tune import Callback
 
+from raymodel.train._progress import is_terminal
+
 
 class TrialPrinter(Callback):
     """Runs on the driver inside Tune's loop; prints when a trial ends."""
 
-    def __init__(self, label: str, space_keys: list[str], metric: str, max_epochs: int) -> None:
-        # No stream is kept: Tune pickles its callbacks with the experiment state.
+    def __init__(self, label: str, space_keys: list[str], metric: str, max_epochs: int,
+                 total: int | None = None) -> None:
+        # No stream is kept: Tune pickles its callbacks with the experiment state (and drops the bar).
         self.label, self.space_keys, self.metric, self.max_epochs = label, space_keys, metric, max_epochs
-        self.done = 0
+        self.done, self.total = 0, total
+        self._bar: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_bar": None}
+
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._line(trial, error=False)
@@ -35,8 +47,18 @@ class TrialPrinter(Callback):
             status = "stopped early"
         else:
             status = "completed"
-        print(f"[{self.label}] trial {self.done} {trial.trial_id}  {config}  {self.metric} {shown}  "
-              f"epochs {epochs}/{self.max_epochs}  {status}", file=sys.stdout, flush=True)
+        line = (f"[{self.label}] trial {self.done} {trial.trial_id}  {config}  {self.metric} {shown}  "
+                f"epochs {epochs}/{self.max_epochs}  {status}")
+        if not is_terminal(sys.stdout):
+            print(line, file=sys.stdout, flush=True)
+            return
+        if self._bar is None:  # in a terminal: a bar of finished trials under the trial lines
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.total, desc=f"[{self.label}] trials", unit="trial", file=sys.stdout,
+                             dynamic_ncols=True, initial=self.done - 1)
+        self._bar.write(line, file=sys.stdout)
+        self._bar.update(1)
 
 
 def _short(value: Any) -> str:

@@ -1,0 +1,99 @@
+"""What a user sees: the demo's steps print raymodel's own lines and nothing of Ray's, and a
+terminal gets live progress bars. Each runs in a fresh process, as a user's script would."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = """
+import sys
+sys.path.insert(0, {examples!r})
+import requests
+import raymodel as rm
+from digits import DigitsNet, load_data
+
+X, y = load_data()
+data = rm.data.from_numpy(X[:600], y[:600], valid_fraction=0.2)
+rm.init(num_cpus=2)
+model = DigitsNet()
+result = model.train({{"num_workers": 2, "num_epochs": 3, "callbacks": [rm.callbacks.EarlyStopping(patience=2)]}},
+                     data=data)
+print(f"demo: trained, val_acc {{result.metrics['val_acc']:.3f}}")
+tuned = model.tune(settings={{"num_samples": 2, "max_epochs": 2, "train": {{"resources_per_worker": {{"CPU": 0.95}}}}}},
+                   data=data)
+ref = rm.registry.put(tuned, key="digits", alias="production")
+app = rm.registry.get("digits", "production").serve("/digits", settings={{"port": {port},
+                                                                          "ray_actor_options": {{"num_cpus": 0.5}}}})
+answer = requests.post(app.url, json={{"pixels": X[:1].tolist()}}, timeout=60)
+print(f"demo: served {{answer.status_code}} {{answer.json()}}")
+app.shutdown()
+print("demo: done")
+"""
+
+#: raymodel's own lines: epoch and trial progress, the tuning summary, the script's prints.
+OURS = [r"\[DigitsNet\] (epoch \d+/\d+|trial \d+ |\d+ trials; best )", r"demo: ", r"rank\s+trial\s+",
+        r"\d+\s+\w+_\d{5}\s+"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    """A fresh user's environment: none of this session's Ray variables, its own home."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYMODEL_", "PYTHONBREAKPOINT"))}
+    env.update(RAYMODEL_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.mark.integration
+def test_the_demos_steps_print_only_raymodels_lines(tmp_path):
+    from s3server import free_port
+
+    script = STEPS.format(examples=str(ROOT / "examples"), port=free_port())
+    done = subprocess.run([sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=500, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    foreign = [line for line in lines if not any(re.match(pattern, line) for pattern in OURS)]
+    assert not foreign, "lines that are not raymodel's:\n" + "\n".join(foreign[:20])
+    assert any(line.startswith("demo: served 200") for line in lines) and lines[-1] == "demo: done"
+    assert sum(bool(re.match(r"\[DigitsNet\] epoch \d+/3", line)) for line in lines) >= 2
+
+
+def test_a_terminal_gets_live_bars_and_a_pipe_plain_lines(tmp_path):
+    script = (f"import sys; sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
+              "import raymodel as rm\nfrom digits import DigitsNet, load_data\nX, y = load_data()\n"
+              "DigitsNet().train({'num_workers': 0, 'num_epochs': 2, 'batch_size': 8},"
+              " data=rm.data.from_numpy(X, y))\n")
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
+    process = subprocess.Popen([sys.executable, "-c", script], env=_env(tmp_path), stdout=follower,
+                               stderr=follower, cwd=tmp_path)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the process is done
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert process.wait(timeout=300) == 0
+    terminal = b"".join(chunks).decode(errors="replace")
+    assert re.search(r"epoch 1: +\d+%\|.*\| *\d+/180 \[.*batch/s, loss=\d", terminal), terminal[-2000:]
+    assert re.search(r"\[DigitsNet\] epochs: 100%\|.*\| 2/2", terminal)  # the epoch counter
+    assert "[DigitsNet] epoch 2/2  loss" in terminal
+
+    piped = subprocess.run([sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path)
+    assert piped.returncode == 0 and "%|" not in piped.stdout
+    assert re.findall(r"^\[DigitsNet\] epoch (\d)/2  loss", piped.stdout, re.M) == ["1", "2"]
