@@ -232,3 +232,47 @@ def test_early_stopping_in_a_tune_trial_ends_that_trial_only(ray_session, tiny_d
     best = by_plateau[False]["trial_id"]  # 1/epoch: 0.1 beats the plateau's 0.73
     assert result.best_trial_id == best and [line.get_linewidth() for line in curves
                                              if line.get_label().startswith(best)] == [3]
+
+
+def _lightning_linear():
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.mse_loss(self(x).squeeze(-1), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class LinearLightning(rm.RayLightningModel):
+        def setup(self, config):
+            return Module()
+
+    return LinearLightning
+
+
+def test_lightning_gets_the_same_step_settings(linear_data):
+    model_class = _lightning_linear()
+
+    def weights(**settings):
+        model = model_class()
+        result = _train(model, linear_data, **settings)
+        return torch.cat([p.detach().reshape(-1) for p in rm.RayModel.from_checkpoint(
+            result.checkpoint).module.parameters()])
+
+    model = model_class()
+    model.ensure_setup()
+    start = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
+    big = weights(batch_size=64)
+    assert torch.allclose(weights(batch_size=16, accumulate_grad_batches=4), big, atol=1e-5)
+    assert (weights(batch_size=64, grad_clip_norm=0.5) - start).norm() == pytest.approx(0.05, rel=1e-4)
+    assert not torch.allclose(weights(batch_size=64, precision="bf16-mixed"), start)
