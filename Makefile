@@ -19,7 +19,7 @@ demo: install
 	PYTHONUNBUFFERED=1 $(BIN)/python examples/demo.py
 
 test: install browser
-	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -ra tests
+	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -ra --durations=15 tests
 
 # The dashboard's browser test drives Debian's chromium, headless. Installed here when missing and
 # the machine allows (root, apt); otherwise that one test is skipped and says why.

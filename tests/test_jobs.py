@@ -90,10 +90,10 @@ def test_a_stopped_tune_job_stops_every_trial_and_keeps_the_best_so_far(ray_sess
         "num_samples": 1, "max_epochs": 200, "scheduler": "fifo", "progress": False,
         "train": {"resources_per_worker": {"CPU": 0.95}, "progress": False}})
     assert job.kind == "tune"
-    seen = set()
+    epochs: dict[str, int] = {}
     for row in job.stream():
-        seen.add(row["trial_id"])
-        if len(seen) == 2 and row["epoch"] >= 2:
+        epochs[row["trial_id"]] = row["epoch"]
+        if len(epochs) == 2 and min(epochs.values()) >= 2:  # both trials are past their second epoch
             break
     assert job.resources == {"CPU": 1.9}  # both trials' placement groups, from Ray's state API
     job.stop()
