@@ -16,6 +16,7 @@ from raymodel.hooks import ModelHooks, call_sync, is_default
 if TYPE_CHECKING:
     from raymodel.backends.base import Backend
     from raymodel.hooks import RunContext
+    from raymodel.predict import Predictions
     from raymodel.serve import ServedModel, ServeSettings
     from raymodel.train import TrainResult, TrainSettings
     from raymodel.tune import TuneResult, TuneSettings
@@ -72,6 +73,12 @@ class RayModel(ModelHooks):
 
     def postprocess(self, output: Any) -> Any:  # noqa: D102 - documented in ModelHooks
         return self.backend.postprocess(self, output)
+
+    def predict_batch_preprocess(self, batch: dict[str, Any]) -> Any:  # noqa: D102 - documented in ModelHooks
+        return self.backend.batch_input(self, batch)
+
+    def predict_batch_postprocess(self, output: Any) -> dict[str, Any]:  # noqa: D102 - documented in ModelHooks
+        return self.backend.batch_output(self, output)
 
     def hyperparameter_space(self) -> dict[str, Any]:
         """The default search space of :meth:`tune`: ``{config key: rm.tune.<sampler>}``."""
@@ -194,6 +201,31 @@ class RayModel(ModelHooks):
         from raymodel.serve import Servable
 
         return Servable(self, route, settings=settings).deploy()
+
+    def predict_batch(self, data: Any, **options: Any) -> "Predictions":
+        """Score a data set with this instance's current weights on a pool of Ray Data actors.
+
+        Each actor loads the model once (from a checkpoint of these weights) and
+        runs ``predict_batch_preprocess -> forward -> predict_batch_postprocess``
+        on each batch. Nothing runs until the result is read or written.
+
+        Args:
+            data: A ``ray.data.Dataset``, a numpy array of rows, a pandas
+                DataFrame, or the location (path or URI) of Parquet or CSV files.
+            **options: ``batch_size``, ``concurrency``, ``num_cpus``, ``num_gpus``,
+                ``feature_columns``, ``keep_columns``: see :func:`raymodel.predict_batch`.
+
+        Returns:
+            :class:`~raymodel.predict.Predictions`, a ``ray.data.Dataset`` of the
+            output columns, rows in the input's order.
+
+        Example:
+            >>> model.predict_batch(X_test).to_numpy()["prediction"]
+            >>> model.predict_batch("s3://bucket/features/").write_parquet("s3://bucket/scores/")
+        """
+        from raymodel.predict import predict_batch
+
+        return predict_batch(self, data, **options)
 
     # ---------------------------------------------------------- checkpoints
     def save(self, path: str | os.PathLike[str]) -> str:

@@ -11,7 +11,8 @@ For each case:
   the first attempt (`max_failures=1`, `checkpoint_every=1`); the second attempt loads the
   checkpoint, begins at epoch 3, the history holds every epoch once, and the final model equals
   the uninterrupted run's;
-* tune 4 trials with ASHA, serve one HTTP request, and a registry round trip.
+* tune 4 trials with ASHA, serve one HTTP request, and a registry round trip;
+* `predict_batch` over Ray Data (several blocks, two actors) equals `predict`, row by row, in order.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Case:
     min_accuracy: float
     payload: Callable[[np.ndarray], Any] = lambda rows: rows.tolist()
     numbers: Callable[[Any], Any] = lambda answer: answer
+    #: `predict_batch`'s output columns as the numbers `numbers` takes from a `predict` answer.
+    batch_numbers: Callable[[dict], Any] = lambda columns: columns["prediction"]
 
     @classmethod
     def example(cls, backend: str, module: str, **kwargs: Any) -> "Case":
@@ -195,7 +198,24 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         assert type(loaded).__name__ == type(model).__name__ and loaded.config == tuned.best_config
         close(case, loaded.predict(payload), tuned_model.predict(payload))
 
-    namespace.update(trained=trained, test_train_history_hooks_and_accuracy=test_train_history_hooks_and_accuracy,
+    @pytest.mark.integration
+    def test_predict_batch_equals_predict_row_by_row(trained):
+        case, model, _, data, _ = trained
+        import ray.data
+
+        rows = np.asarray(data.splits["valid"].x, dtype=np.float32)[:96]
+        blocks = ray.data.from_numpy(np.array_split(rows, 6))  # 6 blocks, 2 actors: order is at stake
+        columns = model.predict_batch(blocks, batch_size=10, concurrency=2, num_cpus=0.25).to_numpy()
+        got = np.asarray(case.batch_numbers(columns), dtype=float)
+        assert len(got) == len(rows)
+        same = lambda answer, expected: np.testing.assert_allclose(  # noqa: E731
+            np.asarray(case.numbers(answer), dtype=float), expected, rtol=1e-5, atol=1e-6)
+        same(model.predict(case.payload(rows)), got)
+        for i in (0, len(rows) // 2, len(rows) - 1):  # and one row at a time
+            same(model.predict(case.payload(rows[i:i + 1])), got[i:i + 1])
+
+    namespace.update(trained=trained,
+                     test_predict_batch_equals_predict_row_by_row=test_predict_batch_equals_predict_row_by_row, test_train_history_hooks_and_accuracy=test_train_history_hooks_and_accuracy,
                      test_checkpoint_predicts_the_same_in_a_fresh_process=(
                          test_checkpoint_predicts_the_same_in_a_fresh_process),
                      test_a_killed_worker_resumes_from_the_newest_checkpoint=(

@@ -20,7 +20,7 @@ sys.path.insert(0, str(EXAMPLES))
 
 CASES = [
     Case.example("torch", "torch_digits", payload=lambda rows: {"pixels": rows.tolist()},
-                 numbers=lambda answer: answer["digit"]),
+                 numbers=lambda answer: answer["digit"], batch_numbers=lambda columns: columns["prediction"].argmax(1)),
     Case.example("lightning", "lightning_digits"),
     Case.example("tensorflow", "keras_iris"),
     Case.example("xgboost", "xgboost_breast_cancer"),

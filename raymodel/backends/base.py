@@ -164,6 +164,16 @@ class Backend:
         """Context for ``forward`` at prediction time (eval mode, no gradients)."""
         yield
 
+    def batch_input(self, model: "RayModel", batch: Mapping[str, np.ndarray]) -> Any:
+        """Default ``predict_batch_preprocess``: the feature columns as one float32 array of rows,
+        in the form this backend's ``preprocess`` gives ``forward`` (a tensor for torch)."""
+        return self.preprocess(model, features_of(batch))
+
+    def batch_output(self, model: "RayModel", output: Any) -> dict[str, np.ndarray]:
+        """Default ``predict_batch_postprocess``: ``{"prediction": output}`` as numpy (a dict output
+        gives one column per key)."""
+        return columns_of(output)
+
     def stack(self, inputs: Sequence[Any]) -> Any:
         """Concatenate per-request inputs along the batch dimension."""
         return np.concatenate([np.asarray(x) for x in inputs], axis=0)
@@ -264,6 +274,42 @@ def rows_of(payload: Any) -> np.ndarray:
     if array.ndim == 0:
         raise ValueError("expected a list of rows of numbers, got a single number")
     return array
+
+
+def features_of(batch: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A Ray Data batch (column -> array) as one 2-D array of rows: a single column as it is (a
+    tensor column of vectors, or one feature), several numeric columns side by side, in order."""
+    if not batch:
+        raise ValueError("the batch has no feature columns")
+    arrays = []
+    for name, column in batch.items():
+        array = np.asarray(column)
+        if array.dtype == object:  # a tensor column of unequal shapes, or Python objects
+            try:
+                array = np.stack([np.asarray(v, dtype=np.float32) for v in array])
+            except (TypeError, ValueError) as exc:
+                raise DataError(f"Column {name!r} does not hold numbers ({exc}); pick the feature columns with "
+                                "`feature_columns=[...]` or define `predict_batch_preprocess(batch)`.") from None
+        elif not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+            raise DataError(f"Column {name!r} holds {array.dtype} values, not numbers; pick the feature columns with "
+                            "`feature_columns=[...]` or define `predict_batch_preprocess(batch)`.")
+        arrays.append(array if len(batch) == 1 and array.ndim > 1 else array.reshape(len(array), -1))
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=1)
+
+
+def columns_of(output: Any) -> dict[str, np.ndarray]:
+    """A model output as Ray Data columns: a dict keeps its keys, anything else is ``"prediction"``."""
+    if isinstance(output, Mapping):
+        return {str(k): _numpy(v) for k, v in output.items()}
+    return {"prediction": _numpy(output)}
+
+
+def _numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    elif hasattr(value, "numpy") and not isinstance(value, np.ndarray):
+        value = value.numpy()
+    return np.asarray(value)
 
 
 def batch_len(x: Any) -> int:

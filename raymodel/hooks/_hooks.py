@@ -22,7 +22,8 @@ On the driver, after ``train()`` / ``tune()`` returns and wherever a
 checkpoint is loaded (``from_checkpoint``, the registry, a serve replica):
 ``before_setup, after_setup, on_load_checkpoint(state)``. A serve replica and
 ``predict`` call ``preprocess(payload)`` and ``postprocess(output)`` around
-``forward``.
+``forward``; ``predict_batch`` calls ``predict_batch_preprocess(batch)`` and
+``predict_batch_postprocess(output)`` around it, once per Ray Data batch.
 
 One class carries out this order for every backend: ``WorkerRun`` in
 ``raymodel/backends/_run.py``. A backend supplies only the work inside it
@@ -55,10 +56,12 @@ HOOK_NAMES: tuple[str, ...] = (
     "after_fit",
     "preprocess",
     "postprocess",
+    "predict_batch_preprocess",
+    "predict_batch_postprocess",
 )
 
-#: Hooks a ``Callback`` receives (preprocess/postprocess transform data and stay the model's).
-CALLBACK_HOOK_NAMES: tuple[str, ...] = HOOK_NAMES[:-2]
+#: Hooks a ``Callback`` receives (the data transforms from ``preprocess`` on stay the model's).
+CALLBACK_HOOK_NAMES: tuple[str, ...] = HOOK_NAMES[:HOOK_NAMES.index("preprocess")]
 
 
 def default(fn: F) -> F:
@@ -152,6 +155,24 @@ class ModelHooks(TrainingHooks):
         """Turn the model output for one request into a JSON-serializable answer.
 
         Runs in ``predict`` and on every serve replica, once per request.
+        """
+        return output
+
+    def predict_batch_preprocess(self, batch: dict[str, Any]) -> Any:
+        """Turn one Ray Data batch (``{column: numpy array}``) into one model input.
+
+        Runs in ``predict_batch``'s actors, once per batch, with the feature
+        columns only. The default (in each backend) puts the columns side by
+        side as one float32 array of rows (a tensor for torch).
+        """
+        return batch
+
+    def predict_batch_postprocess(self, output: Any) -> dict[str, Any]:
+        """Turn ``forward``'s output for one batch into output columns ``{name: array}``,
+        each with one entry per input row, in the input's order.
+
+        The default (in each backend) is ``{"prediction": output}`` as numpy; a
+        dict output gives one column per key.
         """
         return output
 

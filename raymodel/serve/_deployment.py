@@ -21,6 +21,7 @@ from typing import Any
 
 from ray import serve
 
+from raymodel._internal import sources
 from raymodel.backends.base import batch_len, to_jsonable
 
 logger = logging.getLogger("ray.serve")
@@ -48,7 +49,7 @@ class ModelServer:
     def __init__(self, source: dict[str, Any], info: dict[str, Any], max_batch_size: int,
                  batch_wait_timeout_s: float, max_body_bytes: int, poll_s: float = 2.0) -> None:
         self.source = source
-        self.model = _load(source, source.get("version"))
+        self.model = sources.load(source, source.get("version"))
         self.info = info
         self.max_body_bytes = max_body_bytes
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
@@ -69,7 +70,7 @@ class ModelServer:
             try:
                 n = registry.resolve(self.source["key"], self.source.get("version"))
                 if n != self.model.source.get("version"):
-                    model = _load(self.source, n)
+                    model = sources.load(self.source, n)
                     self.model = model  # one assignment: a request sees the old model or the new one
                     logger.info("now serving %s:%s", self.source["key"], n)
             except Exception:  # noqa: BLE001 - a registry hiccup never stops the replica
@@ -191,23 +192,6 @@ def _forward_many(model: Any, inputs: list[Any]) -> list[Any]:
     with backend.inference(model):
         output = model.forward(batch)
     return backend.split(output, sizes)
-
-
-def _load(source: dict[str, Any], version: Any) -> Any:
-    """The model a source names: a checkpoint, or a version of a registry key."""
-    if "checkpoint" in source:
-        from raymodel._internal import checkpoint as ckpt
-
-        model = ckpt.load_model(source["checkpoint"])
-    else:
-        from raymodel.registry import Registry
-
-        registry = Registry(source["registry"])
-        n = registry.resolve(source["key"], version)
-        model = registry.get(source["key"], n)
-        model.source = {**model.source, "version": n}
-    model.ensure_setup()
-    return model
 
 
 def _label(model: Any) -> str:

@@ -7,7 +7,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from raymodel._internal import runtime, storage
+from raymodel._internal import runtime, sources, storage
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._settings import ServeSettings
 
@@ -72,7 +72,8 @@ class Servable:
         self.source: dict[str, Any] = {}
         self._written: str | None = None  # the serve checkpoint ``as_application`` wrote
         if isinstance(model_or_ref, str) or type(model_or_ref).__name__ == "ModelRef":
-            self.source, self.info = _registry_source(str(model_or_ref), registry)
+            self.source, self.info = sources.registry_source(str(model_or_ref), registry)
+            self.info.pop("resolved", None)
         elif hasattr(model_or_ref, "backend") and callable(getattr(model_or_ref, "save", None)):
             model_or_ref.backend.import_framework()
             self.model = model_or_ref
@@ -130,18 +131,6 @@ class Servable:
     def __repr__(self) -> str:
         what = f"{self.source['key']}@{self.source.get('version')}" if self.source else self.info["class"]
         return f"Servable({what!r}, route={self.route!r})"
-
-
-def _registry_source(ref: str, uri: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What a replica needs to load (and follow) a registry reference; checked now, before any deployment."""
-    from raymodel._internal.names import parse_ref
-    from raymodel.registry import Registry, default_uri
-
-    key, version = parse_ref(ref)
-    registry = Registry(uri or default_uri())
-    record = registry.show(key, version)  # raises, naming what exists
-    source = {"registry": registry.uri, "key": key, "version": version}
-    return source, {"class": record.model_class, "backend": record.backend, "ref": ref}
 
 
 def _plain(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,53 @@
+"""The Ray Data actor of ``predict_batch``: one loaded model, many batches."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from raymodel._internal import sources
+from raymodel.exceptions import ModelDefinitionError
+
+
+class Scorer:
+    """Loads the model once (in ``__init__``, from its source) and scores each batch it is handed.
+
+    Only the small ``source`` dict travels to the actor; the weights are read from
+    the checkpoint or registry there, never pickled per batch.
+    """
+
+    def __init__(self, source: dict[str, Any], feature_columns: list[str] | None, keep_columns: list[str],
+                 threads: int = 1) -> None:
+        self.model = sources.load(source, source.get("version"))
+        self.feature_columns, self.keep_columns = feature_columns, keep_columns
+        if "torch" in sys.modules:  # intra-op threads for this actor's CPU share, not the whole node's
+            sys.modules["torch"].set_num_threads(threads)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        model = self.model
+        if self.feature_columns is not None:
+            features = {name: batch[name] for name in self.feature_columns}
+        else:
+            features = {name: values for name, values in batch.items() if name not in self.keep_columns}
+        x = model.predict_batch_preprocess(features)
+        with model.backend.inference(model):
+            output = model.forward(x)
+        columns = model.predict_batch_postprocess(output)
+        rows = len(next(iter(batch.values())))
+        _check_columns(type(model).__name__, columns, rows)
+        for name in self.keep_columns:
+            columns[name] = batch[name]
+        return columns
+
+
+def _check_columns(name: str, columns: Any, rows: int) -> None:
+    if not isinstance(columns, dict) or not columns:
+        raise ModelDefinitionError(f"`{name}.predict_batch_postprocess` must return a dict of output columns "
+                                   f"{{name: array}} (got a {type(columns).__name__}).")
+    for column, values in columns.items():
+        if len(values) != rows:
+            raise ModelDefinitionError(
+                f"`{name}.predict_batch_postprocess` returned column {column!r} with {len(values)} entries for a "
+                f"batch of {rows} rows; every column needs one entry per input row.")
