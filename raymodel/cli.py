@@ -1,5 +1,6 @@
 """The ``raymodel`` command: the registry (``models list|show|alias|delete``), serving
-(``serve KEY@ALIAS --route /digits``), the training server (``server start|stop|status``)
+(``serve KEY@ALIAS --route /digits``), batch scoring (``predict KEY@ALIAS --input
+data.parquet --output scores/``), the training server (``server start|stop|status``)
 its jobs (``jobs list|show|logs|stop|wait``) and the web ``dashboard`` from a shell.
 
 The registry is ``RAYMODEL_REGISTRY`` (a folder or URI), else
@@ -66,6 +67,19 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--replicas", default="1", help="a number, or 'auto'")
     serve.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     serve.set_defaults(handler=_serve)
+    predict = sub.add_parser("predict", help="score Parquet/CSV files with a registry version (KEY, KEY:VERSION, "
+                                             "KEY@ALIAS) or a checkpoint path, over Ray Data; write Parquet")
+    predict.add_argument("ref")
+    predict.add_argument("--input", required=True, help="a Parquet or CSV file, or a folder of them (path or URI)")
+    predict.add_argument("--output", required=True, help="a new folder (path or URI) for the Parquet output")
+    predict.add_argument("--batch-size", type=int, default=1024)
+    predict.add_argument("--concurrency", type=int, help="actors (default: as many as fit)")
+    predict.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per actor (default 1)")
+    predict.add_argument("--keep", action="append", default=[], metavar="COLUMN",
+                         help="copy this input column to the output (repeat for more)")
+    predict.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, a running raymodel "
+                                           "server, else a local Ray)")
+    predict.set_defaults(handler=_predict)
     from raymodel.jobs._cli import add_commands
 
     add_commands(sub)
@@ -156,6 +170,40 @@ def _serve(args: argparse.Namespace) -> None:
         if app is not None:
             app.shutdown()
         print(f"stopped serving {args.ref}", flush=True)
+
+
+def _predict(args: argparse.Namespace) -> None:
+    import shutil
+    import time
+
+    import raymodel as rm
+    from raymodel._internal import storage, tmp
+    from raymodel.exceptions import SettingsError
+
+    if storage.listdir(args.output):
+        raise SettingsError(f"`{args.output}` already exists and is not empty; choose a new --output.")
+    began = time.monotonic()
+    rm.init(address=args.address)
+    predictions = rm.predict_batch(args.ref, args.input, batch_size=args.batch_size, concurrency=args.concurrency,
+                                   num_cpus=args.num_cpus, keep_columns=args.keep, registry=args.registry)
+    if storage.is_uri(args.output):  # an object store has no rename: files appear as they are written
+        predictions.write_parquet(args.output)
+    else:  # written beside the target and renamed into place: no half-written output is ever visible
+        target = storage.local_path(args.output).resolve()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = tmp.make(".raymodel-predict", parent=target.parent)
+        try:
+            predictions.write_parquet(str(staging))
+            if target.exists():
+                target.rmdir()
+            staging.replace(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; left-overs of a failure
+    import pyarrow.dataset
+
+    fs, path = storage.filesystem(args.output)
+    rows = pyarrow.dataset.dataset(path, filesystem=fs, format="parquet").count_rows()  # from the files' footers
+    print(f"wrote {rows} predictions of {args.ref} to {args.output} in {time.monotonic() - began:.1f} s")
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -41,6 +41,12 @@ class RayModel(ModelHooks):
     default_config: ClassVar[Mapping[str, Any]] = {}
     #: The framework seam; set by each backend's model base class.
     backend: ClassVar["Backend"]
+    #: The request body a served model accepts: a pydantic model (or any type pydantic validates)
+    #: or a JSON Schema dict. Checked before ``preprocess`` (422 naming each bad field's JSON path)
+    #: and published at ``GET <route>/openapi.json``; ``None``: any JSON.
+    input_schema: ClassVar[Any] = None
+    #: What ``postprocess`` returns, likewise (a mismatch is the server's error: 500).
+    output_schema: ClassVar[Any] = None
     #: The run this instance trains in (rank, epoch, ``should_stop``); ``None`` outside a run.
     context: "RunContext | None" = None
 
@@ -108,13 +114,21 @@ class RayModel(ModelHooks):
     def predict(self, payload: Any) -> Any:
         """``postprocess(forward(preprocess(payload)))`` locally, in inference mode.
 
+        A declared ``input_schema`` / ``output_schema`` is checked as when serving.
+
         Example:
             >>> model.predict({"pixels": X[:2].tolist()})
             {'digit': [0, 1]}
         """
+        from raymodel._internal.schema import describe, schemas_of
+
+        schemas = schemas_of(type(self))
         self.ensure_setup()
+        checked, errors = schemas.check_input(payload)
+        if errors:
+            raise DataError(f"The payload does not match `{schemas.input.where}`: {describe(errors)}")
         try:
-            x = self.preprocess(payload)
+            x = self.preprocess(checked)
         except Exception as exc:
             raise DataError(f"`{type(self).__name__}.preprocess` cannot use the payload {_short(payload)} "
                             f"(a {type(payload).__name__}): {type(exc).__name__}: {exc}") from exc
@@ -125,7 +139,10 @@ class RayModel(ModelHooks):
                 exc.add_note(f"raymodel: `forward` failed on the input made from the payload {_short(payload)} "
                              f"(a {type(payload).__name__}).")
                 raise
-        return self.postprocess(out)
+        output = self.postprocess(out)
+        if schemas.output is not None:
+            schemas.check_output(output)  # raises, naming each field that does not match
+        return output
 
     # ---------------------------------------------------------------- verbs
     def train(self, settings: "TrainSettings | Mapping[str, Any] | None" = None, *, data: Any = None,

@@ -10,6 +10,7 @@ import signal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from pydantic import BaseModel
 from ray import tune as ray_tune
 
 import raymodel as rm
@@ -166,3 +167,60 @@ class StopAfter(ray_tune.Callback):
         self.done += 1
         if self.done == self.n:
             os.kill(os.getpid(), signal.SIGINT)
+
+
+class Scaler(rm.RayTorchModel):
+    """`double = factor * x` for the first feature column; notes each setup's pid in `config["log"]`
+    and sleeps on the batches whose `x` is below `slow_below` (so the first block finishes last)."""
+
+    default_config = {"factor": 2.0, "log": None, "slow_below": -1.0}
+
+    def setup(self, config):
+        self.net = nn.Linear(2, 1, bias=False)
+        with torch.no_grad():
+            self.net.weight.copy_(torch.tensor([[config["factor"], 0.0]]))
+
+    def after_setup(self):
+        if self.config["log"]:
+            with open(self.config["log"], "a") as fh:
+                fh.write(f"{os.getpid()}\n")
+
+    def forward(self, x):
+        if float(x[:, 0].min()) < self.config["slow_below"]:
+            import time
+
+            time.sleep(1.0)
+        return self.net(x)
+
+    def predict_batch_postprocess(self, output):
+        return {"double": output[:, 0].numpy()}
+
+
+class Pixels(BaseModel):
+    pixels: list[list[float]]
+
+
+class Digits(BaseModel):
+    digit: list[int]
+
+
+class TypedDigitsNet(DigitsNet):
+    """Declares its request and response bodies with pydantic; a request of 3 rows gets a response that
+    breaks the output schema (a stand-in for a bug in postprocess)."""
+
+    input_schema = Pixels
+    output_schema = Digits
+
+    def preprocess(self, payload):
+        return torch.tensor(payload.pixels, dtype=torch.float32)
+
+    def postprocess(self, output):
+        digits = output.argmax(-1).tolist()
+        return {"digit": ["seven"] * 3} if len(digits) == 3 else Digits(digit=digits)
+
+
+class RowsNet(TinyNet):
+    """Declares its request body as a JSON Schema dict: rows of exactly 4 numbers."""
+
+    input_schema = {"type": "array", "minItems": 1,
+                    "items": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4}}

@@ -139,3 +139,52 @@ def test_serve_settings_are_validated(tiny):
         rm.ServeSettings(max_batchsize=4)
     with pytest.raises(SettingsError, match="`route` must be a URL path"):
         TinyNet().serve("digits")
+
+
+def test_declared_schemas_validate_requests_and_publish_openapi(ray_session, digits):
+    from models import RowsNet, TypedDigitsNet
+
+    X, _ = digits
+    typed = TypedDigitsNet(config={"hidden": 16})
+    typed.ensure_setup()
+    rows = RowsNet()
+    rows.ensure_setup()
+    typed_app, rows_app = typed.serve("/typed", settings=SMALL), rows.serve("/rows", settings=SMALL)
+    try:
+        good = {"pixels": X[:2].tolist()}
+        answer = requests.post(typed_app.url, json=good, timeout=30)
+        assert answer.status_code == 200 and answer.json() == {"digit": typed.predict(good).digit}
+        bad = requests.post(typed_app.url, json={"pixels": [X[0].tolist()[:3] + ["x"]], "extra": 1}, timeout=30)
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["errors"] == [{"path": "$.pixels[0][3]",
+                                         "message": "Input should be a valid number, unable to parse string as a "
+                                                    "number"}]
+        missing = requests.post(typed_app.url, json={"pixel": []}, timeout=30).json()
+        assert missing["errors"] == [{"path": "$.pixels", "message": "Field required"}]
+        assert "$.pixels: Field required" in missing["detail"]
+
+        spec = requests.get(typed_app.url + "/openapi.json", timeout=30).json()
+        post = spec["paths"]["/typed"]["post"]
+        body = post["requestBody"]["content"]["application/json"]["schema"]
+        assert body["title"] == "Pixels" and body["required"] == ["pixels"]
+        assert body["properties"]["pixels"]["items"]["items"]["type"] == "number"
+        assert post["responses"]["200"]["content"]["application/json"]["schema"]["properties"]["digit"]
+        assert post["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("InvalidPayload")
+        assert {"/typed/health", "/typed/info", "/typed/openapi.json"} <= set(spec["paths"])
+
+        # A JSON Schema dict: each bad field at once, by JSON path; a good body as before.
+        answer = requests.post(rows_app.url, json=[[1, 2, 3, 4], [1, "2", 3], [1, 2, 3, 4, 5]], timeout=30)
+        assert answer.status_code == 422
+        assert [e["path"] for e in answer.json()["errors"]] == ["$[1]", "$[1][1]", "$[2]"]
+        assert requests.post(rows_app.url, json=[[1, 2, 3, 4]], timeout=30).status_code == 200
+        rows_spec = requests.get(rows_app.url + "/openapi.json", timeout=30).json()
+        assert rows_spec["paths"]["/rows"]["post"]["requestBody"]["content"]["application/json"]["schema"] == \
+            RowsNet.input_schema
+
+        # An answer that breaks the output schema is the server's error, and names the field.
+        broken = requests.post(typed_app.url, json={"pixels": X[:3].tolist()}, timeout=30)
+        assert broken.status_code == 500 and "$.digit[0]" in broken.json()["detail"], broken.text
+        assert requests.post(typed_app.url, json=good, timeout=30).status_code == 200  # still serving
+    finally:
+        for app in (typed_app, rows_app):
+            app.shutdown()

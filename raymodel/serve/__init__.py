@@ -2,10 +2,14 @@
 
 ``POST <route>`` with a JSON body answers ``postprocess(forward(preprocess(body)))``;
 requests are batched adaptively. ``GET <route>/health`` and ``GET <route>/info``
-describe the deployment. Errors are JSON ``{"error": ..., "detail": ...}``:
-400 (not JSON), 405 (wrong method), 413 (body too large), 422 (``preprocess``
-raised ``ValueError``/``TypeError``/``KeyError``), 500 (model failure, with a
-``request_id``; the replica keeps serving).
+describe the deployment, and ``GET <route>/openapi.json`` publishes the model's
+``input_schema`` / ``output_schema`` as OpenAPI 3.1. Errors are JSON
+``{"error": ..., "detail": ...}``: 400 (not JSON), 405 (wrong method), 413 (body
+too large), 422 (the body does not match ``input_schema``: ``errors`` lists each
+field's JSON path and message; or ``preprocess`` raised
+``ValueError``/``TypeError``/``KeyError``), 500 (model failure, or an output
+that does not match ``output_schema``, with a ``request_id``; the replica keeps
+serving).
 """
 
 from raymodel.serve._driver import Servable, ServedModel

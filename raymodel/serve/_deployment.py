@@ -2,7 +2,8 @@
 
 Request path: JSON body -> ``preprocess`` (per request) -> stacked along the
 batch dimension -> one ``forward`` -> split -> ``postprocess`` (per request).
-A payload that ``preprocess`` rejects answers 422 before it joins a batch; if
+A payload that the model's ``input_schema`` or ``preprocess`` rejects answers 422
+before it joins a batch; if
 a whole batch's ``forward`` fails, each request is retried alone, so only the
 bad one fails.
 """
@@ -22,6 +23,7 @@ from typing import Any
 from ray import serve
 
 from raymodel._internal import sources
+from raymodel._internal.schema import describe, openapi, schemas_of
 from raymodel.backends.base import batch_len, to_jsonable
 
 logger = logging.getLogger("ray.serve")
@@ -82,6 +84,8 @@ class ModelServer:
         from starlette.responses import JSONResponse
 
         sub = request.url.path[len(request.scope.get("root_path", "")):].strip("/")
+        if sub == "openapi.json" and request.method == "GET":
+            return JSONResponse(self.openapi())
         if sub in ("health", "info"):
             if request.method != "GET":
                 return _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
@@ -91,7 +95,8 @@ class ModelServer:
                                  "batch_sizes_seen": sorted(set(self.batch_sizes)),
                                  "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes))})
         if sub:
-            return _error(404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health` or `info`.")
+            return _error(404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health`, `info` "
+                                            "or `openapi.json`.")
         if request.method != "POST":
             return _error(405, "method not allowed", "POST a JSON body to this route.", headers={"Allow": "POST"})
         body = await request.body()
@@ -112,6 +117,12 @@ class ModelServer:
         if status != 200:
             raise RuntimeError(f"{content['error']}: {content['detail']}")
         return content
+
+    def openapi(self) -> dict[str, Any]:
+        """The route's OpenAPI document, from the served model's ``input_schema`` / ``output_schema``."""
+        model = self.model
+        return openapi(type(model), self.info.get("route") or "/", f"{type(model).__name__} (raymodel)",
+                       _label(model) or "1")
 
     def stats(self, window_s: float = 60.0) -> dict[str, Any]:
         """This replica's last ``window_s`` seconds: request rate, latency p50/p99, mean batch size."""
@@ -136,6 +147,10 @@ class ModelServer:
     async def _respond(self, payload: Any) -> tuple[int, Any, int, Any]:
         request_id = uuid.uuid4().hex[:12]
         model = self.model  # this request's model, even if a new version is swapped in meanwhile
+        payload, errors = schemas_of(type(model)).check_input(payload)
+        if errors:
+            return 422, {"error": "invalid payload", "detail": f"{len(errors)} field(s) do not match the input "
+                         f"schema: {describe(errors)}", "errors": errors}, 0, model
         try:
             x = model.preprocess(payload)
         except CLIENT_ERRORS as exc:
@@ -164,7 +179,7 @@ class ModelServer:
         for out, (_, request_id, model) in zip(outputs, items):
             if not isinstance(out, _Failed):
                 try:
-                    out = to_jsonable(model.postprocess(out))
+                    out = to_jsonable(schemas_of(type(model)).check_output(model.postprocess(out)))
                 except Exception as exc:  # noqa: BLE001
                     out = _Failed(exc, request_id)
             results.append((out, len(items)))

@@ -76,6 +76,9 @@ class Servable:
             self.info.pop("resolved", None)
         elif hasattr(model_or_ref, "backend") and callable(getattr(model_or_ref, "save", None)):
             model_or_ref.backend.import_framework()
+            from raymodel._internal.schema import schemas_of
+
+            schemas_of(type(model_or_ref))  # a bad input/output schema fails here, before any replica starts
             self.model = model_or_ref
             self.info = {"class": f"{type(model_or_ref).__module__}.{type(model_or_ref).__qualname__}",
                          "backend": model_or_ref.backend.name, "config": _plain(model_or_ref.config)}
