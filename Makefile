@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test browser benchmark clean
+.PHONY: install demo test tools benchmark clean
 
 install: $(STAMP)
 
@@ -18,19 +18,23 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	PYTHONUNBUFFERED=1 $(BIN)/python examples/demo.py
 
-test: install browser
+test: install tools
 	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -ra --durations=15 tests
 
-# The dashboard's browser test drives Debian's chromium, headless. Installed here when missing and
-# the machine allows (root, apt); otherwise that one test is skipped and says why.
-browser:
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
-	  { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
-	      echo "warning: could not install chromium; the dashboard's browser test will be skipped"; \
-	    else echo "warning: no chromium (apt-get install chromium); the dashboard's browser test will be skipped"; fi; }
+# System tools the tests drive: Debian's chromium (the dashboard's browser test, headless) and wrk
+# (an outside HTTP load generator for the serving tests and benchmarks). Installed here when missing
+# and the machine allows (root, apt); otherwise the tests that need them are skipped and say why.
+TOOLS := chromium wrk
+tools:
+	@missing=""; for tool in $(TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) || \
+	    echo "warning: could not install$$missing; the tests that need them will be skipped"; \
+	  else echo "warning: missing$$missing (apt-get install$$missing); the tests that need them will be skipped"; fi; \
+	fi
 
-benchmark: install
+benchmark: install tools
 	PYTHONUNBUFFERED=1 $(BIN)/python benchmarks/train_overhead.py
 
 clean:

@@ -2,7 +2,9 @@
 
 Same model and weights, same JSON in and out, same closed-loop load: 16
 keep-alive clients, each sending its next request when the last one is
-answered. Prints requests/s, p50 and p99 latency and the ratio, for
+answered, from our own asyncio client and then from `wrk` (Debian's package,
+an outside load generator: `benchmarks/loadgen.py`). Prints requests/s, p50
+and p99 latency and the ratio, for
 1. the digits MLP, and 2. a compute-heavy MLP, where raymodel's adaptive
 batching should give >= 2x the throughput of the raw per-request deployment.
 
@@ -23,7 +25,9 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import loadgen  # noqa: E402
 import raymodel as rm  # noqa: E402
 from digits import DigitsNet, load_data  # noqa: E402
 
@@ -91,7 +95,9 @@ def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float) -> 
     torch.manual_seed(0)
     ours = model.serve("/bench-ours", settings={"max_batch_size": 16, "batch_wait_timeout_s": wait_s,
                                                 "ray_actor_options": {"num_cpus": 0.5}})
-    checkpoint = ours.info["source"]["checkpoint"]
+    import requests
+
+    checkpoint = requests.get(ours.url + "/info", timeout=30).json()["source"]["checkpoint"]
     serve.run(serve.deployment(RawDeployment).options(name="raw", max_ongoing_requests=64,
                                                       ray_actor_options={"num_cpus": 0.5}).bind(checkpoint),
               name="raw", route_prefix="/bench-raw")
@@ -99,10 +105,21 @@ def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float) -> 
     ours_stats = asyncio.run(load(ours.url, body, args.clients, args.seconds))
     raw_stats = asyncio.run(load(f"{host}/bench-raw", body, args.clients, args.seconds))
     print(f"-- {title}: {args.clients} keep-alive clients, {args.seconds:.0f}s each --")
+    print("our asyncio client (aiohttp):")
     for name, (rps, p50, p99) in (("raymodel", ours_stats), ("hand-written", raw_stats)):
-        print(f"{name:>12}: {rps:8.1f} req/s  p50 {p50 * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms")
+        print(f"{name:>14}: {rps:8.1f} req/s  p50 {p50 * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms")
     print(f"throughput ratio raymodel / hand-written: {ours_stats[0] / raw_stats[0]:.2f}")
-    import requests
+    if loadgen.available():
+        print(f"wrk (outside load generator, {args.threads} threads, {args.clients} connections):")
+        figures = {name: loadgen.wrk(url, body, connections=args.clients, threads=args.threads, seconds=args.seconds)
+                   for name, url in (("raymodel", ours.url), ("hand-written", f"{host}/bench-raw"))}
+        for name, f in figures.items():
+            print(f"{name:>14}: {f['rps']:8.1f} req/s  p50 {f['p50_ms']:7.1f} ms  p99 {f['p99_ms']:7.1f} ms  "
+                  f"non-2xx {f['non_2xx']}  socket errors {f['socket_errors']}")
+        ratio = figures["raymodel"]["rps"] / figures["hand-written"]["rps"]
+        print(f"throughput ratio raymodel / hand-written (wrk): {ratio:.2f}")
+    else:
+        print("wrk is not installed (apt-get install wrk; `make tools`): no outside load generator figures")
 
     info = requests.get(ours.url + "/info", timeout=30).json()
     print(f"raymodel batch sizes seen: {info['batch_sizes_seen']}, mean {info['mean_batch_size']:.1f}")
@@ -114,6 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     args = parser.parse_args()
     X, _ = load_data()
     body = {"pixels": X[:1].astype(np.float32).tolist()}

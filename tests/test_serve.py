@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
@@ -188,3 +190,19 @@ def test_declared_schemas_validate_requests_and_publish_openapi(ray_session, dig
     finally:
         for app in (typed_app, rows_app):
             app.shutdown()
+
+
+def test_an_outside_load_generator_gets_only_good_answers(served, digits):
+    """`wrk` (not our client): 8 keep-alive connections for 4 s, every answer a 2xx, batches formed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from loadgen import available, wrk
+
+    if available() is None:
+        pytest.skip("wrk is not installed (apt-get install wrk; `make test` installs it where it can)")
+    model, app = served
+    X, _ = digits
+    figures = wrk(app.url, {"pixels": X[:1].tolist()}, connections=8, seconds=4)
+    assert figures["non_2xx"] == 0 and figures["socket_errors"] == 0, figures
+    assert figures["requests"] >= 100 and figures["p99_ms"] < 2000, figures
+    info = requests.get(app.url + "/info", timeout=30).json()  # the last 1000 batches: wrk's, nearly all
+    assert info["mean_batch_size"] > 1.5, info  # 8 concurrent clients: requests were batched

@@ -162,7 +162,7 @@ class ModelHooks(TrainingHooks):
         """Turn one Ray Data batch (``{column: numpy array}``) into one model input.
 
         Runs in ``predict_batch``'s actors, once per batch, with the feature
-        columns only. The default (in each backend) puts the columns side by
+        columns only (read-only views of Ray Data's block: copy before writing). The default (in each backend) puts the columns side by
         side as one float32 array of rows (a tensor for torch).
         """
         return batch

@@ -53,7 +53,7 @@ class Predictions(_Dataset):  # type: ignore[misc,valid-type]
 def predict_batch(model_or_ref: Any, data: Any, *, batch_size: int = DEFAULT_BATCH_SIZE,
                   concurrency: int | tuple[int, int] | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
                   feature_columns: Sequence[str] | None = None, keep_columns: Sequence[str] = (),
-                  registry: str | None = None) -> Predictions:
+                  preserve_order: bool = True, registry: str | None = None) -> Predictions:
     """Score ``data`` with a model, on a pool of Ray Data actors; each loads the model once.
 
     Each actor runs ``predict_batch_preprocess(batch) -> forward ->
@@ -80,6 +80,9 @@ def predict_batch(model_or_ref: Any, data: Any, *, batch_size: int = DEFAULT_BAT
             not in ``keep_columns``).
         keep_columns: Input columns copied into the output beside the
             predictions (an id, say).
+        preserve_order: Rows come out in the input's order (default). ``False``
+            lets each block out as soon as it is scored: for outputs whose order
+            does not matter (with an id in ``keep_columns``, say).
         registry: The registry of a reference (default ``RAYMODEL_REGISTRY`` or
             ``$RAYMODEL_HOME/registry``).
 
@@ -110,11 +113,11 @@ def predict_batch(model_or_ref: Any, data: Any, *, batch_size: int = DEFAULT_BAT
                else ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1]))
     scored = dataset.map_batches(
         Scorer, batch_size=batch_size, batch_format="numpy", compute=compute, num_cpus=num_cpus,
-        num_gpus=num_gpus or None, zero_copy_batch=False,
+        num_gpus=num_gpus or None, zero_copy_batch=True,
         fn_constructor_kwargs={"source": source, "feature_columns": list(feature_columns or ()) or None,
                                "keep_columns": list(keep_columns), "threads": max(1, int(num_cpus))})
     result = _Dataset.copy(scored, _deep_copy=True, _as=Predictions)  # its own context: ...
-    result.context.execution_options.preserve_order = True  # ... rows in the input's order, not the caller's global
+    result.context.execution_options.preserve_order = bool(preserve_order)  # ... not the caller's global one
     return result
 
 

@@ -1,0 +1,57 @@
+"""`wrk` (Debian's package, https://github.com/wg/wrk), an HTTP load generator nobody here wrote,
+driven from Python: POST one JSON body over keep-alive connections, get its own counts back.
+
+    from loadgen import wrk
+    figures = wrk("http://127.0.0.1:8000/digits", {"pixels": [[0.0] * 64]}, connections=16, seconds=15)
+    figures["rps"], figures["p50_ms"], figures["p99_ms"], figures["non_2xx"], figures["socket_errors"]
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# wrk's Lua hooks: the request to send, and (in `done`) its own summary as one JSON line.
+SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = io.open("%(body)s"):read("*a")
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '\\nWRK-JSON {"requests": %%d, "duration_us": %%d, "non_2xx": %%d, "socket_errors": %%d, ' ..
+    '"p50_us": %%d, "p90_us": %%d, "p99_us": %%d, "max_us": %%d}\\n',
+    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
+end
+"""
+
+
+def available() -> str | None:
+    """The path of `wrk`, or None (`apt-get install wrk`; `make test` installs it where it can)."""
+    return shutil.which("wrk")
+
+
+def wrk(url: str, body: Any, *, connections: int = 16, threads: int = 2, seconds: float = 15,
+        timeout_s: float = 10) -> dict[str, float]:
+    """Run wrk against ``url`` and return req/s, p50/p90/p99/max latency (ms), and its error counts."""
+    binary = available()
+    if binary is None:
+        raise RuntimeError("wrk is not installed: apt-get install wrk")
+    with tempfile.TemporaryDirectory() as scratch:
+        body_file = Path(scratch) / "body.json"
+        body_file.write_text(json.dumps(body))
+        script = Path(scratch) / "post.lua"
+        script.write_text(SCRIPT % {"body": str(body_file)})
+        out = subprocess.run([binary, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+                              f"--timeout={timeout_s:g}s", "-s", str(script), url],
+                             capture_output=True, text=True, check=True, timeout=seconds + timeout_s + 30)
+    line = next(line for line in out.stdout.splitlines() if line.startswith("WRK-JSON "))
+    raw = json.loads(line[len("WRK-JSON "):])
+    return {"rps": raw["requests"] / (raw["duration_us"] / 1e6), "requests": raw["requests"],
+            "non_2xx": raw["non_2xx"], "socket_errors": raw["socket_errors"],
+            **{f"{q}_ms": raw[f"{q}_us"] / 1000 for q in ("p50", "p90", "p99", "max")}}
