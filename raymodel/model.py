@@ -230,7 +230,8 @@ class RayModel(ModelHooks):
             data: A ``ray.data.Dataset``, a numpy array of rows, a pandas
                 DataFrame, or the location (path or URI) of Parquet or CSV files.
             **options: ``batch_size``, ``concurrency``, ``num_cpus``, ``num_gpus``,
-                ``feature_columns``, ``keep_columns``: see :func:`raymodel.predict_batch`.
+                ``feature_columns``, ``keep_columns``, ``preserve_order``: see
+                :func:`raymodel.predict_batch`.
 
         Returns:
             :class:`~raymodel.predict.Predictions`, a ``ray.data.Dataset`` of the

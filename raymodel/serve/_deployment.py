@@ -1,11 +1,10 @@
 """The Serve deployment: one replica of a model behind HTTP, with adaptive batching.
 
-Request path: JSON body -> ``preprocess`` (per request) -> stacked along the
-batch dimension -> one ``forward`` -> split -> ``postprocess`` (per request).
-A payload that the model's ``input_schema`` or ``preprocess`` rejects answers 422
-before it joins a batch; if
-a whole batch's ``forward`` fails, each request is retried alone, so only the
-bad one fails.
+Request path: JSON body -> ``input_schema`` -> ``preprocess`` (per request) ->
+stacked along the batch dimension -> one ``forward`` -> split -> ``postprocess``
+-> ``output_schema`` (per request). A payload that the input schema or
+``preprocess`` rejects answers 422 before it joins a batch; if a whole batch's
+``forward`` fails, each request is retried alone, so only the bad one fails.
 """
 
 from __future__ import annotations
