@@ -172,7 +172,7 @@ def main() -> None:
              "raymodel, preserve_order=False": ours_unordered}
     rates: dict[str, list[float]] = {name: [] for name in sides}
     memory: dict[str, list[float]] = {name: [] for name in sides}
-    heads: dict[str, float] = {}
+    sums: dict[str, float] = {}
     for make in sides.values():  # warm-up, untimed: the driver's first Ray Data run starts its executor
         drain(make().limit(50_000))
     names = list(sides)
@@ -181,7 +181,7 @@ def main() -> None:
             make = sides[name]
             with PeakRSS() as peak:
                 start = time.monotonic()
-                rows, heads[name] = drain(make())
+                rows, sums[name] = drain(make())
                 seconds = time.monotonic() - start
             assert rows == args.rows, (name, rows)
             rates[name].append(rows / seconds)
@@ -189,7 +189,7 @@ def main() -> None:
             print(f"  {name}: {rows / seconds:,.0f} rows/s ({seconds:.1f} s), driver peak +{peak.above_mib:.0f} MiB",
                   flush=True)
     # Same predictions (the hand-written side does not keep the rows' order: compare the sums).
-    assert abs(heads["raymodel predict_batch"] - heads["hand-written map_batches"]) <= 1e-4 * args.rows, heads
+    assert abs(sums["raymodel predict_batch"] - sums["hand-written map_batches"]) <= 1e-4 * args.rows, sums
     with PeakRSS() as peak:
         start = time.monotonic()
         assert plain_loop(folder, args.batch_size, weights) == args.rows

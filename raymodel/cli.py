@@ -173,7 +173,6 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    import shutil
     import time
 
     import raymodel as rm
@@ -189,16 +188,8 @@ def _predict(args: argparse.Namespace) -> None:
     if storage.is_uri(args.output):  # an object store has no rename: files appear as they are written
         predictions.write_parquet(args.output)
     else:  # written beside the target and renamed into place: no half-written output is ever visible
-        target = storage.local_path(args.output).resolve()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = tmp.make(".raymodel-predict", parent=target.parent)
-        try:
+        with tmp.replacing(storage.local_path(args.output).resolve(), ".raymodel-predict") as staging:
             predictions.write_parquet(str(staging))
-            if target.exists():
-                target.rmdir()
-            staging.replace(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; left-overs of a failure
     import pyarrow.dataset
 
     fs, path = storage.filesystem(args.output)

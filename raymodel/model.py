@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
@@ -261,15 +260,8 @@ class RayModel(ModelHooks):
         target = Path(path).resolve()
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise CheckpointError(f"`{target}` already exists and is not an empty folder; choose a new path.")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = tmp.make(".raymodel-save", parent=target.parent)  # beside the target: the rename is atomic
-        try:
+        with tmp.replacing(target, ".raymodel-save") as staging:
             self._write_checkpoint(staging)
-            if target.exists():
-                target.rmdir()
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; left-overs of a failure
         return str(target)
 
     def _save_to(self, location: str) -> str:

@@ -48,6 +48,21 @@ def tempdir(kind: str, parent: Path | None = None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def replacing(target: Path, kind: str) -> Iterator[Path]:
+    """A fresh folder beside ``target`` to write into; when the block ends without error it is
+    renamed to ``target`` (an empty folder there is replaced), so ``target`` appears whole or not at all."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = make(kind, parent=target.parent)  # beside the target: the rename is atomic
+    try:
+        yield staging
+        if target.exists():
+            target.rmdir()
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; left-overs of a failure
+
+
 def make(kind: str, parent: Path | None = None) -> Path:
     """A fresh folder the caller removes (e.g. after handing it to Ray Train's upload)."""
     parent = root() if parent is None else parent

@@ -10,22 +10,19 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from raymodel._internal import runtime, sources, storage, tmp
-from raymodel.exceptions import DataError, SettingsError
+from raymodel.exceptions import CheckpointError, DataError, SettingsError
 
 if TYPE_CHECKING:
     from raymodel.model import RayModel
 
-try:  # Ray Data is part of Ray; its import is deferred until a Dataset is made
-    from ray.data import Dataset as _Dataset
-except ImportError:  # pragma: no cover - ray[data] is a dependency
-    _Dataset = object  # type: ignore[assignment,misc]
+from ray.data import Dataset as _Dataset
 
 #: Rows per batch handed to ``forward`` when ``batch_size`` is not given.
 DEFAULT_BATCH_SIZE = 1024
 _READERS = {".parquet": "read_parquet", ".csv": "read_csv"}
 
 
-class Predictions(_Dataset):  # type: ignore[misc,valid-type]
+class Predictions(_Dataset):
     """The result of ``predict_batch``: a lazy ``ray.data.Dataset`` of output columns.
 
     Rows come out in the input's order. Nothing runs until it is read
@@ -201,11 +198,13 @@ def _source_of(model_or_ref: Any, registry: str | None) -> dict[str, Any]:
     if isinstance(model_or_ref, (str, os.PathLike)) or type(model_or_ref).__name__ == "ModelRef":
         ref = os.fspath(model_or_ref) if isinstance(model_or_ref, os.PathLike) else str(model_or_ref)
         if sources.is_checkpoint_path(ref):
-            from raymodel._internal import checkpoint as ckpt
+            from raymodel._internal.checkpoint import MANIFEST
 
             location = ref if storage.is_uri(ref) else str(Path(ref).resolve())
-            with ckpt.local_copy(location) as directory:
-                ckpt.verify(directory)  # not a checkpoint, or changed: say so now
+            if not storage.exists(storage.join(location, MANIFEST)):  # the manifest only: each actor checks
+                raise CheckpointError(  # every file's checksum when it loads, so nothing is downloaded twice
+                    f"`{ref}` is not a raymodel checkpoint: it has no `{MANIFEST}`. Pass a folder that `train()` "
+                    "returned as `.checkpoint`, or one written by `model.save()`.")
             return {"checkpoint": location}
         source, info = sources.registry_source(ref, registry)
         return {**source, "version": info["resolved"]}
