@@ -24,8 +24,9 @@ done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
     '\\nWRK-JSON {"requests": %%d, "duration_us": %%d, "non_2xx": %%d, "socket_errors": %%d, ' ..
-    '"p50_us": %%d, "p90_us": %%d, "p99_us": %%d, "max_us": %%d}\\n',
+    '"connect_errors": %%d, "read_errors": %%d, "write_errors": %%d, "timeouts": %%d, "p50_us": %%d, "p90_us": %%d, "p99_us": %%d, "max_us": %%d}\\n',
     summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
+    e.connect, e.read, e.write, e.timeout,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
 end
 """
@@ -53,5 +54,6 @@ def wrk(url: str, body: Any, *, connections: int = 16, threads: int = 2, seconds
     line = next(line for line in out.stdout.splitlines() if line.startswith("WRK-JSON "))
     raw = json.loads(line[len("WRK-JSON "):])
     return {"rps": raw["requests"] / (raw["duration_us"] / 1e6), "requests": raw["requests"],
-            "non_2xx": raw["non_2xx"], "socket_errors": raw["socket_errors"],
+            **{k: raw[k] for k in ("non_2xx", "socket_errors", "connect_errors", "read_errors", "write_errors",
+                           "timeouts")},
             **{f"{q}_ms": raw[f"{q}_us"] / 1000 for q in ("p50", "p90", "p99", "max")}}

@@ -10,7 +10,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 _QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
 
@@ -82,7 +82,72 @@ def run_name(prefix: str) -> str:
     return f"{safe}-{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.urandom(2).hex()}"
 
 
-def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs: Any) -> None:
+SERVE_INGRESSES = ("haproxy", "proxy")
+
+
+def resolve_ingress(choice: str | None = None) -> str:
+    """The Serve ingress a Ray instance started by raymodel gets: ``choice``, else
+    ``RAYMODEL_SERVE_INGRESS``, else ``"haproxy"``; a bad name is a ``SettingsError``."""
+    from raymodel.exceptions import SettingsError
+
+    value = choice or os.environ.get("RAYMODEL_SERVE_INGRESS") or "haproxy"
+    if value not in SERVE_INGRESSES:
+        raise SettingsError(f"`serve_ingress` must be one of {', '.join(map(repr, SERVE_INGRESSES))} "
+                            f"(got {value!r}; from RAYMODEL_SERVE_INGRESS?).")
+    return value
+
+
+def serve_env(ingress: str) -> dict[str, str]:
+    """The environment Ray Serve reads when its processes start, for ``ingress`` (README: "Where the
+    time goes"). ``"haproxy"``: Serve's HAProxy listens on the HTTP port and forwards each request
+    straight to a replica's own HTTP server (no Python proxy, no actor call); ``"proxy"``: Serve's
+    Python proxy actor, one actor call per request. Both run the replica's code on its main event
+    loop (one thread hop less per request; raymodel runs ``forward`` on a worker thread of its own)."""
+    env = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+    if ingress != "haproxy":
+        return env
+    # HAProxy's stats and metrics ports are per instance, so that two Ray instances on one machine (a
+    # test session and a demo it runs) do not fight over Ray's fixed defaults (its files are per node).
+    env.update({
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        # A stopping replica stays reachable this long, so HAProxy drops it before it goes (Ray's
+        # default, 30 s, is for cloud load balancers; HAProxy here is told at once): rolling updates
+        # under load drop nothing with 3 s (tests/test_serve_faults.py).
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "3",
+        # A request that a dying replica closed without a byte of answer is sent to another replica
+        # (Ray retries connection failures only): a prediction is safe to repeat. Without it HAProxy
+        # closes the client's connection without an answer (tests/test_serve_faults.py).
+        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+    })
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def with_serve_env(environ: Mapping[str, str], ingress: str) -> dict[str, str]:
+    """``environ`` plus ``serve_env(ingress)``, for a Ray instance about to be started from it (each
+    of its workers inherits it). A variable the user set stays as it is; ones that a raymodel parent
+    process set for *its* instance (marked with its pid) are replaced."""
+    env = dict(environ)
+    mark = env.get("RAYMODEL_SERVE_ENV_PID")
+    inherited = mark is not None and mark != str(os.getpid())
+    for name, value in serve_env(ingress).items():
+        if inherited or name not in env:
+            env[name] = value
+    env["RAYMODEL_SERVE_ENV_PID"] = str(os.getpid())
+    return env
+
+
+def init(address: str | None = None, *, verbose: bool = False, serve_ingress: str | None = None,
+         **ray_init_kwargs: Any) -> None:
     """Start a local Ray instance, or join a cluster, unless Ray is already running.
 
     ``RAY_ADDRESS`` (or ``address=``) joins a cluster, as does a running
@@ -93,6 +158,9 @@ def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs
     Args:
         address: A Ray cluster address, e.g. ``"ray://head:10001"`` or ``"auto"``.
         verbose: Show Ray's internal logs and worker output on the driver.
+        serve_ingress: How HTTP reaches a served model on an instance started here:
+            ``"haproxy"`` (default, or ``RAYMODEL_SERVE_INGRESS``) or ``"proxy"``
+            (Serve's Python proxy). A cluster joined keeps what it was started with.
         **ray_init_kwargs: Passed to ``ray.init`` (e.g. ``num_cpus=2``).
 
     Example:
@@ -102,6 +170,7 @@ def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs
     import ray
 
     quiet(verbose)
+    ingress = resolve_ingress(serve_ingress)  # a bad name fails before Ray starts
     if ray.is_initialized():
         return
     # Train V2's controller collects each `ray.train.report` when it polls the
@@ -118,6 +187,8 @@ def init(address: str | None = None, *, verbose: bool = False, **ray_init_kwargs
         address = (running_server() or {}).get("address")  # `raymodel server start` is running: join it
     if address is not None:
         kwargs["address"] = address
+    elif not os.environ.get("RAY_ADDRESS"):
+        os.environ.update(with_serve_env(os.environ, ingress))  # a new local instance: its Serve reads them
 
     kwargs.update(ray_init_kwargs)
     ray.init(**kwargs)

@@ -6,7 +6,9 @@ actors) instead of the model itself; each actor loads the model once from it.
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from typing import Any
 
 from raymodel._internal import storage
@@ -48,3 +50,12 @@ def load(source: dict[str, Any], version: Any) -> Any:
         model.source = {**model.source, "version": n}
     model.ensure_setup()
     return model
+
+
+def set_threads(cpus: float) -> int:
+    """Torch's intra-op threads for an actor's CPU share (``ceil``, at least 1), not the whole node's:
+    two replicas of 1 CPU on a 2-core node would otherwise each start 2 threads and fight."""
+    threads = max(1, math.ceil(cpus))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    return threads

@@ -76,7 +76,10 @@ def _server_start(args: argparse.Namespace) -> None:
            "--dashboard-port", str(args.dashboard_port), "--temp-dir", temp_dir, "--disable-usage-stats"]
     if args.num_cpus is not None:
         cmd += ["--num-cpus", str(args.num_cpus)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    from raymodel._internal.runtime import resolve_ingress, with_serve_env
+
+    env = with_serve_env(os.environ, resolve_ingress(None))  # the head's Serve: HAProxy unless told otherwise
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RayModelError(f"`ray start` failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
     address = f"127.0.0.1:{args.port}"

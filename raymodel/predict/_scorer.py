@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
@@ -22,8 +21,7 @@ class Scorer:
                  threads: int = 1) -> None:
         self.model = sources.load(source, source.get("version"))
         self.feature_columns, self.keep_columns = feature_columns, keep_columns
-        if "torch" in sys.modules:  # intra-op threads for this actor's CPU share, not the whole node's
-            sys.modules["torch"].set_num_threads(threads)
+        sources.set_threads(threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         model = self.model

@@ -1,24 +1,30 @@
 """The Serve deployment: one replica of a model behind HTTP, with adaptive batching.
 
-Request path: JSON body -> ``input_schema`` -> ``preprocess`` (per request) ->
-stacked along the batch dimension -> one ``forward`` -> split -> ``postprocess``
--> ``output_schema`` (per request). A payload that the input schema or
-``preprocess`` rejects answers 422 before it joins a batch; if a whole batch's
-``forward`` fails, each request is retried alone, so only the bad one fails.
+Request path: JSON body (one ``orjson`` decode) -> ``input_schema`` ->
+``preprocess`` (per request) -> stacked along the batch dimension -> one
+``forward`` -> split -> ``postprocess`` -> ``output_schema`` (per request) ->
+one ``orjson`` encode. A payload that the input schema or ``preprocess``
+rejects answers 422 before it joins a batch; if a whole batch's ``forward``
+fails, each request is retried alone, so only the bad one fails. A batch runs
+on the replica's one forward thread, so the event loop (which, with
+``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``, is also Serve's own) keeps
+taking requests and answering health checks while the model computes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
-import json
 import logging
 import os
 import threading
 import time
 import traceback
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
 from ray import serve
 
 from raymodel._internal import sources
@@ -56,6 +62,11 @@ class ModelServer:
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
         self.requests: collections.deque[tuple[float, float]] = collections.deque(maxlen=5000)  # (end, latency s)
         self.started = time.time()
+        self.ingress = _ingress()
+        self.threads = sources.set_threads(_cpu_share())
+        self._forward_thread = ThreadPoolExecutor(1, thread_name_prefix="raymodel-forward")
+        if self.ingress == "haproxy":
+            _json_error_page()
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
         if "registry" in source and not isinstance(source.get("version"), int):
@@ -80,19 +91,19 @@ class ModelServer:
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
-        sub = request.url.path[len(request.scope.get("root_path", "")):].strip("/")
+        scope = request.scope
+        sub = scope["path"][len(scope.get("root_path", "")):].strip("/")
         if sub == "openapi.json" and request.method == "GET":
-            return JSONResponse(self.openapi())
+            return _json(self.openapi())
         if sub in ("health", "info"):
             if request.method != "GET":
                 return _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
             if sub == "health":
-                return JSONResponse({"status": "ok"})
-            return JSONResponse({**self.info, "serving": _label(self.model),
-                                 "batch_sizes_seen": sorted(set(self.batch_sizes)),
-                                 "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes))})
+                return _json({"status": "ok"})
+            return _json({**self.info, "serving": _label(self.model), "ingress": self.ingress,
+                          "replica_pid": os.getpid(), "torch_threads": self.threads,
+                          "batch_sizes_seen": sorted(set(self.batch_sizes)),
+                          "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes))})
         if sub:
             return _error(404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health`, `info` "
                                             "or `openapi.json`.")
@@ -103,12 +114,11 @@ class ModelServer:
             return _error(413, "payload too large", f"The body has {len(body)} bytes; the limit is "
                                                     f"{self.max_body_bytes} (`ServeSettings(max_body_bytes=...)`).")
         try:
-            payload = json.loads(body)
+            payload = orjson.loads(body)
         except ValueError as exc:
             return _error(400, "invalid JSON", f"The body is not valid JSON: {exc}")
         status, content, size, model = await self._answer(payload)
-        return JSONResponse(content, status_code=status,
-                            headers={"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
+        return _json(content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
 
     async def predict(self, payload: Any) -> Any:
         """In-cluster calls through a Serve handle: the same path, minus HTTP."""
@@ -166,23 +176,28 @@ class ModelServer:
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def _batched(self, items: list[tuple[Any, str, Any]]) -> list[tuple[Any, int]]:
         self.batch_sizes.append(len(items))
-        groups: dict[int, list[int]] = {}  # by model: two only while a new version is swapped in
-        for i, (_, _, model) in enumerate(items):
-            groups.setdefault(id(model), []).append(i)
-        outputs: list[Any] = [None] * len(items)
-        for indices in groups.values():
-            model = items[indices[0]][2]
-            for i, out in zip(indices, _forward_isolated(model, [items[i] for i in indices])):
-                outputs[i] = out
-        results = []
-        for out, (_, request_id, model) in zip(outputs, items):
-            if not isinstance(out, _Failed):
-                try:
-                    out = to_jsonable(schemas_of(type(model)).check_output(model.postprocess(out)))
-                except Exception as exc:  # noqa: BLE001
-                    out = _Failed(exc, request_id)
-            results.append((out, len(items)))
-        return results
+        return await asyncio.get_running_loop().run_in_executor(self._forward_thread, _run_batch, items)
+
+
+def _run_batch(items: list[tuple[Any, str, Any]]) -> list[tuple[Any, int]]:
+    """On the forward thread: one ``forward`` per model in the batch, then each request's ``postprocess``."""
+    groups: dict[int, list[int]] = {}  # by model: two only while a new version is swapped in
+    for i, (_, _, model) in enumerate(items):
+        groups.setdefault(id(model), []).append(i)
+    outputs: list[Any] = [None] * len(items)
+    for indices in groups.values():
+        model = items[indices[0]][2]
+        for i, out in zip(indices, _forward_isolated(model, [items[i] for i in indices])):
+            outputs[i] = out
+    results = []
+    for out, (_, request_id, model) in zip(outputs, items):
+        if not isinstance(out, _Failed):
+            try:
+                out = to_jsonable(schemas_of(type(model)).check_output(model.postprocess(out)))
+            except Exception as exc:  # noqa: BLE001
+                out = _Failed(exc, request_id)
+        results.append((out, len(items)))
+    return results
 
 
 def _forward_isolated(model: Any, items: list[tuple[Any, str, Any]]) -> list[Any]:
@@ -208,6 +223,50 @@ def _forward_many(model: Any, inputs: list[Any]) -> list[Any]:
     return backend.split(output, sizes)
 
 
+def _ingress() -> str:
+    """How HTTP reaches this replica: Serve's HAProxy, a replica port itself, or Serve's Python proxy."""
+    from ray.serve._private import constants
+
+    if constants.RAY_SERVE_ENABLE_HA_PROXY:
+        return "haproxy"
+    return "direct" if constants.RAY_SERVE_ENABLE_DIRECT_INGRESS else "proxy"
+
+
+def _cpu_share() -> float:
+    import ray
+
+    try:
+        return float(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
+    except Exception:  # noqa: BLE001 - outside an actor (unit tests)
+        return 1.0
+
+
+HAPROXY_ERROR_BODY = orjson.dumps({"error": "replica unavailable", "detail": (
+    "The replica handling this request stopped before answering, or none is up; retry it.")})
+
+
+def _json_error_page() -> None:
+    """HAProxy's own answer when no replica can take a request (or one dies under it) is a page Ray
+    writes once, as plain text, beside HAProxy's config on each node; here it is JSON like every
+    other error of the route. HAProxy reads it on its next reload, which this replica's start causes."""
+    import ray
+    from ray.serve._private import constants
+
+    folder, _ = os.path.split(constants.RAY_SERVE_HAPROXY_CONFIG_FILE_LOC)
+    folder = os.path.join(folder, ray.get_runtime_context().get_node_id())  # Ray's files are per node
+    page = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n%s"
+            % (len(HAPROXY_ERROR_BODY), HAPROXY_ERROR_BODY))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        staged = os.path.join(folder, f".500.http.{os.getpid()}")
+        with open(staged, "wb") as f:
+            f.write(page)
+        os.replace(staged, os.path.join(folder, "500.http"))
+    except OSError:  # HAProxy keeps Ray's plain-text page
+        logger.warning("could not write HAProxy's JSON error page in %s", folder)
+
+
 def _label(model: Any) -> str:
     """What a response says it was answered by: ``key:version``, or the checkpoint's folder name."""
     source = model.source
@@ -221,7 +280,12 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Any:
-    from starlette.responses import JSONResponse
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Any:
+    from starlette.responses import Response
 
-    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS),
+                    status_code=status, headers=headers, media_type="application/json")
+
+
+def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Any:
+    return _json({"error": error, "detail": detail}, status, headers)

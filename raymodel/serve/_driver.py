@@ -99,7 +99,8 @@ class Servable:
                 else dict(source)}
         s = self.settings
         options: dict[str, Any] = {"name": f"{self.name}-model", "max_ongoing_requests": s.max_ongoing_requests,
-                                   "ray_actor_options": s.ray_actor_options or {}}
+                                   "ray_actor_options": s.ray_actor_options or {},
+                                   "logging_config": {"enable_access_log": bool(s.access_log)}}
         if s.num_replicas == "auto":
             options["autoscaling_config"] = {"min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
                                              "target_ongoing_requests": max(2, s.max_batch_size)}

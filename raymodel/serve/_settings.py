@@ -48,6 +48,7 @@ class ServeSettings(SettingsBase):
     name: str | None = None
     max_body_bytes: int = 1 << 20
     registry_poll_s: float = 2.0
+    access_log: bool = False
 
     def _validate(self) -> list[str]:
         problems = collect(
