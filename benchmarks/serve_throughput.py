@@ -1,26 +1,26 @@
-"""`model.serve` vs a hand-written Ray Serve deployment of the same model.
+"""`model.serve` vs a hand-written Ray Serve deployment vs one plain uvicorn process, same model.
 
-Same model and weights, same JSON in and out, same closed-loop load: 16
-keep-alive clients, each sending its next request when the last one is
-answered, from our own asyncio client and then from `wrk` (Debian's package,
-an outside load generator: `benchmarks/loadgen.py`). Prints requests/s, p50
-and p99 latency and the ratio, for
-1. the digits MLP, and 2. a compute-heavy MLP, where raymodel's adaptive
-batching should give >= 2x the throughput of the raw per-request deployment.
+Same weights, same JSON in and out, same closed-loop load from `wrk` (Debian's
+package, an outside load generator: `benchmarks/loadgen.py`; `make tools`
+installs it): 16 keep-alive connections, each sending its next request when the
+last one is answered. Prints requests/s, p50 and p99 latency and the ratios for
+1. the digits MLP (goal: raymodel >= 0.5x the plain process's req/s, p99 <= 3x),
+2. a compute-heavy MLP (goal: raymodel >= 2.5x the unbatched hand-written deployment).
+The hand-written deployment runs on the same Serve, so behind the same ingress.
 
-    python benchmarks/serve_throughput.py [--seconds 10] [--clients 16]
+    python benchmarks/serve_throughput.py [--seconds 10] [--clients 16] [--ingress haproxy|proxy]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import requests
 import torch
 import torch.nn as nn
 
@@ -62,69 +62,59 @@ class RawDeployment:
         return {"digit": out.argmax(-1).tolist()}
 
 
-async def load(url: str, body: dict, clients: int, seconds: float) -> tuple[float, float, float]:
-    import aiohttp
-
-    latencies: list[float] = []
-    deadline = time.perf_counter() + seconds
-
-    async def client(session) -> None:
-        while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            async with session.post(url, json=body) as response:
-                await response.read()
-                assert response.status == 200, response.status
-            latencies.append(time.perf_counter() - start)
-
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        for _ in range(clients):  # warm up every connection
-            async with session.post(url, json=body) as r:
-                await r.read()
-        start = time.perf_counter()
-        await asyncio.gather(*(client(session) for _ in range(clients)))
-        elapsed = time.perf_counter() - start
-    latencies.sort()
-    return len(latencies) / elapsed, statistics.median(latencies), latencies[int(0.99 * (len(latencies) - 1))]
+def plain_process(checkpoint: str, port: int) -> subprocess.Popen:
+    """benchmarks/plain_server.py: the model in one uvicorn + Starlette process, no Ray."""
+    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("plain_server.py")), checkpoint,
+                                "--port", str(port)])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            requests.get(f"http://127.0.0.1:{port}/", timeout=1)
+            return process
+        except requests.ConnectionError:
+            time.sleep(0.3)
+    process.kill()
+    raise RuntimeError("the plain uvicorn process did not start")
 
 
-def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float) -> None:
+def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float, cpus: float) -> dict[str, dict]:
     from ray import serve
 
     model.ensure_setup()
     torch.manual_seed(0)
     ours = model.serve("/bench-ours", settings={"max_batch_size": 16, "batch_wait_timeout_s": wait_s,
-                                                "ray_actor_options": {"num_cpus": 0.5}})
-    import requests
-
-    checkpoint = requests.get(ours.url + "/info", timeout=30).json()["source"]["checkpoint"]
+                                                "ray_actor_options": {"num_cpus": cpus}})
+    info = requests.get(ours.url + "/info", timeout=30).json()
+    checkpoint = info["source"]["checkpoint"]
     serve.run(serve.deployment(RawDeployment).options(name="raw", max_ongoing_requests=64,
-                                                      ray_actor_options={"num_cpus": 0.5}).bind(checkpoint),
+                                                      ray_actor_options={"num_cpus": cpus}).bind(checkpoint),
               name="raw", route_prefix="/bench-raw")
     host = ours.url.rsplit("/", 1)[0]
-    ours_stats = asyncio.run(load(ours.url, body, args.clients, args.seconds))
-    raw_stats = asyncio.run(load(f"{host}/bench-raw", body, args.clients, args.seconds))
-    print(f"-- {title}: {args.clients} keep-alive clients, {args.seconds:.0f}s each --")
-    print("our asyncio client (aiohttp):")
-    for name, (rps, p50, p99) in (("raymodel", ours_stats), ("hand-written", raw_stats)):
-        print(f"{name:>14}: {rps:8.1f} req/s  p50 {p50 * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms")
-    print(f"throughput ratio raymodel / hand-written: {ours_stats[0] / raw_stats[0]:.2f}")
-    if loadgen.available():
-        print(f"wrk (outside load generator, {args.threads} threads, {args.clients} connections):")
+    plain = plain_process(checkpoint, args.plain_port)
+    sides = {"raymodel": ours.url, "hand-written": f"{host}/bench-raw", "plain uvicorn": f"http://127.0.0.1:{args.plain_port}/"}
+    try:
+        for url in sides.values():  # warm up each side, then measure each
+            loadgen.wrk(url, body, connections=args.clients, threads=args.threads, seconds=2)
         figures = {name: loadgen.wrk(url, body, connections=args.clients, threads=args.threads, seconds=args.seconds)
-                   for name, url in (("raymodel", ours.url), ("hand-written", f"{host}/bench-raw"))}
-        for name, f in figures.items():
-            print(f"{name:>14}: {f['rps']:8.1f} req/s  p50 {f['p50_ms']:7.1f} ms  p99 {f['p99_ms']:7.1f} ms  "
-                  f"non-2xx {f['non_2xx']}  socket errors {f['socket_errors']}")
-        ratio = figures["raymodel"]["rps"] / figures["hand-written"]["rps"]
-        print(f"throughput ratio raymodel / hand-written (wrk): {ratio:.2f}")
-    else:
-        print("wrk is not installed (apt-get install wrk; `make tools`): no outside load generator figures")
-
+                   for name, url in sides.items()}
+    finally:
+        plain.terminate()
+        plain.wait()
+    print(f"-- {title}: wrk, {args.threads} threads, {args.clients} connections, {args.seconds:.0f} s each; "
+          f"Serve ingress: {info['ingress']} --")
+    for name, f in figures.items():
+        print(f"{name:>14}: {f['rps']:8.1f} req/s  p50 {f['p50_ms']:7.1f} ms  p99 {f['p99_ms']:7.1f} ms  "
+              f"non-2xx {f['non_2xx']}  socket errors {f['socket_errors']}")
+    ours_f, raw_f, plain_f = figures["raymodel"], figures["hand-written"], figures["plain uvicorn"]
+    print(f"raymodel / hand-written Serve: {ours_f['rps'] / raw_f['rps']:.2f}x req/s, "
+          f"p99 {ours_f['p99_ms'] / raw_f['p99_ms']:.2f}x")
+    print(f"raymodel / plain uvicorn:      {ours_f['rps'] / plain_f['rps']:.2f}x req/s, "
+          f"p99 {ours_f['p99_ms'] / plain_f['p99_ms']:.2f}x")
     info = requests.get(ours.url + "/info", timeout=30).json()
     print(f"raymodel batch sizes seen: {info['batch_sizes_seen']}, mean {info['mean_batch_size']:.1f}")
     ours.shutdown()
     serve.delete("raw")
+    return figures
 
 
 def main() -> None:
@@ -132,12 +122,29 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
+    parser.add_argument("--ingress", choices=("haproxy", "proxy"), default=None,
+                        help="Serve's ingress (default: raymodel's, haproxy)")
+    parser.add_argument("--plain-port", type=int, default=8100)
     args = parser.parse_args()
+    if loadgen.available() is None:
+        sys.exit("wrk is not installed: apt-get install wrk (`make tools` does it)")
     X, _ = load_data()
     body = {"pixels": X[:1].astype(np.float32).tolist()}
-    rm.init(num_cpus=2)
-    compare("digits MLP", DigitsNet(), body, args, wait_s=0.002)
-    compare("compute-heavy MLP (6 x 4096 hidden)", HeavyNet(), body, args, wait_s=0.03)
+    rm.init(num_cpus=2, serve_ingress=args.ingress)
+    tiny = compare("digits MLP", DigitsNet(), body, args, wait_s=0.002, cpus=1)
+    heavy = compare("compute-heavy MLP (6 x 4096 hidden)", HeavyNet(), body, args, wait_s=0.03, cpus=1)
+    ratio = tiny["raymodel"]["rps"] / tiny["plain uvicorn"]["rps"]
+    p99 = tiny["raymodel"]["p99_ms"] / tiny["plain uvicorn"]["p99_ms"]
+    heavy_ratio = heavy["raymodel"]["rps"] / heavy["hand-written"]["rps"]
+    print("goals:")
+    print(f"  digits MLP, raymodel / plain uvicorn req/s {ratio:.2f}x (goal >= 0.5x): {_verdict(ratio >= 0.5)}; "
+          f"p99 {p99:.2f}x (goal <= 3x): {_verdict(p99 <= 3)}")
+    print(f"  heavy MLP, raymodel / unbatched hand-written req/s {heavy_ratio:.2f}x (goal >= 2.5x): "
+          f"{_verdict(heavy_ratio >= 2.5)}")
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 if __name__ == "__main__":

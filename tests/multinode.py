@@ -35,7 +35,9 @@ def main() -> None:
     from s3server import free_port
 
     scratch, port = Path(sys.argv[1]), int(sys.argv[2])
-    # Ports of its own: the test session's Ray instance may be running beside it.
+    # Ports of its own: the test session's Ray instance may be running beside it (and so may its
+    # HAProxy: this cluster's Serve gets its own stats and metrics ports, as `rm.init` would give it).
+    os.environ.update(runtime.with_serve_env(os.environ, runtime.resolve_ingress(None)))
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "temp_dir": str(scratch / "head"), "include_dashboard": True,
         "gcs_server_port": free_port(), "dashboard_port": free_port(), **agent_ports()})
