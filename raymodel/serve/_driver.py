@@ -130,7 +130,9 @@ class Servable:
             if location != self._written:
                 storage.delete(location)
         host, port = _http_address(self.settings)
-        return ServedModel(self.name, self.route, f"http://{host}:{port}{self.route}", handle, self.info)
+        url = f"http://{host}:{port}{self.route}"
+        _wait_until_answering(url)
+        return ServedModel(self.name, self.route, url, handle, self.info)
 
     def __repr__(self) -> str:
         what = f"{self.source['key']}@{self.source.get('version')}" if self.source else self.info["class"]
@@ -156,6 +158,25 @@ def _checkpoint_of(model: "RayModel", name: str) -> str:
     """A checkpoint of the instance's *current* weights, which every replica loads itself, from
     wherever ``RAYMODEL_HOME`` is (a replica on another node reads the URI)."""
     return model.save(storage.join(serve_folder(name), f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"))
+
+
+def _wait_until_answering(url: str, timeout_s: float = 60.0) -> None:
+    """Serve says the replicas run before HAProxy has reloaded with them: wait until the route's
+    ``/health`` answers through the HTTP front, so the first request a caller sends is answered."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5) as answer:
+                if answer.status == 200 and b'"ok"' in answer.read():
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise ServeError(f"`{url}` did not answer within {timeout_s:.0f} s of being deployed.")
+        time.sleep(0.1)
 
 
 def _start_http(settings: ServeSettings) -> None:
