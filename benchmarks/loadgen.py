@@ -24,7 +24,8 @@ done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
     '\\nWRK-JSON {"requests": %%d, "duration_us": %%d, "non_2xx": %%d, "socket_errors": %%d, ' ..
-    '"connect_errors": %%d, "read_errors": %%d, "write_errors": %%d, "timeouts": %%d, "p50_us": %%d, "p90_us": %%d, "p99_us": %%d, "max_us": %%d}\\n',
+    '"connect_errors": %%d, "read_errors": %%d, "write_errors": %%d, "timeouts": %%d, ' ..
+    '"p50_us": %%d, "p90_us": %%d, "p99_us": %%d, "max_us": %%d}\\n',
     summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
     e.connect, e.read, e.write, e.timeout,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))

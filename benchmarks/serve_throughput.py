@@ -91,7 +91,8 @@ def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float, cpu
               name="raw", route_prefix="/bench-raw")
     host = ours.url.rsplit("/", 1)[0]
     plain = plain_process(checkpoint, args.plain_port)
-    sides = {"raymodel": ours.url, "hand-written": f"{host}/bench-raw", "plain uvicorn": f"http://127.0.0.1:{args.plain_port}/"}
+    sides = {"raymodel": ours.url, "hand-written": f"{host}/bench-raw",
+             "plain uvicorn": f"http://127.0.0.1:{args.plain_port}/"}
     try:
         for url in sides.values():  # warm up each side, then measure each
             loadgen.wrk(url, body, connections=args.clients, threads=args.threads, seconds=2)

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from raymodel._internal.runtime import running_server, server_file
+from raymodel._internal.runtime import resolve_ingress, running_server, server_file, with_serve_env
 from raymodel.exceptions import RayModelError
 
 
@@ -76,8 +76,6 @@ def _server_start(args: argparse.Namespace) -> None:
            "--dashboard-port", str(args.dashboard_port), "--temp-dir", temp_dir, "--disable-usage-stats"]
     if args.num_cpus is not None:
         cmd += ["--num-cpus", str(args.num_cpus)]
-    from raymodel._internal.runtime import resolve_ingress, with_serve_env
-
     env = with_serve_env(os.environ, resolve_ingress(None))  # the head's Serve: HAProxy unless told otherwise
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:

@@ -112,7 +112,7 @@ def predict_batch(model_or_ref: Any, data: Any, *, batch_size: int = DEFAULT_BAT
         Scorer, batch_size=batch_size, batch_format="numpy", compute=compute, num_cpus=num_cpus,
         num_gpus=num_gpus or None, zero_copy_batch=True,
         fn_constructor_kwargs={"source": source, "feature_columns": list(feature_columns or ()) or None,
-                               "keep_columns": list(keep_columns), "threads": max(1, int(num_cpus))})
+                               "keep_columns": list(keep_columns), "cpus": num_cpus})
     result = _Dataset.copy(scored, _deep_copy=True, _as=Predictions)  # its own context: ...
     result.context.execution_options.preserve_order = bool(preserve_order)  # ... not the caller's global one
     return result

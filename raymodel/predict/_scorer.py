@@ -18,10 +18,10 @@ class Scorer:
     """
 
     def __init__(self, source: dict[str, Any], feature_columns: list[str] | None, keep_columns: list[str],
-                 threads: int = 1) -> None:
+                 cpus: float = 1) -> None:
         self.model = sources.load(source, source.get("version"))
         self.feature_columns, self.keep_columns = feature_columns, keep_columns
-        sources.set_threads(threads)
+        sources.set_threads(cpus)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         model = self.model

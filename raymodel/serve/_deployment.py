@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 from ray import serve
+from starlette.responses import Response
 
 from raymodel._internal import sources
 from raymodel._internal.schema import describe, openapi, schemas_of
@@ -280,11 +281,12 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Any:
-    from starlette.responses import Response
+JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
-    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS),
-                    status_code=status, headers=headers, media_type="application/json")
+
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content, option=JSON_OPTIONS), status_code=status, headers=headers,
+                    media_type="application/json")
 
 
 def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Any:
