@@ -58,3 +58,30 @@ def wrk(url: str, body: Any, *, connections: int = 16, threads: int = 2, seconds
             **{k: raw[k] for k in ("non_2xx", "socket_errors", "connect_errors", "read_errors", "write_errors",
                            "timeouts")},
             **{f"{q}_ms": raw[f"{q}_us"] / 1000 for q in ("p50", "p90", "p99", "max")}}
+
+
+def cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Every process's CPU time so far (user + system, seconds) with its name, from /proc (Linux):
+    the difference of two snapshots says which processes did the work of a load run."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        out[int(pid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds each process name used between two ``cpu_seconds()`` snapshots, most first
+    (a process that exited between them, such as wrk, is not counted)."""
+    used: dict[str, float] = {}
+    for pid, (name, seconds) in after.items():
+        used[name] = used.get(name, 0.0) + seconds - before.get(pid, (name, 0.0))[1]
+    return dict(sorted(((k, v) for k, v in used.items() if v > 0), key=lambda kv: -kv[1]))

@@ -8,7 +8,7 @@ last one is answered. Prints requests/s, p50 and p99 latency and the ratios for
 2. a compute-heavy MLP (goal: raymodel >= 2.5x the unbatched hand-written deployment).
 The hand-written deployment runs on the same Serve, so behind the same ingress.
 
-    python benchmarks/serve_throughput.py [--seconds 10] [--clients 16] [--ingress haproxy|proxy]
+    python benchmarks/serve_throughput.py [--seconds 8] [--rounds 3] [--clients 16] [--ingress haproxy|proxy]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 import requests
@@ -94,23 +95,26 @@ def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float, cpu
     sides = {"raymodel": ours.url, "hand-written": f"{host}/bench-raw",
              "plain uvicorn": f"http://127.0.0.1:{args.plain_port}/"}
     try:
-        for url in sides.values():  # warm up each side, then measure each
+        for url in sides.values():  # warm up each side
             loadgen.wrk(url, body, connections=args.clients, threads=args.threads, seconds=2)
-        figures = {name: loadgen.wrk(url, body, connections=args.clients, threads=args.threads, seconds=args.seconds)
-                   for name, url in sides.items()}
+        runs = measure(sides, body, args)
     finally:
         plain.terminate()
         plain.wait()
-    print(f"-- {title}: wrk, {args.threads} threads, {args.clients} connections, {args.seconds:.0f} s each; "
-          f"Serve ingress: {info['ingress']} --")
-    for name, f in figures.items():
-        print(f"{name:>14}: {f['rps']:8.1f} req/s  p50 {f['p50_ms']:7.1f} ms  p99 {f['p99_ms']:7.1f} ms  "
-              f"non-2xx {f['non_2xx']}  socket errors {f['socket_errors']}")
-    ours_f, raw_f, plain_f = figures["raymodel"], figures["hand-written"], figures["plain uvicorn"]
-    print(f"raymodel / hand-written Serve: {ours_f['rps'] / raw_f['rps']:.2f}x req/s, "
-          f"p99 {ours_f['p99_ms'] / raw_f['p99_ms']:.2f}x")
-    print(f"raymodel / plain uvicorn:      {ours_f['rps'] / plain_f['rps']:.2f}x req/s, "
-          f"p99 {ours_f['p99_ms'] / plain_f['p99_ms']:.2f}x")
+    print(f"-- {title}: wrk, {args.threads} threads, {args.clients} connections, {args.rounds} rounds of "
+          f"{args.seconds:.0f} s per side, sides taking turns; medians (min-max); Serve ingress: {info['ingress']} --")
+    figures = {}
+    for name, rs in runs.items():
+        rps = [r["rps"] for r in rs]
+        figures[name] = f = {"rps": median(rps), "p50_ms": median([r["p50_ms"] for r in rs]),
+                             "p99_ms": median([r["p99_ms"] for r in rs]), "rounds": rs}
+        errors = sum(r["non_2xx"] + r["socket_errors"] for r in rs)
+        print(f"{name:>14}: {f['rps']:8.1f} req/s ({min(rps):.0f}-{max(rps):.0f})  p50 {f['p50_ms']:6.1f} ms  "
+              f"p99 {f['p99_ms']:6.1f} ms  errors {errors}  CPU per request: {cpu_per_request(rs)}")
+    for other in ("hand-written", "plain uvicorn"):
+        ratio, p99 = paired(runs["raymodel"], runs[other])
+        print(f"raymodel / {other + ':':<14} {ratio:.2f}x req/s, p99 {p99:.2f}x (median of the rounds' ratios)")
+        figures["raymodel"][f"vs {other}"] = (ratio, p99)
     info = requests.get(ours.url + "/info", timeout=30).json()
     print(f"raymodel batch sizes seen: {info['batch_sizes_seen']}, mean {info['mean_batch_size']:.1f}")
     ours.shutdown()
@@ -118,9 +122,40 @@ def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float, cpu
     return figures
 
 
+def measure(sides: dict[str, str], body: dict, args) -> dict[str, list[dict]]:
+    """``args.rounds`` rounds in which each side takes its turn: a slow spell of a shared machine
+    lands on all sides alike, and the medians (and each round's ratios) leave it out."""
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for _ in range(args.rounds):
+        for name, url in sides.items():
+            before = loadgen.cpu_seconds()
+            figures = loadgen.wrk(url, body, connections=args.clients, threads=args.threads, seconds=args.seconds)
+            figures["cpu"] = loadgen.cpu_used(before, loadgen.cpu_seconds())
+            runs[name].append(figures)
+    return runs
+
+
+def cpu_per_request(runs: list[dict]) -> str:
+    """Microseconds of CPU per answered request, all processes but wrk, and the three busiest."""
+    used: dict[str, float] = {}
+    for r in runs:
+        for name, seconds in r["cpu"].items():
+            used[name] = used.get(name, 0.0) + seconds
+    n = sum(r["requests"] for r in runs)
+    top = sorted(used.items(), key=lambda kv: -kv[1])[:3]
+    return f"{1e6 * sum(used.values()) / n:.0f} us (" + ", ".join(f"{k} {1e6 * v / n:.0f}" for k, v in top) + ")"
+
+
+def paired(ours: list[dict], other: list[dict]) -> tuple[float, float]:
+    """Median over the rounds of raymodel / other, for req/s and for p99."""
+    return (median([a["rps"] / b["rps"] for a, b in zip(ours, other)]),
+            median([a["p99_ms"] / b["p99_ms"] for a, b in zip(ours, other)]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--seconds", type=float, default=8, help="per side and round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     parser.add_argument("--ingress", choices=("haproxy", "proxy"), default=None,
@@ -134,9 +169,8 @@ def main() -> None:
     rm.init(num_cpus=2, serve_ingress=args.ingress)
     tiny = compare("digits MLP", DigitsNet(), body, args, wait_s=0.002, cpus=1)
     heavy = compare("compute-heavy MLP (6 x 4096 hidden)", HeavyNet(), body, args, wait_s=0.03, cpus=1)
-    ratio = tiny["raymodel"]["rps"] / tiny["plain uvicorn"]["rps"]
-    p99 = tiny["raymodel"]["p99_ms"] / tiny["plain uvicorn"]["p99_ms"]
-    heavy_ratio = heavy["raymodel"]["rps"] / heavy["hand-written"]["rps"]
+    ratio, p99 = tiny["raymodel"]["vs plain uvicorn"]
+    heavy_ratio = heavy["raymodel"]["vs hand-written"][0]
     print("goals:")
     print(f"  digits MLP, raymodel / plain uvicorn req/s {ratio:.2f}x (goal >= 0.5x): {_verdict(ratio >= 0.5)}; "
           f"p99 {p99:.2f}x (goal <= 3x): {_verdict(p99 <= 3)}")

@@ -27,6 +27,8 @@ def test_the_serve_environment_of_each_ingress():
     assert haproxy["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     assert haproxy["RAY_SERVE_HAPROXY_RETRY_ON"] == "conn-failure empty-response"
     assert float(haproxy["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"]) < 30
+    assert haproxy["RAY_SERVE_HAPROXY_METRICS_ENABLED"] == "0"  # replicas count their requests themselves
+    assert 1 <= int(haproxy["RAY_SERVE_HAPROXY_NBTHREAD"]) <= max(1, min(4, os.cpu_count() or 1))
     ports = {haproxy["RAY_SERVE_HAPROXY_STATS_PORT"], haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"]}
     assert len(ports) == 2 and "8404" not in ports  # free ports of its own, not Ray's fixed ones
     proxy = runtime.with_serve_env({}, "proxy")

@@ -118,6 +118,13 @@ def serve_env(ingress: str) -> dict[str, str]:
         # (Ray retries connection failures only): a prediction is safe to repeat. Without it HAProxy
         # closes the client's connection without an answer (tests/test_serve_faults.py).
         "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
+        # HAProxy sends one log line per request to the node's HAProxyManager actor, which parses it in
+        # Python to count the request: 85-100 us of CPU per request, and HAProxy's own log writing
+        # another 30-40 (2 cores, README). Off, each replica counts the requests it answers itself
+        # (Serve's direct-ingress metrics); lost are counts of answers HAProxy gave on its own.
+        "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
+        # Ray's 4 threads are more than a small machine's cores, where HAProxy shares them with replicas.
+        "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
     })
