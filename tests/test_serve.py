@@ -214,3 +214,21 @@ def test_an_outside_load_generator_gets_only_good_answers(served, digits):
     assert figures["requests"] >= 100 and figures["p99_ms"] < 2000, figures
     info = requests.get(app.url + "/info", timeout=30).json()  # the last 1000 batches: wrk's, nearly all
     assert info["mean_batch_size"] > 1.5, info  # 8 concurrent clients: requests were batched
+
+
+def test_a_new_route_that_never_answers_is_taken_down(ray_session, monkeypatch):
+    """serve() waits for the route to answer through the HTTP front; when it never does, the new
+    application and its checkpoint are removed and the error says so, nothing is left half-deployed."""
+    from ray import serve
+
+    from raymodel._internal import storage
+    from raymodel.exceptions import ServeError
+    from raymodel.serve import _driver
+
+    wait = _driver._wait_until_answering
+    monkeypatch.setattr(_driver, "_http_address", lambda settings: ("127.0.0.1", 9))  # nothing listens there
+    monkeypatch.setattr(_driver, "_wait_until_answering", lambda url: wait(url, timeout_s=1))
+    with pytest.raises(ServeError, match="did not answer within 1 s"):
+        DigitsNet(config={"hidden": 8}).serve("/never", settings={"ray_actor_options": {"num_cpus": 0.25}})
+    assert "never" not in serve.status().applications
+    assert not storage.listdir(_driver.serve_folder("never"))

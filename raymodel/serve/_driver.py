@@ -117,6 +117,7 @@ class Servable:
 
         app = self.as_application()
         _start_http(self.settings)
+        new = self.name not in serve.status().applications
         try:
             handle = serve.run(app, name=self.name, route_prefix=self.route, blocking=False)
         except Exception as exc:
@@ -131,7 +132,14 @@ class Servable:
                 storage.delete(location)
         host, port = _http_address(self.settings)
         url = f"http://{host}:{port}{self.route}"
-        _wait_until_answering(url)
+        try:
+            _wait_until_answering(url)
+        except ServeError:
+            if new:  # nothing half-deployed stays behind (a rolling update keeps its route)
+                serve.delete(self.name)
+                if self._written:
+                    storage.delete(self._written)
+            raise
         return ServedModel(self.name, self.route, url, handle, self.info)
 
     def __repr__(self) -> str:
@@ -175,7 +183,8 @@ def _wait_until_answering(url: str, timeout_s: float = 60.0) -> None:
         except (urllib.error.URLError, OSError):
             pass
         if time.monotonic() > deadline:
-            raise ServeError(f"`{url}` did not answer within {timeout_s:.0f} s of being deployed.")
+            raise ServeError(f"`{url}` did not answer within {timeout_s:.0f} s of being deployed; Serve's "
+                             "logs say why (`ray/session_latest/logs/serve/` under Ray's temp folder).")
         time.sleep(0.1)
 
 
