@@ -147,6 +147,8 @@ def test_serve_settings_are_validated(tiny):
         rm.ServeSettings(num_replicas=0)
     with pytest.raises(SettingsError, match="Did you mean `max_batch_size`"):
         rm.ServeSettings(max_batchsize=4)
+    with pytest.raises(SettingsError, match=r"(?s)`target_ongoing_requests` must be .*> 0.*`downscale_delay_s`"):
+        rm.ServeSettings(num_replicas="auto", target_ongoing_requests=0, downscale_delay_s=-1)
     with pytest.raises(SettingsError, match="`route` must be a URL path"):
         TinyNet().serve("digits")
 

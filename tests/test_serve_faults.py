@@ -1,4 +1,5 @@
 """A replica killed under load: the route keeps answering, and is back to two replicas within 30 s.
+Autoscaling behind HAProxy: load adds a replica, its end removes it, and no request fails either way.
 
 Real parts only: Ray Serve with its HAProxy ingress (raymodel's default), `wrk` as the
 load, SIGKILL on the replica's process.
@@ -93,3 +94,50 @@ def test_killing_a_replica_under_load_fails_at_most_its_requests_in_flight(ray_s
                                 and '"error"' in text), (status, content_type, text)
     assert load["requests"] > 1000 and len(answers) > 200, (load, len(answers))
     print(f"recovered in {recovered_s:.1f} s; wrk {load}; probe failures {failed}")
+
+
+def test_autoscaling_behind_haproxy_adds_and_removes_replicas_without_failures(ray_session, digits):
+    """Serve decides from what replicas report (HAProxy does not count requests for it): under
+    16 connections a second replica starts and takes requests; when the load stops, one goes."""
+    from ray import serve
+
+    if loadgen.available() is None:
+        pytest.skip("wrk is not installed (apt-get install wrk; `make test` installs it where it can)")
+    X, _ = digits
+    model = DigitsNet(config={"hidden": 16})
+    model.ensure_setup()
+    app = model.serve("/scaled", settings={
+        "num_replicas": "auto", "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
+        "upscale_delay_s": 1, "downscale_delay_s": 2, "ray_actor_options": {"num_cpus": 0.25}})
+
+    def running() -> int:
+        status = serve.status().applications["scaled"].deployments["scaled-model"]
+        return status.replica_states.get("RUNNING", 0)
+
+    try:
+        assert running() == 1
+        body = {"pixels": X[:1].tolist()}
+        load: dict = {}
+        wrk = threading.Thread(target=lambda: load.update(loadgen.wrk(app.url, body, connections=CONNECTIONS,
+                                                                       seconds=20)))
+        wrk.start()
+        began = time.monotonic()
+        pids: set[int] = set()
+        while len(pids) < 2:  # the new replica answers through HAProxy, not only runs
+            assert time.monotonic() - began < 19, f"still {running()} replica(s) under load"
+            pids |= _replica_pids(app.url, tries=4)
+            time.sleep(0.5)
+        wrk.join()
+        assert load["non_2xx"] + load["socket_errors"] == 0 and load["requests"] > 1000, load
+
+        statuses = []  # a client of one request at a time while the idle replica is removed
+        began = time.monotonic()
+        while running() > 1 or len(statuses) < 20:
+            assert time.monotonic() - began < 40, f"still {running()} replicas 40 s after the load stopped"
+            statuses.append(requests.post(app.url, json=body, timeout=10).status_code)
+            time.sleep(0.2)
+        for _ in range(20):  # and after it went
+            statuses.append(requests.post(app.url, json=body, timeout=10).status_code)
+        assert set(statuses) == {200}, statuses
+    finally:
+        app.shutdown()

@@ -102,8 +102,10 @@ class Servable:
                                    "ray_actor_options": s.ray_actor_options or {},
                                    "logging_config": {"enable_access_log": bool(s.access_log)}}
         if s.num_replicas == "auto":
-            options["autoscaling_config"] = {"min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
-                                             "target_ongoing_requests": max(2, s.max_batch_size)}
+            options["autoscaling_config"] = {
+                "min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
+                "target_ongoing_requests": s.target_ongoing_requests or max(2, s.max_batch_size),
+                "upscale_delay_s": s.upscale_delay_s, "downscale_delay_s": s.downscale_delay_s}
         else:
             options["num_replicas"] = s.num_replicas
         return serve.deployment(ModelServer).options(**options).bind(

@@ -24,6 +24,10 @@ class ServeSettings(SettingsBase):
         num_replicas: Replicas of the model, or ``"auto"`` to autoscale between
             ``min_replicas`` and ``max_replicas``.
         min_replicas, max_replicas: Autoscaling bounds (``num_replicas="auto"``).
+        target_ongoing_requests: Requests in progress per replica that autoscaling
+            aims at; default: ``max_batch_size`` (at least 2), a full batch each.
+        upscale_delay_s, downscale_delay_s: How long the load must call for more
+            (fewer) replicas before Serve adds (removes) one; Serve's defaults.
         max_batch_size: Requests stacked into one ``forward`` at most.
         batch_wait_timeout_s: How long a batch waits to fill up.
         max_ongoing_requests: Requests one replica accepts at once.
@@ -41,6 +45,9 @@ class ServeSettings(SettingsBase):
     num_replicas: Any = 1
     min_replicas: int = 1
     max_replicas: int = 4
+    target_ongoing_requests: float | None = None
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.005
     max_ongoing_requests: int = 64
@@ -56,6 +63,10 @@ class ServeSettings(SettingsBase):
         problems = collect(
             check_int("min_replicas", self.min_replicas, minimum=0),
             check_int("max_replicas", self.max_replicas, minimum=1),
+            check_number("target_ongoing_requests", self.target_ongoing_requests, minimum=0, exclusive_min=True,
+                         allow_none=True),
+            check_number("upscale_delay_s", self.upscale_delay_s, minimum=0),
+            check_number("downscale_delay_s", self.downscale_delay_s, minimum=0),
             check_int("max_batch_size", self.max_batch_size, minimum=1),
             check_number("batch_wait_timeout_s", self.batch_wait_timeout_s, minimum=0),
             check_int("max_ongoing_requests", self.max_ongoing_requests, minimum=1),
