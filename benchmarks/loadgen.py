@@ -79,9 +79,9 @@ def cpu_seconds() -> dict[int, tuple[str, float]]:
 
 
 def cpu_used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
-    """CPU seconds each process name used between two ``cpu_seconds()`` snapshots, most first
-    (a process that exited between them, such as wrk, is not counted)."""
+    """CPU seconds each process name used between two ``cpu_seconds()`` snapshots (a process that
+    exited between them, such as wrk, is not counted)."""
     used: dict[str, float] = {}
     for pid, (name, seconds) in after.items():
         used[name] = used.get(name, 0.0) + seconds - before.get(pid, (name, 0.0))[1]
-    return dict(sorted(((k, v) for k, v in used.items() if v > 0), key=lambda kv: -kv[1]))
+    return used

@@ -107,7 +107,7 @@ def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float, cpu
     for name, rs in runs.items():
         rps = [r["rps"] for r in rs]
         figures[name] = f = {"rps": median(rps), "p50_ms": median([r["p50_ms"] for r in rs]),
-                             "p99_ms": median([r["p99_ms"] for r in rs]), "rounds": rs}
+                             "p99_ms": median([r["p99_ms"] for r in rs])}
         errors = sum(r["non_2xx"] + r["socket_errors"] for r in rs)
         print(f"{name:>14}: {f['rps']:8.1f} req/s ({min(rps):.0f}-{max(rps):.0f})  p50 {f['p50_ms']:6.1f} ms  "
               f"p99 {f['p99_ms']:6.1f} ms  errors {errors}  CPU per request: {cpu_per_request(rs)}")
@@ -142,7 +142,7 @@ def cpu_per_request(runs: list[dict]) -> str:
         for name, seconds in r["cpu"].items():
             used[name] = used.get(name, 0.0) + seconds
     n = sum(r["requests"] for r in runs)
-    top = sorted(used.items(), key=lambda kv: -kv[1])[:3]
+    top = sorted((kv for kv in used.items() if kv[1] > 0), key=lambda kv: -kv[1])[:3]
     return f"{1e6 * sum(used.values()) / n:.0f} us (" + ", ".join(f"{k} {1e6 * v / n:.0f}" for k, v in top) + ")"
 
 

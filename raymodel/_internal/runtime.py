@@ -102,7 +102,8 @@ def serve_env(ingress: str) -> dict[str, str]:
     time goes"). ``"haproxy"``: Serve's HAProxy listens on the HTTP port and forwards each request
     straight to a replica's own HTTP server (no Python proxy, no actor call); ``"proxy"``: Serve's
     Python proxy actor, one actor call per request. Both run the replica's code on its main event
-    loop (one thread hop less per request; raymodel runs ``forward`` on a worker thread of its own)."""
+    loop (one thread hop less per request; a model whose batches take long runs them on a thread of
+    the replica's own: ``serve._deployment.BatchRunner``)."""
     env = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
     if ingress != "haproxy":
         return env

@@ -100,7 +100,7 @@ class Servable:
         s = self.settings
         options: dict[str, Any] = {"name": f"{self.name}-model", "max_ongoing_requests": s.max_ongoing_requests,
                                    "ray_actor_options": s.ray_actor_options or {},
-                                   "logging_config": {"enable_access_log": bool(s.access_log)}}
+                                   "logging_config": {"enable_access_log": s.access_log}}
         if s.num_replicas == "auto":
             options["autoscaling_config"] = {
                 "min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
