@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from pydantic import BaseModel
-from ray import tune as ray_tune
 
 import raymodel as rm
 
@@ -155,18 +153,6 @@ class FailOnce(rm.Callback):
         if epoch == self.epoch and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             raise RuntimeError("simulated worker crash")
-
-
-class StopAfter(ray_tune.Callback):
-    """Interrupts the experiment like Ctrl-C once `n` trials have finished."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.done = n, 0
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self.done += 1
-        if self.done == self.n:
-            os.kill(os.getpid(), signal.SIGINT)
 
 
 class Scaler(rm.RayTorchModel):

@@ -68,14 +68,17 @@ def test_the_demos_steps_print_only_raymodels_lines(tmp_path):
     assert sum(bool(re.match(r"\[DigitsNet\] epoch \d+/3", line)) for line in lines) >= 2
 
 
-def test_a_terminal_gets_live_bars_and_a_pipe_plain_lines(tmp_path):
+def test_a_terminal_gets_live_bars_and_a_pipe_plain_lines(ray_session, tmp_path):
+    # The script joins this session's Ray (`RAY_ADDRESS`) rather than start its own.
+    env = {**os.environ, "RAYMODEL_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1",
+           "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     script = (f"import sys; sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
               "import raymodel as rm\nfrom digits import DigitsNet, load_data\nX, y = load_data()\n"
               "DigitsNet().train({'num_workers': 0, 'num_epochs': 2, 'batch_size': 8},"
               " data=rm.data.from_numpy(X, y))\n")
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
-    process = subprocess.Popen([sys.executable, "-c", script], env=_env(tmp_path), stdout=follower,
+    process = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=follower,
                                stderr=follower, cwd=tmp_path)
     os.close(follower)
     chunks = []
@@ -93,7 +96,7 @@ def test_a_terminal_gets_live_bars_and_a_pipe_plain_lines(tmp_path):
     assert re.search(r"\[DigitsNet\] epochs: 100%\|.*\| 2/2", terminal)  # the epoch counter
     assert "[DigitsNet] epoch 2/2  loss" in terminal
 
-    piped = subprocess.run([sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True,
+    piped = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                            timeout=300, cwd=tmp_path)
     assert piped.returncode == 0 and "%|" not in piped.stdout
     assert re.findall(r"^\[DigitsNet\] epoch (\d)/2  loss", piped.stdout, re.M) == ["1", "2"]

@@ -119,7 +119,7 @@ def test_a_run_on_s3_keeps_its_scheme_and_resumes_from_s3(ray_session, s3, tmp_p
 
 @pytest.mark.integration
 def test_an_experiment_on_s3_resumes_where_it_stopped(ray_session, s3, tiny):
-    from models import StopAfter
+    from interrupt import StopAfter
 
     X, y = tiny
     data = rm.data.from_numpy(X, y, valid_fraction=0.25)

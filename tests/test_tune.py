@@ -10,7 +10,8 @@ import pytest
 import raymodel as rm
 from raymodel.exceptions import SettingsError, TuneError
 
-from models import DigitsNet, StopAfter, TinyNet
+from interrupt import StopAfter
+from models import DigitsNet, TinyNet
 
 TRIAL = {"resources_per_worker": {"CPU": 0.95}, "batch_size": 64}
 

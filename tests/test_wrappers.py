@@ -50,7 +50,7 @@ def test_drivers_do_not_import_the_model_module_and_it_imports_them_only_when_ca
 
 
 @pytest.mark.parametrize("module,cls,native", [
-    ("torch_digits", "DigitsNet", "ray.train.torch.TorchTrainer"),
+    ("torch_digits", "ScheduledDigitsNet", "ray.train.torch.TorchTrainer"),
     ("lightning_digits", "LightningDigits", "ray.train.torch.TorchTrainer"),
     ("keras_iris", "KerasIris", "ray.train.tensorflow.TensorflowTrainer"),
     ("xgboost_breast_cancer", "XGBCancer", "ray.train.xgboost.XGBoostTrainer"),
@@ -64,13 +64,11 @@ def test_as_trainer_is_the_native_trainer_of_each_backend(ray_session, module, c
     assert type(trainer) is getattr(importlib.import_module(name), klass)
 
 
-def test_fit_is_model_train_and_the_native_trainer_runs_the_same_loop(ray_session, tiny):
+def test_the_native_trainer_runs_the_same_loop_as_model_train(ray_session, tiny):
     X, y = tiny
     data = rm.data.from_numpy(X, y, valid_fraction=0.25)
     settings = {"num_workers": 2, "num_epochs": 3, "batch_size": 4, "progress": False}
-    by_verb = TinyNet().train(settings, data=data)
-    by_wrapper = rm.Trainable(TinyNet(), settings, data=data).fit()
-    assert by_wrapper.history == by_verb.history
+    by_verb = TinyNet().train(settings, data=data)  # `Trainable(...).fit()`
     result = rm.Trainable(TinyNet(), settings, data=data).as_trainer().fit()  # Ray's own Result
     restored = rm.RayModel.from_checkpoint(result.checkpoint.path)
     np.testing.assert_allclose(np.asarray(restored.predict(X)), np.asarray(TinyNet.from_checkpoint(
@@ -262,7 +260,7 @@ def _wait_for(url: str, proc: subprocess.Popen, timeout: float = 120) -> request
             answer = requests.get(url, timeout=5)
             if answer.status_code == 200:
                 return answer
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not up yet, or HAProxy queued the request
             pass
         time.sleep(0.5)
     raise AssertionError(f"{url} never answered")
