@@ -123,8 +123,7 @@ class Servable:
         try:
             handle = serve.run(app, name=self.name, route_prefix=self.route, blocking=False)
         except Exception as exc:
-            if self._written:
-                storage.delete(self._written)
+            self._discard_written()
             raise ServeError(f"Could not deploy `{self.info['class']}` at `{self.route}`: {exc}") from exc
         # The application runs on the new checkpoint now: the ones it replaced are not needed any more.
         folder = serve_folder(self.name)
@@ -139,10 +138,14 @@ class Servable:
         except ServeError:
             if new:  # nothing half-deployed stays behind (a rolling update keeps its route)
                 serve.delete(self.name)
-                if self._written:
-                    storage.delete(self._written)
+                self._discard_written()
             raise
         return ServedModel(self.name, self.route, url, handle, self.info)
+
+    def _discard_written(self) -> None:
+        """Delete the serve checkpoint ``as_application`` wrote, for a deployment that did not happen."""
+        if self._written:
+            storage.delete(self._written)
 
     def __repr__(self) -> str:
         what = f"{self.source['key']}@{self.source.get('version')}" if self.source else self.info["class"]
