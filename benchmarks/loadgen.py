@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +41,11 @@ def available() -> str | None:
 
 
 def wrk(url: str, body: Any, *, connections: int = 16, threads: int = 2, seconds: float = 15,
-        timeout_s: float = 10) -> dict[str, float]:
-    """Run wrk against ``url`` and return req/s, p50/p90/p99/max latency (ms), and its error counts."""
+        timeout_s: float = 10, stop: threading.Event | None = None) -> dict[str, float]:
+    """Run wrk against ``url`` and return req/s, p50/p90/p99/max latency (ms), and its error counts.
+
+    With ``stop``, setting the event ends the run early: wrk takes SIGINT as the end of its time
+    and still prints its summary, so ``seconds`` is then an upper bound."""
     binary = available()
     if binary is None:
         raise RuntimeError("wrk is not installed: apt-get install wrk")
@@ -49,10 +54,16 @@ def wrk(url: str, body: Any, *, connections: int = 16, threads: int = 2, seconds
         body_file.write_text(json.dumps(body))
         script = Path(scratch) / "post.lua"
         script.write_text(SCRIPT % {"body": str(body_file)})
-        out = subprocess.run([binary, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-                              f"--timeout={timeout_s:g}s", "-s", str(script), url],
-                             capture_output=True, text=True, check=True, timeout=seconds + timeout_s + 30)
-    line = next(line for line in out.stdout.splitlines() if line.startswith("WRK-JSON "))
+        with subprocess.Popen([binary, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+                               f"--timeout={timeout_s:g}s", "-s", str(script), url],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            if stop is not None:
+                threading.Thread(target=lambda: stop.wait(seconds) and proc.send_signal(signal.SIGINT),
+                                 daemon=True).start()
+            stdout, stderr = proc.communicate(timeout=seconds + timeout_s + 30)
+        if proc.returncode != 0:
+            raise RuntimeError(f"wrk exited with {proc.returncode}: {stderr.strip()}")
+    line = next(line for line in stdout.splitlines() if line.startswith("WRK-JSON "))
     raw = json.loads(line[len("WRK-JSON "):])
     return {"rps": raw["requests"] / (raw["duration_us"] / 1e6), "requests": raw["requests"],
             **{k: raw[k] for k in ("non_2xx", "socket_errors", "connect_errors", "read_errors", "write_errors",
