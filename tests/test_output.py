@@ -70,8 +70,7 @@ def test_the_demos_steps_print_only_raymodels_lines(tmp_path):
 
 def test_a_terminal_gets_live_bars_and_a_pipe_plain_lines(ray_session, tmp_path):
     # The script joins this session's Ray (`RAY_ADDRESS`) rather than start its own.
-    env = {**os.environ, "RAYMODEL_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1",
-           "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    env = {**_env(tmp_path), "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     script = (f"import sys; sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
               "import raymodel as rm\nfrom digits import DigitsNet, load_data\nX, y = load_data()\n"
               "DigitsNet().train({'num_workers': 0, 'num_epochs': 2, 'batch_size': 8},"

@@ -68,7 +68,7 @@ def test_the_native_trainer_runs_the_same_loop_as_model_train(ray_session, tiny)
     X, y = tiny
     data = rm.data.from_numpy(X, y, valid_fraction=0.25)
     settings = {"num_workers": 2, "num_epochs": 3, "batch_size": 4, "progress": False}
-    by_verb = TinyNet().train(settings, data=data)  # `Trainable(...).fit()`
+    by_verb = TinyNet().train(settings, data=data)  # which is `rm.Trainable(...).fit()` (model.py)
     result = rm.Trainable(TinyNet(), settings, data=data).as_trainer().fit()  # Ray's own Result
     restored = rm.RayModel.from_checkpoint(result.checkpoint.path)
     np.testing.assert_allclose(np.asarray(restored.predict(X)), np.asarray(TinyNet.from_checkpoint(
