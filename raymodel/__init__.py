@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raymodel import data, exceptions
+from raymodel import backends, contract, data, exceptions  # noqa: F401 - backends: the plug-ins register themselves
 from raymodel._internal.runtime import init
 from raymodel.exceptions import (
     CheckpointError,
@@ -56,11 +56,10 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name.startswith("Ray") and name.endswith("Model"):
-        # The model base classes come from the backend table (raymodel/backends/_registry.py);
-        # each imports its framework on first access, and a missing one names the extra to install.
-        from raymodel.backends import _registry
-
-        value = _registry.model_classes().get(name)
+        # The model base classes come from the backend table (raymodel/contract/_table.py), which
+        # the plug-ins pushed themselves into; each imports its framework on first access, and a
+        # missing one names the extra to install.
+        value = contract.model_classes().get(name)
         if value is not None:
             value.backend.import_framework()
             globals()[name] = value
@@ -77,9 +76,7 @@ def __getattr__(name: str) -> Any:
 
 
 def _backend_names() -> list[str]:
-    from raymodel.backends import _registry
-
-    return sorted(_registry.model_classes())  # the built-in backends' model classes (no framework imported)
+    return sorted(contract.model_classes())  # the built-in backends' model classes (no framework imported)
 
 
 __all__ = [

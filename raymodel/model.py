@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import storage, tmp
+from raymodel.contract import register
 from raymodel.exceptions import CheckpointError, DataError, ModelDefinitionError
 from raymodel.hooks import ModelHooks, call_sync, is_default
 
 if TYPE_CHECKING:
-    from raymodel.backends.base import Backend
+    from raymodel.contract import Backend
     from raymodel.hooks import RunContext
     from raymodel.predict import Predictions
     from raymodel.serve import ServedModel, ServeSettings
@@ -51,10 +52,8 @@ class RayModel(ModelHooks):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "backend" in cls.__dict__:  # a backend's model base class: record it in the one table
-            from raymodel.backends import _registry
-
-            _registry.register(cls)
+        if "backend" in cls.__dict__:  # a backend's model base class: it pushes itself into the table
+            register(cls)
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         if config is not None and not isinstance(config, Mapping):

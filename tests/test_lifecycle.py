@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import raymodel as rm
-from raymodel.backends._run import WorkerRun
+from raymodel.train import WorkerRun
 from raymodel.backends._torch_loop import TorchLoop
 from raymodel.backends.torch import TorchBackend
 from raymodel.train import TrainSettings

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import raymodel as rm
-from raymodel.backends.base import columns_of, features_of
+from raymodel.contract import columns_of, features_of
 from raymodel.cli import main as cli
 
 from models import Scaler

@@ -16,7 +16,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 import raymodel as rm
-from raymodel.backends.base import Backend, WorkerLoop
+from raymodel.contract import Backend, WorkerLoop
 from raymodel.data import worker_rows
 
 from conformance import Case, install
@@ -125,7 +125,8 @@ install(globals(), [Case("sklearn-sgd", train, accuracy, min_accuracy=0.9)])
 
 
 def test_the_backend_table_knows_it_without_touching_any_other_file():
-    from raymodel.backends import _registry
+    from raymodel import contract
+    from raymodel._internal import serialization
 
-    assert _registry.model_classes()["RaySGDModel"] is RaySGDModel
-    assert "sklearn" in _registry.framework_modules()  # pickled by reference, never by value
+    assert contract.model_classes()["RaySGDModel"] is RaySGDModel
+    assert "sklearn" in serialization._by_reference_roots()  # pickled by reference, never by value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -243,3 +244,12 @@ def ensure_ray(verbose: bool = False) -> None:
         init(verbose=verbose)
     else:
         quiet(verbose)
+
+
+def set_threads(cpus: float) -> int:
+    """Torch's intra-op threads for an actor's CPU share (``ceil``, at least 1), not the whole node's:
+    two replicas of 1 CPU on a 2-core node would otherwise each start 2 threads and fight."""
+    threads = max(1, math.ceil(cpus))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    return threads

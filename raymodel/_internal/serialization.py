@@ -4,8 +4,9 @@ cloudpickle already pickles classes from ``__main__`` by value. A class from an
 importable module (a test file, a user's package on the driver only) would be
 pickled by reference and fail to import on a worker or in another process; we
 register its module for by-value pickling while we dump. raymodel itself, Ray,
-numpy and every registered backend's framework modules (the backend table in
-``raymodel/backends/_registry.py``) are always pickled by reference.
+numpy and every registered backend's framework modules are always pickled by
+reference: the backend table (``raymodel/contract/_table.py``) hands them to
+:func:`pickle_by_reference` when a backend registers.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from typing import Any, Iterator
 
 import cloudpickle
 
-_CORE_ROOTS = frozenset({"raymodel", "ray", "numpy", "cloudpickle", "builtins"})
+_BY_REFERENCE: set[str] = {"raymodel", "ray", "numpy", "cloudpickle", "builtins"}
+
+
+def pickle_by_reference(*modules: str) -> None:
+    """Always pickle the top-level packages of ``modules`` (``"torch.nn"`` -> ``torch``) by reference."""
+    _BY_REFERENCE.update(m.split(".")[0] for m in modules)
 
 
 def _by_reference_roots() -> frozenset[str]:
-    from raymodel.backends import _registry
-
-    return _CORE_ROOTS | _registry.framework_modules()
+    return frozenset(_BY_REFERENCE)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Per-framework backends. Each module imports its framework only when used.
+"""The built-in framework plug-ins. Each registers its model base class in the backend table
+(:mod:`raymodel.contract`) when its module is imported, and imports its framework only when used.
 
 | class | trains on |
 | --- | --- |
@@ -7,8 +8,15 @@
 | ``RayTensorflowModel`` | ``TensorflowTrainer``, ``MultiWorkerMirroredStrategy`` |
 | ``RayXGBoostModel`` | Ray Train's ``XGBoostTrainer`` |
 | ``RayLightGBMModel`` | Ray Train's ``LightGBMTrainer`` |
+
+A plug-in is one public module here (its ``Backend``, ``WorkerLoop`` and model
+base class); the public modules do not import each other (import-linter's
+independence contract in ``pyproject.toml``), and share code through private
+``_`` modules. ``import raymodel`` imports this package, so every built-in
+backend is in the table of every process.
 """
 
-from raymodel.backends.base import Backend
+from raymodel.backends import lightgbm, lightning, tensorflow, torch, xgboost
+from raymodel.contract import Backend, WorkerLoop
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "WorkerLoop", "lightgbm", "lightning", "tensorflow", "torch", "xgboost"]

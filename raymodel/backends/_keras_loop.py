@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from raymodel.backends.base import WorkerLoop
+from raymodel.contract import WorkerLoop
 from raymodel.data import worker_rows
 
 if TYPE_CHECKING:
-    from raymodel.backends._run import WorkerRun
+    from raymodel.contract import Run
 
 
 class KerasLoop(WorkerLoop):
-    def __init__(self, run: "WorkerRun") -> None:
+    def __init__(self, run: "Run") -> None:
         super().__init__(run)
         # On Ray Train workers (TF_CONFIG set by Ray): the multi-worker strategy; in a Tune trial: the default.
         self.strategy = (tf.distribute.MultiWorkerMirroredStrategy() if run.session.on_ray_train
@@ -83,7 +83,7 @@ class KerasLoop(WorkerLoop):
 class _BatchHooks(tf.keras.callbacks.Callback):
     """Keras' batch callback points -> the run's batch hooks."""
 
-    def __init__(self, run: "WorkerRun") -> None:
+    def __init__(self, run: "Run") -> None:
         super().__init__()
         self.run = run
 

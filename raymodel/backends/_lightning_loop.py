@@ -17,12 +17,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from raymodel._internal import tmp
 from raymodel.backends._torch_loop import ShardSampler, TorchLoop, to_tensor
-from raymodel.backends.lightning import _lightning
+from raymodel.backends._pl import lightning as _lightning
 from raymodel.data import Arrays, Batches, RayDataset, TorchDataset
 from raymodel.data._loading import worker_batches
 
 if TYPE_CHECKING:
-    from raymodel.backends._run import WorkerRun
+    from raymodel.contract import Run
 
 pl = _lightning()
 
@@ -30,7 +30,7 @@ pl = _lightning()
 class LightningLoop(TorchLoop):
     """Builds the loaders and the ``Trainer``; resumes with ``Trainer.fit(ckpt_path=...)``."""
 
-    def __init__(self, run: "WorkerRun") -> None:
+    def __init__(self, run: "Run") -> None:
         super().__init__(run)
         self.trainer: Any = None
         self.resume: dict[str, Any] | None = None
@@ -110,7 +110,7 @@ class _Reiterable:
 class _Bridge(pl.Callback):
     """Lightning's callback points -> ``WorkerRun``'s phases and batch hooks."""
 
-    def __init__(self, run: "WorkerRun") -> None:
+    def __init__(self, run: "Run") -> None:
         self.run = run
         self.losses: list[torch.Tensor] = []
 

@@ -17,14 +17,14 @@ import torch.distributed as dist
 from torch import nn
 
 from raymodel.backends._torch_step import StepControl, with_last
-from raymodel.backends.base import WorkerLoop, batch_len
+from raymodel.contract import WorkerLoop, batch_len
 from raymodel.data import Arrays, Batches, RayDataset, TorchDataset, aprefetch, prefetch, worker_rows
 from raymodel.data._loading import aworker_batches, worker_batches
 from raymodel.exceptions import HookError, ModelDefinitionError
 from raymodel.hooks import maybe_await
 
 if TYPE_CHECKING:
-    from raymodel.backends._run import WorkerRun
+    from raymodel.contract import Run
 
 
 @dataclasses.dataclass
@@ -48,7 +48,7 @@ class SchedulerConfig:
 class TorchLoop(WorkerLoop):
     """Trains one worker's replica of a ``RayTorchModel``."""
 
-    def __init__(self, run: "WorkerRun") -> None:
+    def __init__(self, run: "Run") -> None:
         super().__init__(run)
         self.device = _device(run.settings.use_gpu)
         self.distributed = run.world > 1 and dist.is_available() and dist.is_initialized()

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from raymodel.backends.base import Backend, WorkerLoop, rows_of, to_jsonable
+from raymodel.contract import Backend, WorkerLoop, rows_of, to_jsonable
 from raymodel.data import worker_rows
 from raymodel.exceptions import DataError, ModelDefinitionError
 

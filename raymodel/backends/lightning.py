@@ -24,17 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from raymodel._internal.deps import require
-from raymodel.backends.torch import TorchBackend
+from raymodel.backends._pl import lightning as _lightning
+from raymodel.backends._torch_backend import TorchBackend
+from raymodel.contract import Model
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
-
-
-def _lightning() -> Any:
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        pl = require("pytorch_lightning", "lightning")
-    return pl
 
 
 class LightningBackend(TorchBackend):
@@ -59,14 +53,14 @@ class LightningBackend(TorchBackend):
 
         return LightningLoop(run)
 
-    def write_state(self, model: RayModel, state: dict[str, Any], directory: Path) -> None:
+    def write_state(self, model: Model, state: dict[str, Any], directory: Path) -> None:
         if "lightning" not in state:  # weights only (`model.save()` outside a run)
             return super().write_state(model, state, directory)
         import torch
 
         torch.save(state["lightning"], directory / self.LIGHTNING_FILE)  # Lightning's own checkpoint
 
-    def read_state(self, model: RayModel, directory: Path) -> dict[str, Any]:
+    def read_state(self, model: Model, directory: Path) -> dict[str, Any]:
         path = directory / self.LIGHTNING_FILE
         if not path.is_file():
             return super().read_state(model, directory)
@@ -75,7 +69,7 @@ class LightningBackend(TorchBackend):
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
         return {"lightning": checkpoint, "modules": {"module": checkpoint["state_dict"]}}
 
-    def after_user_setup(self, model: RayModel, returned: Any) -> None:
+    def after_user_setup(self, model: Model, returned: Any) -> None:
         pl = _lightning()
         if returned is not None:
             model.module = returned
@@ -85,7 +79,7 @@ class LightningBackend(TorchBackend):
                 f"got {type(getattr(model, 'module', returned)).__name__}."
             )
 
-    def forward(self, model: RayModel, x: Any) -> Any:
+    def forward(self, model: Model, x: Any) -> Any:
         return model.module(x)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from raymodel.backends.base import Backend, to_jsonable
+from raymodel.contract import Backend, to_jsonable
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 

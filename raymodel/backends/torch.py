@@ -6,126 +6,14 @@ epoch is one pass over the worker's shard of the training split.
 
 from __future__ import annotations
 
-import contextlib
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-from raymodel.backends.base import Backend, rows_of, to_jsonable
+from raymodel.backends._torch_backend import TorchBackend
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
 if TYPE_CHECKING:
     import torch
-
-
-class TorchBackend(Backend):
-    name = "torch"
-    extra = "torch"
-    imports = ("torch",)
-    packages = ("torch",)
-    trainer = "ray.train.torch.TorchTrainer"
-    accepts = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
-    required_methods = ("setup", "configure_optimizers", "train_step")
-    hook_notes = {"before_batch": "yes (may replace the batch)", "after_batch": "yes (the step's output)"}
-    state_keys = ("modules", "optimizers", "schedulers")
-    native_collective = True  # torch.distributed, which DDP already set up
-    gradient_steps = True  # precision, accumulation and clipping (TrainSettings)
-
-    def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends._torch_loop import TorchLoop
-
-        return TorchLoop(run)
-
-    # ---------------------------------------------------------------- state
-    @staticmethod
-    def modules(model: RayModel) -> dict[str, "torch.nn.Module"]:
-        """The ``torch.nn.Module`` attributes ``setup`` created, by attribute name."""
-        import torch
-
-        return {k: v for k, v in vars(model).items() if isinstance(v, torch.nn.Module)}
-
-    def after_user_setup(self, model: RayModel, returned: Any) -> None:
-        if not self.modules(model):
-            raise ModelDefinitionError(
-                f"`{type(model).__name__}.setup` created no `torch.nn.Module` attribute. Assign your "
-                "network to an attribute, e.g. `self.net = nn.Sequential(...)`."
-            )
-
-    def get_state(self, model: RayModel) -> dict[str, Any]:
-        """Weights, and during training the optimizers' and LR schedulers' states."""
-        state: dict[str, Any] = {"modules": {k: m.state_dict() for k, m in self.modules(model).items()}}
-        optimizers = getattr(model, "_optimizers", None)
-        if optimizers:
-            state["optimizers"] = [opt.state_dict() for opt in optimizers]
-        schedulers = getattr(model, "_schedulers", None)
-        if schedulers:
-            state["schedulers"] = [s.state_dict() for s in schedulers]
-        return state
-
-    def write_state(self, model: RayModel, state: dict[str, Any], directory: Path) -> None:
-        import torch
-
-        torch.save(state, directory / "model.pt")  # torch's own format
-
-    def read_state(self, model: RayModel, directory: Path) -> dict[str, Any]:
-        import torch
-
-        return torch.load(directory / "model.pt", map_location="cpu", weights_only=False)
-
-    def set_state(self, model: RayModel, state: dict[str, Any]) -> None:
-        modules = self.modules(model)
-        missing = sorted(set(state.get("modules", {})) - set(modules))
-        if missing:
-            raise ModelDefinitionError(
-                f"The checkpoint has weights for {missing}, but `{type(model).__name__}.setup` did not create them."
-            )
-        for name, sd in state.get("modules", {}).items():
-            modules[name].load_state_dict(sd)
-        for attr in ("optimizers", "schedulers"):  # present on a train worker only
-            live = getattr(model, f"_{attr}", None)
-            if live and state.get(attr):
-                for obj, sd in zip(live, state[attr]):
-                    obj.load_state_dict(sd)
-
-    # ------------------------------------------------------------ inference
-    def forward(self, model: RayModel, x: Any) -> Any:
-        modules = self.modules(model)
-        if len(modules) != 1:
-            raise ModelDefinitionError(
-                f"`{type(model).__name__}` has {len(modules)} modules ({sorted(modules)}); define "
-                "`forward(self, x)` to say how to combine them."
-            )
-        return next(iter(modules.values()))(x)
-
-    def preprocess(self, model: RayModel, payload: Any) -> Any:
-        import torch
-
-        return torch.as_tensor(rows_of(payload))
-
-    def postprocess(self, model: RayModel, output: Any) -> Any:
-        return to_jsonable(output)
-
-    @contextlib.contextmanager
-    def inference(self, model: RayModel) -> Iterator[None]:
-        import torch
-
-        modules = self.modules(model).values()
-        was_training = [m.training for m in modules]
-        for m in modules:
-            m.eval()
-        try:
-            with torch.inference_mode():
-                yield
-        finally:
-            for m, flag in zip(modules, was_training):
-                m.train(flag)
-
-    def stack(self, inputs: Sequence[Any]) -> Any:
-        import torch
-
-        if all(isinstance(x, torch.Tensor) for x in inputs):
-            return torch.cat(list(inputs), dim=0)
-        return super().stack(inputs)
 
 
 class RayTorchModel(RayModel):

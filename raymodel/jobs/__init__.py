@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Iterator
 
 from raymodel._internal import runtime, serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
+from raymodel.jobs._names import DONE, NAME, NAMESPACE
 
 __all__ = ["Job", "list", "get", "held", "server"]
 
@@ -29,7 +30,7 @@ def server(start: bool = True) -> Any:
     with ``start=False``)."""
     import ray
 
-    from raymodel.jobs._server import NAME, NAMESPACE, JobServerActor
+    from raymodel.jobs._server import JobServerActor
 
     runtime.ensure_ray(False)
     try:
@@ -166,7 +167,6 @@ def _sum(parts: Any) -> dict[str, float]:
     return {k: v for k, v in total.items() if v}
 
 
-DONE = ("SUCCEEDED", "FAILED", "STOPPED")
 _LONG_POLL_S = 5.0
 
 
@@ -206,22 +206,22 @@ def get(job_id: str) -> Job:
 
 def submit_train(model: Any, settings: Any, data: Any) -> Job:
     """``model.train(..., wait=False)``: every check first (as ``train()``), then the job is queued."""
-    from raymodel.train._driver import _initial_state, prepare
+    from raymodel.train import initial_state, prepare, worker_resources
 
     settings, spec = prepare(model, settings, data)
-    from raymodel.tune._trial import worker_resources
 
     workers = max(settings.num_workers, 1)
     needs = {k: v * workers for k, v in worker_resources(settings.resources_per_worker, settings.use_gpu).items()}
     payload = {"class": type(model), "config": dict(model.config), "settings": settings, "data": spec,
-               "state": _initial_state(model)}
+               "state": initial_state(model)}
     return _submit("train", model, payload, needs, settings, settings.num_epochs)
 
 
 def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) -> Job:
     """``model.tune(..., wait=False)``: checked as ``tune()`` checks, then queued."""
+    from raymodel.train import worker_resources
     from raymodel.tune import Tunable
-    from raymodel.tune._trial import PLACEMENT_FIELDS, trial_resources, worker_resources
+    from raymodel.tune._trial import PLACEMENT_FIELDS, trial_resources
 
     tunable = Tunable(model, space, settings=settings, data=data, resume=resume)  # every check, no Ray yet
     ts = tunable.train_settings

@@ -11,11 +11,10 @@ from ray import tune
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import serialization
 from raymodel.hooks import Callback
+from raymodel.jobs._names import NAME, NAMESPACE
 
 
 def run_job(runner: Any, kind: str, payload: bytes) -> dict[str, Any]:
-    from raymodel.jobs._server import NAME, NAMESPACE
-
     job = serialization.loads(payload)
     server = ray.get_actor(NAME, namespace=NAMESPACE)
     me = ray.get_runtime_context().current_actor

@@ -21,9 +21,7 @@ from typing import Any
 import ray
 
 from raymodel._internal import runtime, storage
-
-NAME, NAMESPACE = "raymodel-job-server", "raymodel"
-ACTIVE, DONE = ("PENDING", "RUNNING"), ("SUCCEEDED", "FAILED", "STOPPED")
+from raymodel.jobs._names import ACTIVE, NAMESPACE
 _LOG_LINES = 200
 
 

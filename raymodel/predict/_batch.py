@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from raymodel._internal import runtime, sources, storage, tmp
+from raymodel._internal import runtime, storage, tmp
+from raymodel.registry import sources
 from raymodel.exceptions import CheckpointError, DataError, SettingsError
 
 if TYPE_CHECKING:
-    from raymodel.model import RayModel
+    from raymodel.contract import Model
 
 from ray.data import Dataset as _Dataset
 
@@ -214,7 +215,7 @@ def _source_of(model_or_ref: Any, registry: str | None) -> dict[str, Any]:
                         f"checkpoint path (got a {type(model_or_ref).__name__}).")
 
 
-def _snapshot(model: "RayModel") -> str:
+def _snapshot(model: "Model") -> str:
     """A checkpoint of the instance's current weights under ``$RAYMODEL_HOME/predict`` (any node
     reads it there), removed when this process ends: the lazy result may run any time before."""
     parent = runtime.home_path("predict")

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from raymodel._internal import sources
+from raymodel._internal import runtime
+from raymodel.registry import sources
 from raymodel.exceptions import ModelDefinitionError
 
 
@@ -21,7 +22,7 @@ class Scorer:
                  cpus: float = 1) -> None:
         self.model = sources.load(source, source.get("version"))
         self.feature_columns, self.keep_columns = feature_columns, keep_columns
-        sources.set_threads(cpus)
+        runtime.set_threads(cpus)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         model = self.model

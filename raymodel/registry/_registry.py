@@ -258,6 +258,7 @@ class Registry:
 def _materialize(obj: Any, staging: Path) -> tuple[Path, dict[str, Any]]:
     """A local checkpoint folder for ``obj`` and what is known of where it came from."""
     from raymodel.train import TrainResult
+    from raymodel.tune._result import TuneResult  # the result alone: no Ray Tune import
 
     if hasattr(obj, "backend") and callable(getattr(obj, "save", None)):  # a model instance
         return Path(obj.save(staging / "ckpt")), {"source": dict(obj.source)}
@@ -267,7 +268,7 @@ def _materialize(obj: Any, staging: Path) -> tuple[Path, dict[str, Any]]:
         lineage = {"run": obj.name, "run_path": obj.path, "checkpoint": obj.checkpoint, "metrics": obj.metrics,
                    "epochs": len(obj.history)}
         return _copy(obj.checkpoint, staging), lineage
-    if type(obj).__name__ == "TuneResult" and hasattr(obj, "best_checkpoint"):
+    if isinstance(obj, TuneResult):
         if obj.best_checkpoint is None:
             raise RegistryError("This `TuneResult` has no best checkpoint to register.")
         lineage = {"experiment_path": obj.path, "trial_id": obj.best_trial_id, "checkpoint": obj.best_checkpoint,

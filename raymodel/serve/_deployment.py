@@ -33,9 +33,10 @@ import orjson
 from ray import serve
 from starlette.responses import Response
 
-from raymodel._internal import sources
+from raymodel._internal import runtime
+from raymodel.registry import sources
 from raymodel._internal.schema import describe, openapi, schemas_of
-from raymodel.backends.base import batch_len, to_jsonable
+from raymodel.contract import batch_len, to_jsonable
 
 logger = logging.getLogger("ray.serve")
 
@@ -70,7 +71,7 @@ class ModelServer:
         self.requests: collections.deque[tuple[float, float]] = collections.deque(maxlen=5000)  # (end, latency s)
         self.started = time.time()
         self.ingress = _ingress()
-        self.threads = sources.set_threads(_cpu_share())
+        self.threads = runtime.set_threads(_cpu_share())
         self._runner = BatchRunner(_run_batch)
         if self.ingress == "haproxy":
             _json_error_page()

@@ -7,12 +7,13 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from raymodel._internal import runtime, sources, storage
+from raymodel._internal import runtime, storage
+from raymodel.registry import sources
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._settings import ServeSettings
 
 if TYPE_CHECKING:
-    from raymodel.model import RayModel
+    from raymodel.contract import Model
 
 
 class ServedModel:
@@ -167,7 +168,7 @@ def serve_folder(name: str) -> str:
     return runtime.home_path("serve", name)
 
 
-def _checkpoint_of(model: "RayModel", name: str) -> str:
+def _checkpoint_of(model: "Model", name: str) -> str:
     """A checkpoint of the instance's *current* weights, which every replica loads itself, from
     wherever ``RAYMODEL_HOME`` is (a replica on another node reads the URI)."""
     return model.save(storage.join(serve_folder(name), f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"))

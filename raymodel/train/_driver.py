@@ -9,19 +9,19 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from raymodel._internal import runtime, serialization, storage, tmp
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal.hub import start_hub, stop_hub
-from raymodel.backends._run import WorkerRun, run_worker
 from raymodel.data import resolve
 from raymodel.data._splits import nonfinite
 from raymodel.exceptions import DataError, HookError, SettingsError, TrainingError
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
+from raymodel.train._run import WorkerRun, run_worker
 from raymodel.train._settings import TrainSettings
 
 if TYPE_CHECKING:
-    from raymodel.model import RayModel
+    from raymodel.contract import Model
 
 
-def prepare(model: "RayModel", settings: Any, data: Any) -> tuple[TrainSettings, Any]:
+def prepare(model: "Model", settings: Any, data: Any) -> tuple[TrainSettings, Any]:
     """Every check that can fail before Ray is touched: settings, model, data."""
     settings = TrainSettings.coerce(settings)
     backend = model.backend
@@ -80,7 +80,7 @@ class Trainable:
         >>> again = rm.RayModel.from_checkpoint(result.checkpoint.path)
     """
 
-    def __init__(self, model: "RayModel", settings: TrainSettings | Mapping[str, Any] | None = None, *,
+    def __init__(self, model: "Model", settings: TrainSettings | Mapping[str, Any] | None = None, *,
                  data: Any, callbacks: Sequence[Any] = (), resume_from: str | None = None, hub: Any = None,
                  info: dict[str, Any] | None = None) -> None:
         """``callbacks`` (Ray Train ``UserCallback`` objects on the driver side), ``resume_from``
@@ -171,14 +171,14 @@ class Trainable:
         return f"Trainable({type(self.model).__name__}, num_workers={self.settings.num_workers}, name={self.name!r})"
 
 
-def worker_payload(model: "RayModel", settings: TrainSettings, info: dict[str, Any]) -> bytes:
+def worker_payload(model: "Model", settings: TrainSettings, info: dict[str, Any]) -> bytes:
     """What every worker's ``WorkerRun`` unpacks: the class by value, config, settings, the run's
     name and folder, and the instance's current weights when it has any."""
     payload = {
         "model": serialization.dumps((type(model), model.config), type(model)),
         "settings": settings,
         "info": info,
-        "initial_state": _initial_state(model),
+        "initial_state": initial_state(model),
     }
     return serialization.dumps(payload, type(model), *settings.callbacks)
 
@@ -206,7 +206,7 @@ def _root_message(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
 
-def _collect(model: "RayModel", settings: TrainSettings, result: Any, name: str, root: str,
+def _collect(model: "Model", settings: TrainSettings, result: Any, name: str, root: str,
              load_result: bool) -> TrainResult:
     """The run's ``TrainResult``; its locations keep the storage's scheme (``s3://...``), which
     Ray's ``Result`` drops (``Checkpoint.path`` is a path on its filesystem)."""
@@ -244,8 +244,9 @@ def _best_checkpoint(result: Any, metric: str, mode: str, history: list[dict[str
     return pick(scored, key=lambda cm: cm[1][metric])[0].path
 
 
-def _initial_state(model: "RayModel") -> dict[str, bytes] | None:
-    """Files of the instance's current state, when it has weights to start from."""
+def initial_state(model: "Model") -> dict[str, bytes] | None:
+    """Files of the instance's current state, when it has weights to start from (a run's workers,
+    or a job's runner, load them before the first epoch)."""
     if not model.is_setup:
         return None
     with tmp.tempdir("init") as staging:

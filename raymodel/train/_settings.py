@@ -134,3 +134,11 @@ class TrainSettings(SettingsBase):
             if bad:
                 problems.append(f"`callbacks` must hold `raymodel.Callback` instances (got {bad[0]!r}).")
         return problems
+
+
+def worker_resources(resources_per_worker: dict[str, float] | None, use_gpu: bool) -> dict[str, float]:
+    """What one training worker holds: ``resources_per_worker`` (1 CPU by default), a GPU with ``use_gpu``."""
+    resources = dict(resources_per_worker or {"CPU": 1.0})
+    if use_gpu:
+        resources.setdefault("GPU", 1.0)
+    return resources

@@ -20,7 +20,7 @@ from raymodel.tune._settings import TuneSettings
 from raymodel.tune._trial import PLACEMENT_FIELDS, TRAIN_PREFIX, resources_of, trial, trial_resources
 
 if TYPE_CHECKING:
-    from raymodel.model import RayModel
+    from raymodel.contract import Model
 
 _TUNE_KEYS = ("training_iteration", "checkpoint_path", "time_this_iter_s", "time_total_s", "timestamp",
               "trial_id", "date", "pid", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
@@ -54,7 +54,7 @@ class Tunable:
         >>> tuner.fit()
     """
 
-    def __init__(self, model: "RayModel", space: Mapping[str, Any] | None = None, *, settings: Any = None,
+    def __init__(self, model: "Model", space: Mapping[str, Any] | None = None, *, settings: Any = None,
                  data: Any, resume: bool = False) -> None:
         self.model = model
         self.settings = settings = TuneSettings.coerce(settings)
@@ -286,7 +286,7 @@ def _curve(result: Any, metric: str) -> list[list[float]]:
     return [[e, by_epoch[e]] for e in sorted(by_epoch)]
 
 
-def _load_best(model: "RayModel", result: TuneResult) -> None:
+def _load_best(model: "Model", result: TuneResult) -> None:
     """The instance takes the best trial's config (without its ``train.`` settings) and weights."""
     model.config = {k: v for k, v in result.best_config.items() if not k.startswith(TRAIN_PREFIX)}
     model._is_setup = False

@@ -32,6 +32,7 @@ from typing import Any
 
 from raymodel._internal import serialization
 from raymodel._internal import storage as locations
+from raymodel.train import worker_resources
 
 #: A config key ``"train.<field>"`` sets that ``TrainSettings`` field for the trial.
 TRAIN_PREFIX = "train."
@@ -75,14 +76,6 @@ def runs_in_trial(settings: Any, data: Any) -> bool:
 
 #: The ``TrainSettings`` fields that decide what a trial holds.
 PLACEMENT_FIELDS = ("num_workers", "resources_per_worker", "use_gpu")
-
-
-def worker_resources(resources_per_worker: dict[str, float] | None, use_gpu: bool) -> dict[str, float]:
-    """What one training worker holds: ``resources_per_worker`` (1 CPU by default), a GPU with ``use_gpu``."""
-    resources = dict(resources_per_worker or {"CPU": 1.0})
-    if use_gpu:
-        resources.setdefault("GPU", 1.0)
-    return resources
 
 
 def trial_resources(num_workers: int, resources_per_worker: dict[str, float] | None,

@@ -1,17 +1,20 @@
-"""Where a served or batch-scoring model comes from: a checkpoint, or a version of a registry key.
+"""Resolving references: where a served or batch-scoring model comes from, a checkpoint or a
+version of a registry key.
 
 A *source* is a small dict that travels to Ray actors (Serve replicas, Ray Data
 actors) instead of the model itself; each actor loads the model once from it.
+The drivers that load models (``serve/``, ``predict/``) sit above the registry
+and call these.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import sys
 from typing import Any
 
 from raymodel._internal import storage
+from raymodel._internal.names import parse_ref
+from raymodel.registry._registry import Registry, default_uri
 
 
 def registry_source(ref: str, uri: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -19,9 +22,6 @@ def registry_source(ref: str, uri: str | None) -> tuple[dict[str, Any], dict[str
 
     Returns the source and a description (class, backend, ref) of the version it names now.
     """
-    from raymodel._internal.names import parse_ref
-    from raymodel.registry import Registry, default_uri
-
     key, version = parse_ref(ref)
     registry = Registry(uri or default_uri())
     record = registry.show(key, version)  # raises, naming what exists
@@ -42,20 +42,9 @@ def load(source: dict[str, Any], version: Any) -> Any:
 
         model = ckpt.load_model(source["checkpoint"])
     else:
-        from raymodel.registry import Registry
-
         registry = Registry(source["registry"])
         n = registry.resolve(source["key"], version)
         model = registry.get(source["key"], n)
         model.source = {**model.source, "version": n}
     model.ensure_setup()
     return model
-
-
-def set_threads(cpus: float) -> int:
-    """Torch's intra-op threads for an actor's CPU share (``ceil``, at least 1), not the whole node's:
-    two replicas of 1 CPU on a 2-core node would otherwise each start 2 threads and fight."""
-    threads = max(1, math.ceil(cpus))
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
-    return threads

@@ -17,7 +17,8 @@ import sys
 import time
 from typing import Any
 
-from raymodel._internal.runtime import resolve_ingress, running_server, server_file, with_serve_env
+from raymodel import jobs
+from raymodel._internal.runtime import init, resolve_ingress, running_server, server_file, with_serve_env
 from raymodel.exceptions import RayModelError
 
 
@@ -56,13 +57,12 @@ def _processes(marker: str) -> list[int]:
 
 def attach() -> None:
     """Join the cluster of ``RAY_ADDRESS`` or of ``raymodel server start``; never start a new one."""
-    import raymodel as rm
 
     address = os.environ.get("RAY_ADDRESS") or (running_server() or {}).get("address")
     if not address:
         raise RayModelError("No raymodel server is running: start one with `raymodel server start` "
                             "(or set RAY_ADDRESS to a cluster).")
-    rm.init(address=address)
+    init(address=address)
 
 
 def _server_start(args: argparse.Namespace) -> None:
@@ -84,10 +84,8 @@ def _server_start(args: argparse.Namespace) -> None:
     gcs = sorted(set(_processes(temp_dir)) & set(_processes("gcs_server")))
     import ray
 
-    import raymodel as rm
-    from raymodel import jobs
 
-    rm.init(address=address)
+    init(address=address)
     ray.get(jobs.server().list.remote())  # started and answering
     server_file().parent.mkdir(parents=True, exist_ok=True)
     server_file().write_text(json.dumps({"address": address, "temp_dir": temp_dir, "gcs_pid": gcs[0] if gcs else -1,
@@ -120,8 +118,6 @@ def _server_status(args: argparse.Namespace) -> int:
         print("no raymodel server is running")
         return 1
     attach()
-    from raymodel import jobs
-
     counts: dict[str, int] = {}
     for record in jobs.list():
         counts[record["status"]] = counts.get(record["status"], 0) + 1
@@ -132,8 +128,6 @@ def _server_status(args: argparse.Namespace) -> int:
 
 def _jobs_list(args: argparse.Namespace) -> None:
     attach()
-    from raymodel import jobs
-
     rows = [["ID", "KIND", "STATUS", "MODEL", "EPOCHS", "RESOURCES"]]
     records = jobs.list()
     holds = jobs.held(records)
@@ -151,8 +145,6 @@ def _jobs_list(args: argparse.Namespace) -> None:
 
 def _jobs_show(args: argparse.Namespace) -> None:
     attach()
-    from raymodel import jobs
-
     job = jobs.get(args.id)
     record = {**job._record(), "history_rows": len(job.history())}
     record.pop("log", None)
@@ -161,16 +153,12 @@ def _jobs_show(args: argparse.Namespace) -> None:
 
 def _jobs_stop(args: argparse.Namespace) -> None:
     attach()
-    from raymodel import jobs
-
     jobs.get(args.id).stop()
     print(f"stopping {args.id}")
 
 
 def _jobs_wait(args: argparse.Namespace) -> int:
     attach()
-    from raymodel import jobs
-
     job = jobs.get(args.id)
     result = job.wait()
     print(f"{args.id} {job.status}" + (f": {result!r}" if result is not None else ""))
@@ -179,8 +167,6 @@ def _jobs_wait(args: argparse.Namespace) -> int:
 
 def _jobs_logs(args: argparse.Namespace) -> None:
     attach()
-    from raymodel import jobs
-
     job = jobs.get(args.id)
     shown = 0
     while True:

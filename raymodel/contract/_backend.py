@@ -8,9 +8,10 @@ A backend is two small classes:
 * :class:`WorkerLoop` (train worker): build what training needs, run one
   epoch, evaluate, and get/set the training state.
 
-``WorkerRun`` (``backends/_run.py``) owns the lifecycle around them for every
+``WorkerRun`` (``train/_run.py``) owns the lifecycle around them for every
 backend: setup hooks, resuming, the epoch loop, validation hooks, reporting,
-checkpointing, stopping. Adding a framework is one module here: a
+checkpointing, stopping; a loop sees it through the :class:`~raymodel.contract.Run`
+protocol. Adding a framework is one module in ``raymodel/backends/``: a
 ``Backend``, a ``WorkerLoop`` and a model base class; the drivers in
 ``train/``, ``tune/`` and ``serve/`` never ask which backend they hold.
 """
@@ -20,17 +21,19 @@ from __future__ import annotations
 import contextlib
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from raymodel._internal.deps import require
+from raymodel.contract._arrays import columns_of, features_of, rows_of, split_nested, to_jsonable
+from raymodel.data import DataSpec, kind_of
 from raymodel.exceptions import DataError, ModelDefinitionError
 
 if TYPE_CHECKING:
-    from raymodel.backends._run import WorkerRun
-    from raymodel.data import DataSpec
-    from raymodel.model import RayModel
+    import os
+
+    from raymodel.hooks import HookRunner, RunContext
 
 #: Every form a data split can take (``raymodel.data.kind_of``).
 DATA_KINDS = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
@@ -81,7 +84,7 @@ class Backend:
         """Whether this backend ever calls ``hook`` during training."""
         return not self.hook_notes.get(hook, "yes").startswith("no")
 
-    def validate_model(self, model: "RayModel") -> None:
+    def validate_model(self, model: "Model") -> None:
         """Raise :class:`ModelDefinitionError` if the model lacks a required method."""
         base = next(k for k in reversed(type(model).__mro__) if "backend" in vars(k))  # e.g. RayTorchModel
         missing = [m for m in self.required_methods
@@ -90,7 +93,7 @@ class Backend:
             names = ", ".join(f"`{m}`" for m in missing)
             raise ModelDefinitionError(
                 f"`{type(model).__name__}` must define {names} to be trained with the "
-                f"{self.name} backend. See the table 'What a subclass writes' in the README."
+                f"{self.name} backend. See the table 'What a subclass writes' in the docs' backends page."
             )
 
     def validate_data(self, data: "DataSpec") -> None:
@@ -99,8 +102,6 @@ class Backend:
         Runs on the driver before Ray is touched, and on each worker for the
         splits a data module returns.
         """
-        from raymodel.data import kind_of
-
         for split_name, split in data.splits.items():
             kind = kind_of(split)
             if kind not in self.accepts:
@@ -114,7 +115,7 @@ class Backend:
         """Backend-specific checks of one accepted split (e.g. 2-D features); may raise ``DataError``."""
 
     # ------------------------------------------------------------- training
-    def worker_loop(self, run: "WorkerRun") -> "WorkerLoop":
+    def worker_loop(self, run: "Run") -> "WorkerLoop":
         """The :class:`WorkerLoop` that trains this backend's model on a worker."""
         raise NotImplementedError("The 'worker_loop' method must be implemented.")
 
@@ -127,49 +128,49 @@ class Backend:
                            run_config=run_config, datasets=datasets or None)
 
     # ---------------------------------------------------------------- state
-    def after_user_setup(self, model: "RayModel", returned: Any) -> None:
+    def after_user_setup(self, model: "Model", returned: Any) -> None:
         """Called with what the user's ``setup`` returned (Lightning returns a module)."""
 
-    def get_state(self, model: "RayModel") -> dict[str, Any]:
+    def get_state(self, model: "Model") -> dict[str, Any]:
         """The model's state as a dict of :attr:`state_keys` (``on_save_checkpoint`` may add entries)."""
         raise NotImplementedError("The 'get_state' method must be implemented.")
 
-    def write_state(self, model: "RayModel", state: dict[str, Any], directory: Path) -> None:
+    def write_state(self, model: "Model", state: dict[str, Any], directory: Path) -> None:
         """Write the :attr:`state_keys` entries of ``state`` into ``directory`` with the framework's own saver."""
         raise NotImplementedError("The 'write_state' method must be implemented.")
 
-    def read_state(self, model: "RayModel", directory: Path) -> dict[str, Any]:
+    def read_state(self, model: "Model", directory: Path) -> dict[str, Any]:
         """Read what :meth:`write_state` wrote (the model is already set up)."""
         raise NotImplementedError("The 'read_state' method must be implemented.")
 
-    def set_state(self, model: "RayModel", state: dict[str, Any]) -> None:
+    def set_state(self, model: "Model", state: dict[str, Any]) -> None:
         """Load ``state`` into the (set up) model; entries it has no use for are ignored."""
         raise NotImplementedError("The 'set_state' method must be implemented.")
 
     # ------------------------------------------------------------ inference
-    def forward(self, model: "RayModel", x: Any) -> Any:
+    def forward(self, model: "Model", x: Any) -> Any:
         """Default ``forward`` when the user's class does not define one."""
         raise NotImplementedError(f"`{type(model).__name__}` must define `forward(x)`.")
 
-    def preprocess(self, model: "RayModel", payload: Any) -> Any:
+    def preprocess(self, model: "Model", payload: Any) -> Any:
         """Default ``preprocess``: the payload as a float32 array of rows."""
         return rows_of(payload)
 
-    def postprocess(self, model: "RayModel", output: Any) -> Any:
+    def postprocess(self, model: "Model", output: Any) -> Any:
         """Default ``postprocess``: the output as plain lists."""
         return to_jsonable(output)
 
     @contextlib.contextmanager
-    def inference(self, model: "RayModel") -> Iterator[None]:
+    def inference(self, model: "Model") -> Iterator[None]:
         """Context for ``forward`` at prediction time (eval mode, no gradients)."""
         yield
 
-    def batch_input(self, model: "RayModel", batch: Mapping[str, np.ndarray]) -> Any:
+    def batch_input(self, model: "Model", batch: Mapping[str, np.ndarray]) -> Any:
         """Default ``predict_batch_preprocess``: the feature columns as one float32 array of rows,
         in the form this backend's ``preprocess`` gives ``forward`` (a tensor for torch)."""
         return self.preprocess(model, features_of(batch))
 
-    def batch_output(self, model: "RayModel", output: Any) -> dict[str, np.ndarray]:
+    def batch_output(self, model: "Model", output: Any) -> dict[str, np.ndarray]:
         """Default ``predict_batch_postprocess``: ``{"prediction": output}`` as numpy (a dict output
         gives one column per key)."""
         return columns_of(output)
@@ -180,7 +181,7 @@ class Backend:
 
     def split(self, output: Any, sizes: Sequence[int]) -> list[Any]:
         """Split a batched output back into per-request pieces of the given sizes."""
-        return _split_nested(output, sizes)
+        return split_nested(output, sizes)
 
 
 _DATA_HINTS = {
@@ -199,7 +200,7 @@ class WorkerLoop:
     that framework's callback points instead.
     """
 
-    def __init__(self, run: "WorkerRun") -> None:
+    def __init__(self, run: "Run") -> None:
         self.run = run
         self.model = run.model
 
@@ -266,95 +267,93 @@ class WorkerLoop:
         """Restore what :meth:`rng_state` returned."""
 
 
-def rows_of(payload: Any) -> np.ndarray:
-    """A payload as a float32 array of at least one dimension (rows), or a ``ValueError`` saying why not."""
-    if payload is None or isinstance(payload, (str, bytes, dict)):
-        raise ValueError(f"expected a list of rows of numbers, got {type(payload).__name__}")
-    array = np.asarray(payload, dtype=np.float32)
-    if array.ndim == 0:
-        raise ValueError("expected a list of rows of numbers, got a single number")
-    return array
+# ---------------------------------------------------------------- protocols
+# What the drivers and the worker loops see of the objects above them (PEP 544): the drivers
+# (train/, tune/, serve/, predict/, registry/, jobs/) type a model as `Model`, never by importing
+# `RayModel` (model.py sits above them and calls them); a backend's `WorkerLoop` sees its run as
+# `Run`, never by importing `WorkerRun` (train/ sits above this contract).
+
+T = TypeVar("T")
 
 
-def features_of(batch: Mapping[str, np.ndarray]) -> np.ndarray:
-    """A Ray Data batch (column -> array) as one 2-D array of rows: a single column as it is (a
-    tensor column of vectors, or one feature), several numeric columns side by side, in order."""
-    if not batch:
-        raise ValueError("the batch has no feature columns")
-    arrays = []
-    for name, column in batch.items():
-        array = np.asarray(column)
-        if array.dtype == object:  # a tensor column of unequal shapes, or Python objects
-            try:
-                array = np.stack([np.asarray(v, dtype=np.float32) for v in array])
-            except (TypeError, ValueError) as exc:
-                raise DataError(f"Column {name!r} does not hold numbers ({exc}); pick the feature columns with "
-                                "`feature_columns=[...]` or define `predict_batch_preprocess(batch)`.") from None
-        elif array.dtype.kind not in "biuf":  # bool, integers, floats
-            raise DataError(f"Column {name!r} holds {array.dtype} values, not numbers; pick the feature columns with "
-                            "`feature_columns=[...]` or define `predict_batch_preprocess(batch)`.")
-        arrays.append(array)
-    if len(arrays) == 1:  # a read-only view of the block (zero copy) is copied once, here, for torch's sake
-        array = arrays[0] if arrays[0].flags.writeable else arrays[0].copy()
-        return array if array.ndim > 1 else array.reshape(-1, 1)
-    if all(a.ndim == 1 for a in arrays):  # tabular columns: stacked, then viewed as rows (6x faster than copying
-        return np.stack(arrays).T         # them side by side; torch and the boosters take the strided view)
-    return np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1)
+class Model(Protocol):
+    """A raymodel model, as the drivers use it: ``RayModel`` and every backend's subclass.
+
+    It also has every hook of :class:`raymodel.hooks.ModelHooks` (``before_fit``, ...).
+    """
+
+    #: The framework seam of the model's backend.
+    backend: ClassVar["Backend"]
+    #: ``default_config`` merged with the constructor's ``config``.
+    config: dict[str, Any]
+    #: Where the current weights came from (a checkpoint path or registry ref), if anywhere.
+    source: dict[str, Any]
+    #: The run this instance trains in; ``None`` outside a run.
+    context: "RunContext | None"
+
+    @property
+    def is_setup(self) -> bool: ...
+
+    def ensure_setup(self) -> None: ...
+
+    def setup(self, config: dict[str, Any]) -> Any: ...
+
+    def forward(self, x: Any) -> Any: ...
+
+    def preprocess(self, payload: Any) -> Any: ...
+
+    def postprocess(self, output: Any) -> Any: ...
+
+    def predict_batch_preprocess(self, batch: dict[str, Any]) -> Any: ...
+
+    def predict_batch_postprocess(self, output: Any) -> dict[str, Any]: ...
+
+    def hyperparameter_space(self) -> dict[str, Any]: ...
+
+    def save(self, path: "str | os.PathLike[str]") -> str: ...
+
+    def load_weights(self, path: "str | os.PathLike[str]") -> None: ...
 
 
-def columns_of(output: Any) -> dict[str, np.ndarray]:
-    """A model output as Ray Data columns: a dict keeps its keys, anything else is ``"prediction"``."""
-    if isinstance(output, Mapping):
-        return {str(k): _numpy(v) for k, v in output.items()}
-    return {"prediction": _numpy(output)}
+class Run(Protocol):
+    """One training run on one worker, as a backend's ``WorkerLoop`` sees it (``train.WorkerRun``).
 
+    A loop calls only the batch hooks and the phase methods; the run owns the
+    lifecycle (the hook order, checkpoints, reports, the stop vote).
+    """
 
-def _numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    elif hasattr(value, "numpy") and not isinstance(value, np.ndarray):
-        value = value.numpy()
-    return np.asarray(value)
+    model: Any  # the Model being trained
+    settings: Any  # the run's TrainSettings
+    splits: dict[str, Any]
+    rank: int
+    world: int
+    session: Any  # where the run is placed: a Ray Train worker or a Tune trial's process
+    hooks: "HookRunner"
+    progress: Any
 
+    def sync(self, awaitable: Awaitable[T]) -> T:
+        """Run ``awaitable`` on the run's event loop from framework code in another thread."""
+        ...
 
-def batch_len(x: Any) -> int:
-    """Number of rows of a (possibly nested) batch: the first array-like's length."""
-    if isinstance(x, dict):
-        return batch_len(next(iter(x.values())))
-    if isinstance(x, (list, tuple)) and x and hasattr(x[0], "shape"):
-        return batch_len(x[0])
-    shape = getattr(x, "shape", None)
-    if shape is not None and len(shape) > 0:
-        return int(shape[0])
-    return len(x)
+    async def before_batch(self, batch: Any, batch_idx: int) -> Any: ...
 
+    async def after_batch(self, batch_idx: int, outputs: Any) -> None: ...
 
-def _split_nested(output: Any, sizes: Sequence[int]) -> list[Any]:
-    if isinstance(output, dict):
-        parts = {k: _split_nested(v, sizes) for k, v in output.items()}
-        return [{k: parts[k][i] for k in output} for i in range(len(sizes))]
-    if isinstance(output, tuple):
-        parts_t = [_split_nested(v, sizes) for v in output]
-        return [tuple(p[i] for p in parts_t) for i in range(len(sizes))]
-    pieces, start = [], 0
-    for n in sizes:
-        pieces.append(output[start:start + n])
-        start += n
-    return pieces
+    async def epoch(self, epoch: int) -> bool:
+        """One whole epoch (hooks, the loop's epoch, validation, report); True when the run stops."""
+        ...
 
+    async def begin_epoch(self, epoch: int) -> None: ...
 
-def to_jsonable(value: Any) -> Any:
-    """Arrays and tensors to nested lists, recursively; leaves plain values alone."""
-    if isinstance(value, dict):
-        return {k: to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    elif hasattr(value, "numpy") and not isinstance(value, np.ndarray):
-        value = value.numpy()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+    async def begin_validation(self) -> None: ...
+
+    async def end_validation(self, metrics: dict[str, Any]) -> dict[str, float]: ...
+
+    async def end_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool: ...
+
+    def mean_over_workers(self, sums: dict[str, tuple[float, int]]) -> dict[str, float]:
+        """``{name: (sum, count)}`` of this worker -> ``{name: mean}`` over every worker."""
+        ...
+
+    #: True when a resumed run's config differs from the checkpoint's (schedulers rebuild).
+    config_changed: bool

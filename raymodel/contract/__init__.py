@@ -1,0 +1,48 @@
+"""The backend contract: what every driver needs to know of a backend, and nothing above it.
+
+* :class:`Backend` and :class:`WorkerLoop`: the seam a framework plug-in fills in
+  (``raymodel/backends/`` holds the built-in ones);
+* the backend table (:func:`register`, :func:`model_classes`, :func:`backends`),
+  which plug-ins push themselves into when their model base class is defined;
+* the protocols the layers below the plug-ins type against: :class:`Model`
+  (a model, for the drivers) and :class:`Run` (a training run, for a worker loop);
+* the array helpers the backends' defaults and the serving path share.
+
+Example (a plug-in, in its own module):
+    >>> from raymodel.contract import Backend, WorkerLoop
+    >>> class SklearnBackend(Backend):
+    ...     name = "sklearn"
+    ...     imports = ("sklearn",)
+    ...     def worker_loop(self, run): return SklearnLoop(run)
+    >>> class RaySklearnModel(rm.RayModel):
+    ...     backend = SklearnBackend()          # registers in the table here
+"""
+
+from raymodel.contract._arrays import (
+    batch_len,
+    columns_of,
+    features_of,
+    rows_of,
+    split_nested,
+    to_jsonable,
+)
+from raymodel.contract._backend import DATA_KINDS, Backend, Model, Run, WorkerLoop
+from raymodel.contract._table import backends, hook_table, model_classes, register
+
+__all__ = [
+    "Backend",
+    "WorkerLoop",
+    "DATA_KINDS",
+    "Model",
+    "Run",
+    "register",
+    "model_classes",
+    "backends",
+    "hook_table",
+    "rows_of",
+    "features_of",
+    "columns_of",
+    "batch_len",
+    "split_nested",
+    "to_jsonable",
+]

@@ -1,0 +1,59 @@
+"""The one table of backends: every place that needs to know the frameworks reads it.
+
+A backend's model base class (``RayTorchModel``, ...) pushes itself into the
+table when its class is created (``RayModel.__init_subclass__`` calls
+:func:`register`), with its ``Backend`` object, which carries the facts: name,
+framework modules and packages, extra, Ray trainer, accepted data, hooks
+called. Nothing here asks which plug-ins exist: the built-in ones register
+because ``raymodel/backends/__init__.py`` imports them (``import raymodel``
+does), and a backend defined elsewhere (a test file, a plug-in package)
+registers the same way when its class is defined.
+
+What reads the table:
+
+* ``raymodel.__getattr__``: the lazy names ``rm.RayTorchModel``, ...;
+* the docs' hook table (:func:`hook_table`).
+
+What the table tells on registration: ``_internal.serialization`` (a
+backend's framework modules are pickled by reference, never by value).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from raymodel._internal import serialization
+from raymodel.hooks import CALLBACK_HOOK_NAMES
+
+if TYPE_CHECKING:
+    from raymodel.contract._backend import Backend
+
+_MODELS: dict[str, type] = {}  # backend name -> its model base class
+
+
+def register(model_base: type) -> None:
+    """Record ``model_base`` (a class defining ``backend``) under its backend's name."""
+    backend: Backend = model_base.backend  # type: ignore[attr-defined]
+    _MODELS.setdefault(backend.name, model_base)
+    serialization.pickle_by_reference(*backend.imports)
+
+
+def model_classes() -> dict[str, type]:
+    """``{model base class name: class}`` of every registered backend."""
+    return {cls.__name__: cls for cls in _MODELS.values()}
+
+
+def backends() -> Iterator["Backend"]:
+    """Every registered backend (the built-in ones included)."""
+    for cls in list(_MODELS.values()):
+        yield cls.backend  # type: ignore[attr-defined]
+
+
+def hook_table() -> str:
+    """The docs' table of which hooks each built-in backend calls, from ``Backend.hook_notes``."""
+    builtin = sorted((b for b in backends() if type(b).__module__.startswith("raymodel.backends.")),
+                     key=lambda b: b.name)
+    rows = ["| hook | " + " | ".join(b.name for b in builtin) + " |", "| --- |" + " --- |" * len(builtin)]
+    for hook in CALLBACK_HOOK_NAMES:
+        rows.append(f"| `{hook}` | " + " | ".join(b.hook_notes.get(hook, "yes") for b in builtin) + " |")
+    return "\n".join(rows)
