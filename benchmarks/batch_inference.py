@@ -74,7 +74,8 @@ def generate(folder: str, rows: int) -> None:
         return {name: values[:, i] for i, name in enumerate(FEATURES)}
 
     ray.data.range(rows, override_num_blocks=max(1, rows // 50_000)).map_batches(
-        features, batch_size=None).write_parquet(folder)
+        features, batch_size=None
+    ).write_parquet(folder)
 
 
 def rss() -> int:
@@ -86,7 +87,7 @@ def rss() -> int:
 class PeakRSS:
     """The driver's peak resident memory above its level at the start, sampled every 10 ms."""
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self.base = self.peak = rss()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
@@ -148,9 +149,11 @@ def main() -> None:
     folder = os.path.join(scratch, "features")
     began = time.monotonic()
     generate(folder, args.rows)
-    print(f"{args.rows:,} rows x 64 float32 columns written as Parquet in {time.monotonic() - began:.1f} s; "
-          f"batch size {args.batch_size}, {args.concurrency} actors x {args.num_cpus} CPU, "
-          f"{int(ray.cluster_resources().get('CPU', 0))} CPUs")
+    print(
+        f"{args.rows:,} rows x 64 float32 columns written as Parquet in {time.monotonic() - began:.1f} s; "
+        f"batch size {args.batch_size}, {args.concurrency} actors x {args.num_cpus} CPU, "
+        f"{int(ray.cluster_resources().get('CPU', 0))} CPUs"
+    )
     model = DigitsMLP()
     model.ensure_setup()
     weights = os.path.join(scratch, "weights.pt")
@@ -165,11 +168,18 @@ def main() -> None:
 
     def theirs():
         return ray.data.read_parquet(folder).map_batches(
-            HandWritten, fn_constructor_kwargs={"weights": weights}, batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=args.concurrency), **pool)
+            HandWritten,
+            fn_constructor_kwargs={"weights": weights},
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=args.concurrency),
+            **pool,
+        )
 
-    sides = {"raymodel predict_batch": ours, "hand-written map_batches": theirs,
-             "raymodel, preserve_order=False": ours_unordered}
+    sides = {
+        "raymodel predict_batch": ours,
+        "hand-written map_batches": theirs,
+        "raymodel, preserve_order=False": ours_unordered,
+    }
     rates: dict[str, list[float]] = {name: [] for name in sides}
     memory: dict[str, list[float]] = {name: [] for name in sides}
     sums: dict[str, float] = {}
@@ -177,7 +187,7 @@ def main() -> None:
         drain(make().limit(50_000))
     names = list(sides)
     for rep in range(args.reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:  # each side goes first in turn
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:  # each side goes first in turn
             make = sides[name]
             with PeakRSS() as peak:
                 start = time.monotonic()
@@ -186,8 +196,10 @@ def main() -> None:
             assert rows == args.rows, (name, rows)
             rates[name].append(rows / seconds)
             memory[name].append(peak.above_mib)
-            print(f"  {name}: {rows / seconds:,.0f} rows/s ({seconds:.1f} s), driver peak +{peak.above_mib:.0f} MiB",
-                  flush=True)
+            print(
+                f"  {name}: {rows / seconds:,.0f} rows/s ({seconds:.1f} s), driver peak +{peak.above_mib:.0f} MiB",
+                flush=True,
+            )
     # Same predictions (the hand-written side does not keep the rows' order: compare the sums).
     assert abs(sums["raymodel predict_batch"] - sums["hand-written map_batches"]) <= 1e-4 * args.rows, sums
     with PeakRSS() as peak:
@@ -195,8 +207,10 @@ def main() -> None:
         assert plain_loop(folder, args.batch_size, weights) == args.rows
         loop_rate = args.rows / (time.monotonic() - start)
 
-    ours_rate, theirs_rate = statistics.median(rates["raymodel predict_batch"]), statistics.median(
-        rates["hand-written map_batches"])
+    ours_rate, theirs_rate = (
+        statistics.median(rates["raymodel predict_batch"]),
+        statistics.median(rates["hand-written map_batches"]),
+    )
     print(f"\n{'side':<32}{'rows/s (median)':>18}{'spread':>24}{'driver peak RSS':>18}")
     for name in sides:
         spread = f"{min(rates[name]):,.0f}-{max(rates[name]):,.0f}"
@@ -204,11 +218,15 @@ def main() -> None:
     print(f"{'plain loop, one process':<32}{loop_rate:>18,.0f}{'':>24}{peak.above_mib:>14.0f} MiB")
     print(f"\npredict_batch / hand-written map_batches: {ours_rate / theirs_rate:.3f}x (goal >= 1.0)")
     unordered = statistics.median(rates["raymodel, preserve_order=False"])
-    print(f"predict_batch(preserve_order=False) / hand-written map_batches: {unordered / theirs_rate:.3f}x "
-          "(the hand-written code does not keep the rows' order either)")
+    print(
+        f"predict_batch(preserve_order=False) / hand-written map_batches: {unordered / theirs_rate:.3f}x "
+        "(the hand-written code does not keep the rows' order either)"
+    )
     print(f"predict_batch / plain loop: {ours_rate / loop_rate:.3f}x")
-    print(f"driver resident memory now {rss() / 2**20:.0f} MiB; the data on disk is "
-          f"{sum(f.stat().st_size for f in Path(folder).iterdir()) / 2**20:.0f} MiB")
+    print(
+        f"driver resident memory now {rss() / 2**20:.0f} MiB; the data on disk is "
+        f"{sum(f.stat().st_size for f in Path(folder).iterdir()) / 2**20:.0f} MiB"
+    )
     import shutil
 
     shutil.rmtree(scratch, ignore_errors=True)

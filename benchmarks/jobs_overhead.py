@@ -21,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-import raymodel as rm  # noqa: E402
-from digits import DigitsNet, load_data  # noqa: E402
+from digits import DigitsNet, load_data
+
+import raymodel as rm
 
 SETTINGS = {"num_workers": 2, "num_epochs": 5, "batch_size": 64, "progress": False}
 
@@ -76,14 +77,18 @@ def main() -> None:
         order = [("blocking train()", blocking), ("job (wait=False)", job)]
         for name, fn in order if rep % 2 == 0 else reversed(order):
             figures[name].append(fn(data))
-    print(f"-- jobs overhead: digits MLP, {SETTINGS['num_workers']} workers, {SETTINGS['num_epochs']} epochs, "
-          f"{args.reps} repetitions --")
+    print(
+        f"-- jobs overhead: digits MLP, {SETTINGS['num_workers']} workers, {SETTINGS['num_epochs']} epochs, "
+        f"{args.reps} repetitions --"
+    )
     for name, runs in figures.items():
         print(f"{name:>18}: first row {spread([f for f, _ in runs])}   whole run {spread([w for _, w in runs])}")
-    ratio = (statistics.median(w for _, w in figures["job (wait=False)"])
-             / statistics.median(w for _, w in figures["blocking train()"]))
-    first = (statistics.median(f for f, _ in figures["job (wait=False)"])
-             / statistics.median(f for f, _ in figures["blocking train()"]))
+    ratio = statistics.median(w for _, w in figures["job (wait=False)"]) / statistics.median(
+        w for _, w in figures["blocking train()"]
+    )
+    first = statistics.median(f for f, _ in figures["job (wait=False)"]) / statistics.median(
+        f for f, _ in figures["blocking train()"]
+    )
     print(f"job / blocking: whole run {ratio:.3f}x (goal <= 1.05), first row {first:.3f}x")
 
 

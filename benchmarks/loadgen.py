@@ -40,8 +40,16 @@ def available() -> str | None:
     return shutil.which("wrk")
 
 
-def wrk(url: str, body: Any, *, connections: int = 16, threads: int = 2, seconds: float = 15,
-        timeout_s: float = 10, stop: threading.Event | None = None) -> dict[str, float]:
+def wrk(
+    url: str,
+    body: Any,
+    *,
+    connections: int = 16,
+    threads: int = 2,
+    seconds: float = 15,
+    timeout_s: float = 10,
+    stop: threading.Event | None = None,
+) -> dict[str, float]:
     """Run wrk against ``url`` and return req/s, p50/p90/p99/max latency (ms), and its error counts.
 
     With ``stop``, setting the event ends the run early: wrk takes SIGINT as the end of its time
@@ -54,21 +62,38 @@ def wrk(url: str, body: Any, *, connections: int = 16, threads: int = 2, seconds
         body_file.write_text(json.dumps(body))
         script = Path(scratch) / "post.lua"
         script.write_text(SCRIPT % {"body": str(body_file)})
-        with subprocess.Popen([binary, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-                               f"--timeout={timeout_s:g}s", "-s", str(script), url],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        with subprocess.Popen(
+            [
+                binary,
+                f"-t{threads}",
+                f"-c{connections}",
+                f"-d{max(1, round(seconds))}s",
+                f"--timeout={timeout_s:g}s",
+                "-s",
+                str(script),
+                url,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as proc:
             if stop is not None:
-                threading.Thread(target=lambda: stop.wait(seconds) and proc.send_signal(signal.SIGINT),
-                                 daemon=True).start()
+                threading.Thread(
+                    target=lambda: stop.wait(seconds) and proc.send_signal(signal.SIGINT), daemon=True
+                ).start()
             stdout, stderr = proc.communicate(timeout=seconds + timeout_s + 30)
         if proc.returncode != 0:
             raise RuntimeError(f"wrk exited with {proc.returncode}: {stderr.strip()}")
     line = next(line for line in stdout.splitlines() if line.startswith("WRK-JSON "))
-    raw = json.loads(line[len("WRK-JSON "):])
-    return {"rps": raw["requests"] / (raw["duration_us"] / 1e6), "requests": raw["requests"],
-            **{k: raw[k] for k in ("non_2xx", "socket_errors", "connect_errors", "read_errors", "write_errors",
-                           "timeouts")},
-            **{f"{q}_ms": raw[f"{q}_us"] / 1000 for q in ("p50", "p90", "p99", "max")}}
+    raw = json.loads(line[len("WRK-JSON ") :])
+    return {
+        "rps": raw["requests"] / (raw["duration_us"] / 1e6),
+        "requests": raw["requests"],
+        **{
+            k: raw[k] for k in ("non_2xx", "socket_errors", "connect_errors", "read_errors", "write_errors", "timeouts")
+        },
+        **{f"{q}_ms": raw[f"{q}_us"] / 1000 for q in ("p50", "p90", "p99", "max")},
+    }
 
 
 def cpu_seconds() -> dict[int, tuple[str, float]]:
@@ -84,7 +109,7 @@ def cpu_seconds() -> dict[int, tuple[str, float]]:
                 stat = f.read()
         except OSError:  # gone meanwhile
             continue
-        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
         out[int(pid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
     return out
 

@@ -28,9 +28,10 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import loadgen  # noqa: E402
-import raymodel as rm  # noqa: E402
-from digits import DigitsNet, load_data  # noqa: E402
+import loadgen
+from digits import DigitsNet, load_data
+
+import raymodel as rm
 
 
 class HeavyNet(DigitsNet):
@@ -65,8 +66,9 @@ class RawDeployment:
 
 def plain_process(checkpoint: str, port: int) -> subprocess.Popen:
     """benchmarks/plain_server.py: the model in one uvicorn + Starlette process, no Ray."""
-    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("plain_server.py")), checkpoint,
-                                "--port", str(port)])
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("plain_server.py")), checkpoint, "--port", str(port)]
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -83,17 +85,26 @@ def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float, cpu
 
     model.ensure_setup()
     torch.manual_seed(0)
-    ours = model.serve("/bench-ours", settings={"max_batch_size": 16, "batch_wait_timeout_s": wait_s,
-                                                "ray_actor_options": {"num_cpus": cpus}})
+    ours = model.serve(
+        "/bench-ours",
+        settings={"max_batch_size": 16, "batch_wait_timeout_s": wait_s, "ray_actor_options": {"num_cpus": cpus}},
+    )
     info = requests.get(ours.url + "/info", timeout=30).json()
     checkpoint = info["source"]["checkpoint"]
-    serve.run(serve.deployment(RawDeployment).options(name="raw", max_ongoing_requests=64,
-                                                      ray_actor_options={"num_cpus": cpus}).bind(checkpoint),
-              name="raw", route_prefix="/bench-raw")
+    serve.run(
+        serve.deployment(RawDeployment)
+        .options(name="raw", max_ongoing_requests=64, ray_actor_options={"num_cpus": cpus})
+        .bind(checkpoint),
+        name="raw",
+        route_prefix="/bench-raw",
+    )
     host = ours.url.rsplit("/", 1)[0]
     plain = plain_process(checkpoint, args.plain_port)
-    sides = {"raymodel": ours.url, "hand-written": f"{host}/bench-raw",
-             "plain uvicorn": f"http://127.0.0.1:{args.plain_port}/"}
+    sides = {
+        "raymodel": ours.url,
+        "hand-written": f"{host}/bench-raw",
+        "plain uvicorn": f"http://127.0.0.1:{args.plain_port}/",
+    }
     try:
         for url in sides.values():  # warm up each side
             loadgen.wrk(url, body, connections=args.clients, threads=args.threads, seconds=2)
@@ -101,16 +112,23 @@ def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float, cpu
     finally:
         plain.terminate()
         plain.wait()
-    print(f"-- {title}: wrk, {args.threads} threads, {args.clients} connections, {args.rounds} rounds of "
-          f"{args.seconds:.0f} s per side, sides taking turns; medians (min-max); Serve ingress: {info['ingress']} --")
+    print(
+        f"-- {title}: wrk, {args.threads} threads, {args.clients} connections, {args.rounds} rounds of "
+        f"{args.seconds:.0f} s per side, sides taking turns; medians (min-max); Serve ingress: {info['ingress']} --"
+    )
     figures = {}
     for name, rs in runs.items():
         rps = [r["rps"] for r in rs]
-        figures[name] = f = {"rps": median(rps), "p50_ms": median([r["p50_ms"] for r in rs]),
-                             "p99_ms": median([r["p99_ms"] for r in rs])}
+        figures[name] = f = {
+            "rps": median(rps),
+            "p50_ms": median([r["p50_ms"] for r in rs]),
+            "p99_ms": median([r["p99_ms"] for r in rs]),
+        }
         errors = sum(r["non_2xx"] + r["socket_errors"] for r in rs)
-        print(f"{name:>14}: {f['rps']:8.1f} req/s ({min(rps):.0f}-{max(rps):.0f})  p50 {f['p50_ms']:6.1f} ms  "
-              f"p99 {f['p99_ms']:6.1f} ms  errors {errors}  CPU per request: {cpu_per_request(rs)}")
+        print(
+            f"{name:>14}: {f['rps']:8.1f} req/s ({min(rps):.0f}-{max(rps):.0f})  p50 {f['p50_ms']:6.1f} ms  "
+            f"p99 {f['p99_ms']:6.1f} ms  errors {errors}  CPU per request: {cpu_per_request(rs)}"
+        )
     for other in ("hand-written", "plain uvicorn"):
         ratio, p99 = paired(runs["raymodel"], runs[other])
         print(f"raymodel / {other + ':':<14} {ratio:.2f}x req/s, p99 {p99:.2f}x (median of the rounds' ratios)")
@@ -148,8 +166,10 @@ def cpu_per_request(runs: list[dict]) -> str:
 
 def paired(ours: list[dict], other: list[dict]) -> tuple[float, float]:
     """Median over the rounds of raymodel / other, for req/s and for p99."""
-    return (median([a["rps"] / b["rps"] for a, b in zip(ours, other)]),
-            median([a["p99_ms"] / b["p99_ms"] for a, b in zip(ours, other)]))
+    return (
+        median([a["rps"] / b["rps"] for a, b in zip(ours, other)]),
+        median([a["p99_ms"] / b["p99_ms"] for a, b in zip(ours, other)]),
+    )
 
 
 def main() -> None:
@@ -158,8 +178,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
-    parser.add_argument("--ingress", choices=("haproxy", "proxy"), default=None,
-                        help="Serve's ingress (default: raymodel's, haproxy)")
+    parser.add_argument(
+        "--ingress", choices=("haproxy", "proxy"), default=None, help="Serve's ingress (default: raymodel's, haproxy)"
+    )
     parser.add_argument("--plain-port", type=int, default=8100)
     args = parser.parse_args()
     if loadgen.available() is None:
@@ -172,10 +193,14 @@ def main() -> None:
     ratio, p99 = tiny["raymodel"]["vs plain uvicorn"]
     heavy_ratio = heavy["raymodel"]["vs hand-written"][0]
     print("goals:")
-    print(f"  digits MLP, raymodel / plain uvicorn req/s {ratio:.2f}x (goal >= 0.5x): {_verdict(ratio >= 0.5)}; "
-          f"p99 {p99:.2f}x (goal <= 3x): {_verdict(p99 <= 3)}")
-    print(f"  heavy MLP, raymodel / unbatched hand-written req/s {heavy_ratio:.2f}x (goal >= 2.5x): "
-          f"{_verdict(heavy_ratio >= 2.5)}")
+    print(
+        f"  digits MLP, raymodel / plain uvicorn req/s {ratio:.2f}x (goal >= 0.5x): {_verdict(ratio >= 0.5)}; "
+        f"p99 {p99:.2f}x (goal <= 3x): {_verdict(p99 <= 3)}"
+    )
+    print(
+        f"  heavy MLP, raymodel / unbatched hand-written req/s {heavy_ratio:.2f}x (goal >= 2.5x): "
+        f"{_verdict(heavy_ratio >= 2.5)}"
+    )
 
 
 def _verdict(ok: bool) -> str:

@@ -25,8 +25,9 @@ from sklearn.datasets import load_digits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-import raymodel as rm  # noqa: E402
-from digits import DigitsNet  # noqa: E402
+from digits import DigitsNet
+
+import raymodel as rm
 
 
 def hand_written_loop(config):
@@ -42,9 +43,11 @@ def hand_written_loop(config):
     train = torch.utils.data.TensorDataset(torch.tensor(Xtr, dtype=torch.float32), torch.tensor(ytr))
     valid = torch.utils.data.TensorDataset(torch.tensor(Xva, dtype=torch.float32), torch.tensor(yva))
     train_loader = ray.train.torch.prepare_data_loader(
-        torch.utils.data.DataLoader(train, batch_size=config["batch_size"], shuffle=True))
+        torch.utils.data.DataLoader(train, batch_size=config["batch_size"], shuffle=True)
+    )
     valid_loader = ray.train.torch.prepare_data_loader(
-        torch.utils.data.DataLoader(valid, batch_size=config["batch_size"]))
+        torch.utils.data.DataLoader(valid, batch_size=config["batch_size"])
+    )
     world = ray.train.get_context().get_world_size()
     for epoch in range(1, config["epochs"] + 1):
         if world > 1:
@@ -68,8 +71,12 @@ def hand_written_loop(config):
         stats = torch.tensor([total, n, vloss, correct, count], dtype=torch.float64)
         if world > 1:
             torch.distributed.all_reduce(stats)
-        metrics = {"epoch": epoch, "loss": stats[0].item() / stats[1].item(),
-                   "val_loss": stats[2].item() / stats[4].item(), "val_acc": stats[3].item() / stats[4].item()}
+        metrics = {
+            "epoch": epoch,
+            "loss": stats[0].item() / stats[1].item(),
+            "val_loss": stats[2].item() / stats[4].item(),
+            "val_acc": stats[3].item() / stats[4].item(),
+        }
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
             if ray.train.get_context().get_world_rank() == 0:
@@ -86,12 +93,13 @@ def run_hand_written(data, settings) -> float:
 
     tr, va = data.splits["train"], data.splits["valid"]
     refs = [ray.put(a) for a in (tr.x, tr.y, va.x, va.y)]
-    config = {"hidden": 64, "lr": 1e-3, "batch_size": settings.batch_size, "epochs": settings.num_epochs,
-              "refs": refs}
-    trainer = TorchTrainer(hand_written_loop, train_loop_config=config,
-                           scaling_config=ScalingConfig(num_workers=settings.num_workers),
-                           run_config=RunConfig(storage_path=os.path.join(rm_home(), "bench"),
-                                                name=f"hand-{time.time_ns()}"))
+    config = {"hidden": 64, "lr": 1e-3, "batch_size": settings.batch_size, "epochs": settings.num_epochs, "refs": refs}
+    trainer = TorchTrainer(
+        hand_written_loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=settings.num_workers),
+        run_config=RunConfig(storage_path=os.path.join(rm_home(), "bench"), name=f"hand-{time.time_ns()}"),
+    )
     start = time.perf_counter()
     result = trainer.fit()
     elapsed = time.perf_counter() - start
@@ -133,8 +141,9 @@ def main() -> None:
             theirs, ours = run_hand_written(data, settings), run_raymodel(data, settings)
         ratios.append(ours / theirs)
         print(f"{i + 1:>4}  {ours:>10.2f}  {theirs:>14.2f}  {ours / theirs:>6.3f}")
-    print(f"median wall-time ratio raymodel / hand-written: {statistics.median(ratios):.3f} "
-          f"(target <= 1.05, goal 1.03)")
+    print(
+        f"median wall-time ratio raymodel / hand-written: {statistics.median(ratios):.3f} (target <= 1.05, goal 1.03)"
+    )
 
 
 if __name__ == "__main__":

@@ -33,9 +33,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import raymodel as rm  # noqa: E402
-from digits import DigitsNet, load_data  # noqa: E402
-from train_overhead import hand_written_loop  # noqa: E402
+from digits import DigitsNet, load_data
+from train_overhead import hand_written_loop
+
+import raymodel as rm
 
 TRIAL = {"resources_per_worker": {"CPU": 0.95}, "batch_size": 64, "progress": False}
 GRID = [1e-3, 3e-3, 1e-2, 3e-2]
@@ -51,29 +52,47 @@ def asha_vs_fifo(data, reps: int, samples: int, epochs: int, label: str) -> None
     for _ in range(reps):
         for scheduler in ("asha", "fifo"):
             start = time.perf_counter()
-            result = DigitsNet().tune(settings=rm.TuneSettings(
-                num_samples=samples, max_epochs=epochs, scheduler=scheduler, seed=0, metric="val_loss",
-                train=TRIAL, progress=False), data=data)
+            result = DigitsNet().tune(
+                settings=rm.TuneSettings(
+                    num_samples=samples,
+                    max_epochs=epochs,
+                    scheduler=scheduler,
+                    seed=0,
+                    metric="val_loss",
+                    train=TRIAL,
+                    progress=False,
+                ),
+                data=data,
+            )
             frame = result.dataframe()
             got = figures[scheduler]
             got.setdefault("wall", []).append(time.perf_counter() - start)
             got.setdefault("epochs", []).append(float(frame["epochs"].sum()))
             got.setdefault("best", []).append(float(result.best_metrics["val_loss"]))
     for name, got in figures.items():
-        print(f"{name:>5}: wall {spread(got['wall'])}  epochs {spread(got['epochs'], '')}  "
-              f"best val_loss {spread(got['best'], '')}")
+        print(
+            f"{name:>5}: wall {spread(got['wall'])}  epochs {spread(got['epochs'], '')}  "
+            f"best val_loss {spread(got['best'], '')}"
+        )
     asha, fifo = figures["asha"], figures["fifo"]
     wall = statistics.median(asha["wall"]) / statistics.median(fifo["wall"])
     best = statistics.median(asha["best"]) / statistics.median(fifo["best"]) - 1
-    print(f"ASHA / FIFO: wall {wall:.2f}x (goal <= 0.5), epochs "
-          f"{statistics.median(asha['epochs']) / statistics.median(fifo['epochs']):.2f}x, "
-          f"best val_loss {best:+.1%} (goal within 2%)")
+    print(
+        f"ASHA / FIFO: wall {wall:.2f}x (goal <= 0.5), epochs "
+        f"{statistics.median(asha['epochs']) / statistics.median(fifo['epochs']):.2f}x, "
+        f"best val_loss {best:+.1%} (goal within 2%)"
+    )
 
 
 def raymodel_tune(data, epochs: int) -> float:
     start = time.perf_counter()
-    DigitsNet(config={"hidden": 64}).tune({"lr": rm.tune.grid_search(GRID)}, data=data, settings=rm.TuneSettings(
-        num_samples=1, max_epochs=epochs, scheduler="fifo", metric="val_loss", train=TRIAL, progress=False))
+    DigitsNet(config={"hidden": 64}).tune(
+        {"lr": rm.tune.grid_search(GRID)},
+        data=data,
+        settings=rm.TuneSettings(
+            num_samples=1, max_epochs=epochs, scheduler="fifo", metric="val_loss", train=TRIAL, progress=False
+        ),
+    )
     return time.perf_counter() - start
 
 
@@ -89,12 +108,12 @@ def _tuner(trainable, resources, epochs: int, name: str):
 
     from raymodel._internal.runtime import runs_root
 
-    return tune.Tuner(tune.with_resources(trainable, resources),
-                      param_space={"hidden": 64, "lr": tune.grid_search(GRID), "epochs": epochs},
-                      tune_config=tune.TuneConfig(metric="val_loss", mode="min", max_concurrent_trials=2,
-                                                  reuse_actors=True),
-                      run_config=tune.RunConfig(storage_path=runs_root(), name=f"{name}-{time.time_ns()}",
-                                                verbose=0))
+    return tune.Tuner(
+        tune.with_resources(trainable, resources),
+        param_space={"hidden": 64, "lr": tune.grid_search(GRID), "epochs": epochs},
+        tune_config=tune.TuneConfig(metric="val_loss", mode="min", max_concurrent_trials=2, reuse_actors=True),
+        run_config=tune.RunConfig(storage_path=runs_root(), name=f"{name}-{time.time_ns()}", verbose=0),
+    )
 
 
 def hand_written_train_tune(data, epochs: int) -> float:
@@ -107,10 +126,14 @@ def hand_written_train_tune(data, epochs: int) -> float:
     refs = _refs(data)
 
     def trial(config):
-        trainer = TorchTrainer(hand_written_loop, train_loop_config={**config, "batch_size": 64, "refs": refs},
-                               scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.95}),
-                               run_config=RunConfig(storage_path=tune.get_context().get_trial_dir(), name="train",
-                                                    callbacks=[TuneReportCallback()]))
+        trainer = TorchTrainer(
+            hand_written_loop,
+            train_loop_config={**config, "batch_size": 64, "refs": refs},
+            scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.95}),
+            run_config=RunConfig(
+                storage_path=tune.get_context().get_trial_dir(), name="train", callbacks=[TuneReportCallback()]
+            ),
+        )
         trainer.fit()
 
     tuner = _tuner(trial, {"CPU": 0.01}, epochs, "hand-train")
@@ -133,7 +156,7 @@ def plain_loop(config, refs, report) -> None:
         order = torch.randperm(len(xt))
         total, n = 0.0, 0
         for start in range(0, len(order), 64):
-            idx = order[start:start + 64]
+            idx = order[start : start + 64]
             opt.zero_grad()
             loss = F.cross_entropy(net(xt[idx]), yt[idx])
             loss.backward()
@@ -141,8 +164,12 @@ def plain_loop(config, refs, report) -> None:
             total, n = total + loss.item(), n + 1
         with torch.no_grad():
             logits = net(xv)
-            metrics = {"epoch": epoch, "loss": total / n, "val_loss": F.cross_entropy(logits, yv).item(),
-                       "val_acc": (logits.argmax(1) == yv).float().mean().item()}
+            metrics = {
+                "epoch": epoch,
+                "loss": total / n,
+                "val_loss": F.cross_entropy(logits, yv).item(),
+                "val_acc": (logits.argmax(1) == yv).float().mean().item(),
+            }
         report(metrics, net, opt)
 
 
@@ -173,10 +200,15 @@ def pure_compute(data, epochs: int) -> float:
 
 
 def versus_hand_written(data, reps: int, epochs: int) -> None:
-    print(f"-- 2. model.tune vs hand-written Ray: grid of {len(GRID)} lrs, FIFO, {epochs} epochs, "
-          f"one worker a trial, 2 at once, {reps} repetitions --")
-    runs = {"model.tune": raymodel_tune, "Tuner + TorchTrainer": hand_written_train_tune,
-            "plain Tune function": hand_written_plain_tune}
+    print(
+        f"-- 2. model.tune vs hand-written Ray: grid of {len(GRID)} lrs, FIFO, {epochs} epochs, "
+        f"one worker a trial, 2 at once, {reps} repetitions --"
+    )
+    runs = {
+        "model.tune": raymodel_tune,
+        "Tuner + TorchTrainer": hand_written_train_tune,
+        "plain Tune function": hand_written_plain_tune,
+    }
     walls: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(reps):
         order = list(runs) if rep % 2 == 0 else list(reversed(runs))
@@ -187,10 +219,14 @@ def versus_hand_written(data, reps: int, epochs: int) -> None:
         print(f"{name:>22}: {spread(values)}")
     print(f"{'pure compute, no Ray':>22}: {spread(compute)}")
     ours = statistics.median(walls["model.tune"])
-    print(f"model.tune / Tuner + TorchTrainer: {ours / statistics.median(walls['Tuner + TorchTrainer']):.2f}x "
-          f"(goal <= 0.3)")
-    print(f"model.tune / plain Tune function:  {ours / statistics.median(walls['plain Tune function']):.2f}x "
-          f"(goal <= 1.1)")
+    print(
+        f"model.tune / Tuner + TorchTrainer: {ours / statistics.median(walls['Tuner + TorchTrainer']):.2f}x "
+        f"(goal <= 0.3)"
+    )
+    print(
+        f"model.tune / plain Tune function:  {ours / statistics.median(walls['plain Tune function']):.2f}x "
+        f"(goal <= 1.1)"
+    )
 
 
 def main() -> None:
@@ -206,8 +242,9 @@ def main() -> None:
     asha_vs_fifo(data, args.reps, args.samples, args.epochs, "digits")
     # The same search where the epochs, not Tune's start-up, dominate: each epoch sees the rows 10 times.
     tr = data.splits["train"]
-    heavy = rm.data.DataSpec({"train": rm.data.Arrays(np.tile(tr.x, (10, 1)), np.tile(tr.y, 10)),
-                              "valid": data.splits["valid"]})
+    heavy = rm.data.DataSpec(
+        {"train": rm.data.Arrays(np.tile(tr.x, (10, 1)), np.tile(tr.y, 10)), "valid": data.splits["valid"]}
+    )
     asha_vs_fifo(heavy, args.reps, args.samples, args.epochs, "digits x10 rows an epoch")
     versus_hand_written(data, args.reps, args.epochs)
 

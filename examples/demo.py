@@ -14,8 +14,9 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import raymodel as rm  # noqa: E402
-from digits import DigitsNet, load_data  # noqa: E402
+from digits import DigitsNet, load_data
+
+import raymodel as rm
 
 
 def main() -> None:
@@ -34,9 +35,17 @@ def main() -> None:
     print(f"learning curves: {out / 'train_curves.png'}")
 
     print("\n== 2. tune: ASHA over hyperparameter_space(), 8 trials ==")
-    tuned = model.tune(settings=rm.TuneSettings(
-        num_samples=8, metric="val_loss", mode="min", max_epochs=8, grace_period=2,
-        train={"batch_size": 32, "resources_per_worker": {"CPU": 0.95}}), data=data)
+    tuned = model.tune(
+        settings=rm.TuneSettings(
+            num_samples=8,
+            metric="val_loss",
+            mode="min",
+            max_epochs=8,
+            grace_period=2,
+            train={"batch_size": 32, "resources_per_worker": {"CPU": 0.95}},
+        ),
+        data=data,
+    )
     print(f"best config: {tuned.best_config}")
     print(f"best validation accuracy: {tuned.best_metrics['val_acc']:.4f}")
     tuned.plot(out / "tune_trials.png")
@@ -44,8 +53,7 @@ def main() -> None:
 
     print("\n== 3. registry: put the tuned model, load it back ==")
     ref = rm.registry.put(tuned, key="digits", alias="production")
-    print(f"registered {ref}; versions of `digits`: "
-          f"{[(r.version, r.aliases) for r in rm.registry.list('digits')]}")
+    print(f"registered {ref}; versions of `digits`: {[(r.version, r.aliases) for r in rm.registry.list('digits')]}")
     loaded = rm.registry.get("digits", "production")
 
     print("\n== 4. serve the registry's model over HTTP ==")
@@ -54,8 +62,10 @@ def main() -> None:
     for rows in ([0], [1, 2, 3]):
         payload = {"pixels": valid.x[rows].tolist()}
         answer = requests.post(app.url, json=payload, timeout=60)
-        print(f"POST {app.url} {len(rows)} image(s) -> {answer.status_code} {answer.json()}   "
-              f"(true: {valid.y[rows].tolist()})")
+        print(
+            f"POST {app.url} {len(rows)} image(s) -> {answer.status_code} {answer.json()}   "
+            f"(true: {valid.y[rows].tolist()})"
+        )
     bad = requests.post(app.url, json={"pixel": []}, timeout=60)
     print(f"POST {app.url} {{'pixel': []}} -> {bad.status_code} {bad.json()}")
     print(f"GET {app.url}/info -> {requests.get(app.url + '/info', timeout=60).json()}")

@@ -56,13 +56,17 @@ def main() -> None:
 
     print("== train: 2 workers, DDP ==")
     model = DigitsNet(config={"hidden": 128, "lr": 3e-3})
-    result = model.train(rm.TrainSettings(num_workers=2, num_epochs=12, batch_size=32, metric="val_acc", mode="max"),
-                         data=data)
+    result = model.train(
+        rm.TrainSettings(num_workers=2, num_epochs=12, batch_size=32, metric="val_acc", mode="max"), data=data
+    )
     print(f"final validation accuracy: {result.metrics['val_acc']:.4f}")
     print(f"checkpoint: {result.checkpoint}")
-    print("local prediction for the first 5 validation rows:",
-          model.predict({"pixels": data.splits["valid"].x[:5].tolist()}),
-          "true:", data.splits["valid"].y[:5].tolist())
+    print(
+        "local prediction for the first 5 validation rows:",
+        model.predict({"pixels": data.splits["valid"].x[:5].tolist()}),
+        "true:",
+        data.splits["valid"].y[:5].tolist(),
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Keras on iris: a `tf.keras` model trained with MultiWorkerMirroredStrategy on 2 Ray workers.
 
-    python examples/keras_iris.py
+python examples/keras_iris.py
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ class KerasIris(rm.RayTensorflowModel):
         import tensorflow as tf
 
         keras = tf.keras  # Keras 2 (tf-keras): Keras 3 lacks MultiWorkerMirroredStrategy support
-        self.model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(config["hidden"], activation="relu"),
-                                       keras.layers.Dense(3)])
-        self.model.compile(optimizer=keras.optimizers.Adam(config["lr"]),
-                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        self.model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(config["hidden"], activation="relu"), keras.layers.Dense(3)]
+        )
+        self.model.compile(
+            optimizer=keras.optimizers.Adam(config["lr"]),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
 
     def hyperparameter_space(self):
         return {"lr": rm.tune.loguniform(1e-3, 5e-2)}

@@ -1,6 +1,6 @@
 """LightGBM on breast_cancer: data-parallel boosting on 2 Ray workers, one round per epoch.
 
-    python examples/lightgbm_breast_cancer.py
+python examples/lightgbm_breast_cancer.py
 """
 
 from __future__ import annotations
@@ -17,8 +17,13 @@ class LGBMCancer(rm.RayLightGBMModel):
     default_config = {"num_leaves": 8, "learning_rate": 0.2}
 
     def setup(self, config):
-        self.params = {"objective": "binary", "metric": ["binary_logloss", "binary_error"], "min_data_in_leaf": 5,
-                       "num_leaves": config["num_leaves"], "learning_rate": config["learning_rate"]}
+        self.params = {
+            "objective": "binary",
+            "metric": ["binary_logloss", "binary_error"],
+            "min_data_in_leaf": 5,
+            "num_leaves": config["num_leaves"],
+            "learning_rate": config["learning_rate"],
+        }
 
     def hyperparameter_space(self):
         return {"learning_rate": rm.tune.uniform(0.05, 0.5)}

@@ -1,6 +1,6 @@
 """PyTorch Lightning on digits: a plain `LightningModule`, trained on 2 Ray workers with DDP.
 
-    python examples/lightning_digits.py
+python examples/lightning_digits.py
 """
 
 from __future__ import annotations

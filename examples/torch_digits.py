@@ -15,9 +15,10 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import raymodel as rm  # noqa: E402
-from digits import DigitsNet  # noqa: E402
-from digits import load_data as load_arrays  # noqa: E402
+from digits import DigitsNet
+from digits import load_data as load_arrays
+
+import raymodel as rm
 
 MIN_ACCURACY = 0.95
 
@@ -27,8 +28,9 @@ class ScheduledDigitsNet(DigitsNet):
     moments and the schedule are all in each checkpoint, so a resumed run continues exactly."""
 
     def setup(self, config):
-        self.net = nn.Sequential(nn.Linear(64, config["hidden"]), nn.ReLU(), nn.Dropout(0.2),
-                                 nn.Linear(config["hidden"], 10))
+        self.net = nn.Sequential(
+            nn.Linear(64, config["hidden"]), nn.ReLU(), nn.Dropout(0.2), nn.Linear(config["hidden"], 10)
+        )
 
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.net.parameters(), lr=self.config["lr"])

@@ -1,6 +1,6 @@
 """XGBoost on breast_cancer: distributed boosting on 2 Ray workers, one round per epoch.
 
-    python examples/xgboost_breast_cancer.py
+python examples/xgboost_breast_cancer.py
 """
 
 from __future__ import annotations
@@ -17,8 +17,13 @@ class XGBCancer(rm.RayXGBoostModel):
     default_config = {"max_depth": 3, "eta": 0.3}
 
     def setup(self, config):
-        self.params = {"objective": "binary:logistic", "eval_metric": ["logloss", "error"], "tree_method": "hist",
-                       "max_depth": config["max_depth"], "eta": config["eta"]}
+        self.params = {
+            "objective": "binary:logistic",
+            "eval_metric": ["logloss", "error"],
+            "tree_method": "hist",
+            "max_depth": config["max_depth"],
+            "eta": config["eta"],
+        }
 
     def hyperparameter_space(self):
         return {"eta": rm.tune.uniform(0.05, 0.5)}

@@ -20,11 +20,11 @@ from raymodel.exceptions import (
     MissingDependencyError,
     ModelDefinitionError,
     RayModelError,
+    RegistryError,
+    ServeError,
     SettingsError,
     TrainingError,
     TuneError,
-    ServeError,
-    RegistryError,
 )
 from raymodel.hooks import Callback, RunContext
 from raymodel.model import RayModel

@@ -40,7 +40,7 @@ class RayModel(ModelHooks):
     #: Defaults for ``self.config``; ``Model(config=...)`` is merged over it.
     default_config: ClassVar[Mapping[str, Any]] = {}
     #: The framework seam; set by each backend's model base class.
-    backend: ClassVar["Backend"]
+    backend: ClassVar[Backend]
     #: The request body a served model accepts: a pydantic model (or any type pydantic validates)
     #: or a JSON Schema dict. Checked before ``preprocess`` (422 naming each bad field's JSON path)
     #: and published at ``GET <route>/openapi.json``; ``None``: any JSON.
@@ -48,7 +48,7 @@ class RayModel(ModelHooks):
     #: What ``postprocess`` returns, likewise (a mismatch is the server's error: 500).
     output_schema: ClassVar[Any] = None
     #: The run this instance trains in (rank, epoch, ``should_stop``); ``None`` outside a run.
-    context: "RunContext | None" = None
+    context: RunContext | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -72,16 +72,16 @@ class RayModel(ModelHooks):
         """Run the model on a batch ``x``. Each backend has a default."""
         return self.backend.forward(self, x)
 
-    def preprocess(self, payload: Any) -> Any:  # noqa: D102 - documented in ModelHooks
+    def preprocess(self, payload: Any) -> Any:
         return self.backend.preprocess(self, payload)
 
-    def postprocess(self, output: Any) -> Any:  # noqa: D102 - documented in ModelHooks
+    def postprocess(self, output: Any) -> Any:
         return self.backend.postprocess(self, output)
 
-    def predict_batch_preprocess(self, batch: dict[str, Any]) -> Any:  # noqa: D102 - documented in ModelHooks
+    def predict_batch_preprocess(self, batch: dict[str, Any]) -> Any:
         return self.backend.batch_input(self, batch)
 
-    def predict_batch_postprocess(self, output: Any) -> dict[str, Any]:  # noqa: D102 - documented in ModelHooks
+    def predict_batch_postprocess(self, output: Any) -> dict[str, Any]:
         return self.backend.batch_output(self, output)
 
     def hyperparameter_space(self) -> dict[str, Any]:
@@ -128,14 +128,18 @@ class RayModel(ModelHooks):
         try:
             x = self.preprocess(checked)
         except Exception as exc:
-            raise DataError(f"`{type(self).__name__}.preprocess` cannot use the payload {_short(payload)} "
-                            f"(a {type(payload).__name__}): {type(exc).__name__}: {exc}") from exc
+            raise DataError(
+                f"`{type(self).__name__}.preprocess` cannot use the payload {_short(payload)} "
+                f"(a {type(payload).__name__}): {type(exc).__name__}: {exc}"
+            ) from exc
         with self.backend.inference(self):
             try:
                 out = self.forward(x)
             except Exception as exc:
-                exc.add_note(f"raymodel: `forward` failed on the input made from the payload {_short(payload)} "
-                             f"(a {type(payload).__name__}).")
+                exc.add_note(
+                    f"raymodel: `forward` failed on the input made from the payload {_short(payload)} "
+                    f"(a {type(payload).__name__})."
+                )
                 raise
         output = self.postprocess(out)
         if schemas.output is not None:
@@ -143,8 +147,9 @@ class RayModel(ModelHooks):
         return output
 
     # ---------------------------------------------------------------- verbs
-    def train(self, settings: "TrainSettings | Mapping[str, Any] | None" = None, *, data: Any = None,
-              wait: bool = True) -> "TrainResult":
+    def train(
+        self, settings: TrainSettings | Mapping[str, Any] | None = None, *, data: Any = None, wait: bool = True
+    ) -> TrainResult:
         """Train on Ray Train workers; afterwards this instance holds the trained weights.
 
         With ``wait=False`` the run is a job of the training server: an
@@ -179,8 +184,15 @@ class RayModel(ModelHooks):
 
         return Trainable(self, settings, data=data).fit()
 
-    def tune(self, space: Mapping[str, Any] | None = None, *, settings: "TuneSettings | Mapping[str, Any] | None" = None,
-             data: Any = None, resume: bool = False, wait: bool = True) -> "TuneResult":
+    def tune(
+        self,
+        space: Mapping[str, Any] | None = None,
+        *,
+        settings: TuneSettings | Mapping[str, Any] | None = None,
+        data: Any = None,
+        resume: bool = False,
+        wait: bool = True,
+    ) -> TuneResult:
         """Search hyperparameters with Ray Tune (ASHA by default); each trial is a ``train()`` run.
 
         With ``wait=False`` the experiment is a job of the training server (see :meth:`train`).
@@ -206,7 +218,7 @@ class RayModel(ModelHooks):
 
         return Tunable(self, space, settings=settings, data=data, resume=resume).fit()
 
-    def serve(self, route: str = "/", *, settings: "ServeSettings | Mapping[str, Any] | None" = None) -> "ServedModel":
+    def serve(self, route: str = "/", *, settings: ServeSettings | Mapping[str, Any] | None = None) -> ServedModel:
         """Serve this instance's current weights over HTTP with Ray Serve.
 
         Example:
@@ -217,7 +229,7 @@ class RayModel(ModelHooks):
 
         return Servable(self, route, settings=settings).deploy()
 
-    def predict_batch(self, data: Any, **options: Any) -> "Predictions":
+    def predict_batch(self, data: Any, **options: Any) -> Predictions:
         """Score a data set with this instance's current weights on a pool of Ray Data actors.
 
         Each actor loads the model once (from a checkpoint of these weights) and
@@ -320,4 +332,4 @@ class RayModel(ModelHooks):
 
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -28,10 +28,9 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import requests
+from models import Recorder
 
 import raymodel as rm
-
-from models import Recorder
 
 TRIAL = {"resources_per_worker": {"CPU": 0.95}}
 CRASH_EPOCH = 3
@@ -51,7 +50,7 @@ class Case:
     batch_numbers: Callable[[dict], Any] = lambda columns: columns["prediction"]
 
     @classmethod
-    def example(cls, backend: str, module: str, **kwargs: Any) -> "Case":
+    def example(cls, backend: str, module: str, **kwargs: Any) -> Case:
         """A case from one of `examples/` (`train`, `accuracy`, `MIN_ACCURACY`)."""
         example = importlib.import_module(module)
         return cls(backend, example.train, example.accuracy, example.MIN_ACCURACY, **kwargs)
@@ -128,8 +127,9 @@ def recorded(directory: Path, rank: int) -> list[list]:
 
 
 def close(case: Case, a: Any, b: Any) -> None:
-    np.testing.assert_allclose(np.asarray(case.numbers(a), dtype=float), np.asarray(case.numbers(b), dtype=float),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(case.numbers(a), dtype=float), np.asarray(case.numbers(b), dtype=float), rtol=1e-5, atol=1e-6
+    )
 
 
 def install(namespace: dict[str, Any], cases: list[Case]) -> None:
@@ -163,12 +163,15 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         counts = tmp_path / "counts.jsonl"
         resumed_model, resumed, _ = case.train(
             callbacks=[CrashOnce(str(tmp_path / "crashed")), Recorder(str(calls)), Counter(str(counts))],
-            max_failures=1, checkpoint_every=1, progress=False)
+            max_failures=1,
+            checkpoint_every=1,
+            progress=False,
+        )
         assert (tmp_path / "crashed").exists(), "the worker never crashed"
         assert [row["epoch"] for row in resumed.history] == list(range(1, epochs + 1))
         # The callback's count came back with the epoch-2 checkpoint: it goes on from 2, not from 0.
         logged = [json.loads(line) for line in counts.read_text().splitlines()]
-        assert logged[-(epochs - CRASH_EPOCH + 1):] == [[e, e] for e in range(CRASH_EPOCH, epochs + 1)], logged
+        assert logged[-(epochs - CRASH_EPOCH + 1) :] == [[e, e] for e in range(CRASH_EPOCH, epochs + 1)], logged
         first, second = attempts(recorded(calls, 1))
         assert first == expected_hooks(model.backend, 1, CRASH_EPOCH - 1)[:-1]  # died before epoch 3
         for rank in (0, 1):
@@ -184,9 +187,17 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
     def test_tune_serve_and_registry(trained):
         case, model, result, data, _ = trained
         tuned_model = type(model)()
-        tuned = tuned_model.tune(data=data, settings={"num_samples": 2, "max_epochs": 2, "grace_period": 1,
-                                                      "reduction_factor": 2, "train": {**TRIAL, "batch_size": 32},
-                                                      "progress": False})
+        tuned = tuned_model.tune(
+            data=data,
+            settings={
+                "num_samples": 2,
+                "max_epochs": 2,
+                "grace_period": 1,
+                "reduction_factor": 2,
+                "train": {**TRIAL, "batch_size": 32},
+                "progress": False,
+            },
+        )
         assert tuned.num_trials == 2 and len(tuned.dataframe()) == 2
         assert set(tuned_model.hyperparameter_space()) <= set(tuned.best_config)
 
@@ -216,14 +227,20 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         got = np.asarray(case.batch_numbers(columns), dtype=float)
         assert len(got) == len(rows)
         same = lambda answer, expected: np.testing.assert_allclose(  # noqa: E731
-            np.asarray(case.numbers(answer), dtype=float), expected, rtol=1e-5, atol=1e-6)
+            np.asarray(case.numbers(answer), dtype=float), expected, rtol=1e-5, atol=1e-6
+        )
         same(model.predict(case.payload(rows)), got)
         for i in (0, len(rows) // 2, len(rows) - 1):  # and one row at a time
-            same(model.predict(case.payload(rows[i:i + 1])), got[i:i + 1])
+            same(model.predict(case.payload(rows[i : i + 1])), got[i : i + 1])
 
-    namespace.update(trained=trained, test_train_history_hooks_and_accuracy=test_train_history_hooks_and_accuracy,
-                     test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row=(
-                         test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row),
-                     test_a_killed_worker_resumes_from_the_newest_checkpoint=(
-                         test_a_killed_worker_resumes_from_the_newest_checkpoint),
-                     test_tune_serve_and_registry=test_tune_serve_and_registry)
+    namespace.update(
+        trained=trained,
+        test_train_history_hooks_and_accuracy=test_train_history_hooks_and_accuracy,
+        test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row=(
+            test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row
+        ),
+        test_a_killed_worker_resumes_from_the_newest_checkpoint=(
+            test_a_killed_worker_resumes_from_the_newest_checkpoint
+        ),
+        test_tune_serve_and_registry=test_tune_serve_and_registry,
+    )

@@ -36,7 +36,7 @@ def ray_session(raymodel_home: Path):
         from ray import serve
 
         serve.shutdown()
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort at the session's end
         pass
     ray.shutdown()
 

@@ -18,8 +18,11 @@ class TinyNet(rm.RayTorchModel):
     default_config = {"hidden": 8, "lr": 0.05, "in_features": 4, "classes": 2}
 
     def setup(self, config):
-        self.net = nn.Sequential(nn.Linear(config["in_features"], config["hidden"]), nn.ReLU(),
-                                 nn.Linear(config["hidden"], config["classes"]))
+        self.net = nn.Sequential(
+            nn.Linear(config["in_features"], config["hidden"]),
+            nn.ReLU(),
+            nn.Linear(config["hidden"], config["classes"]),
+        )
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.net.parameters(), lr=self.config["lr"])
@@ -60,18 +63,41 @@ class Recorder(rm.Callback):
         with open(os.path.join(self.directory, f"rank{self.context.rank}.jsonl"), "a") as fh:
             fh.write(json.dumps([name, *args]) + "\n")
 
-    def before_setup(self): self._log("before_setup")
-    def after_setup(self): self._log("after_setup")
-    def before_fit(self): self._log("before_fit")
-    def before_epoch(self, epoch): self._log("before_epoch", epoch)
-    def before_batch(self, batch, batch_idx): self._log("before_batch", batch_idx)
-    def after_batch(self, batch_idx, outputs): self._log("after_batch", batch_idx)
-    def before_validation(self): self._log("before_validation")
-    def after_validation(self, metrics): self._log("after_validation", sorted(metrics))
-    def after_epoch(self, epoch, metrics): self._log("after_epoch", epoch, sorted(metrics))
-    def on_save_checkpoint(self, state): self._log("on_save_checkpoint")
-    def on_load_checkpoint(self, state): self._log("on_load_checkpoint")
-    def after_fit(self, result): self._log("after_fit", len(result["history"]))
+    def before_setup(self):
+        self._log("before_setup")
+
+    def after_setup(self):
+        self._log("after_setup")
+
+    def before_fit(self):
+        self._log("before_fit")
+
+    def before_epoch(self, epoch):
+        self._log("before_epoch", epoch)
+
+    def before_batch(self, batch, batch_idx):
+        self._log("before_batch", batch_idx)
+
+    def after_batch(self, batch_idx, outputs):
+        self._log("after_batch", batch_idx)
+
+    def before_validation(self):
+        self._log("before_validation")
+
+    def after_validation(self, metrics):
+        self._log("after_validation", sorted(metrics))
+
+    def after_epoch(self, epoch, metrics):
+        self._log("after_epoch", epoch, sorted(metrics))
+
+    def on_save_checkpoint(self, state):
+        self._log("on_save_checkpoint")
+
+    def on_load_checkpoint(self, state):
+        self._log("on_load_checkpoint")
+
+    def after_fit(self, result):
+        self._log("after_fit", len(result["history"]))
 
 
 class RankLossNet(rm.RayTorchModel):
@@ -208,5 +234,8 @@ class TypedDigitsNet(DigitsNet):
 class RowsNet(TinyNet):
     """Declares its request body as a JSON Schema dict: rows of exactly 4 numbers."""
 
-    input_schema = {"type": "array", "minItems": 1,
-                    "items": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4}}
+    input_schema = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4},
+    }

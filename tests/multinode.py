@@ -21,29 +21,37 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import raymodel as rm  # noqa: E402
-from raymodel._internal import runtime, storage  # noqa: E402
+import raymodel as rm
+from raymodel._internal import runtime, storage
 
 
 def main() -> None:
     import ray
+    from models import DigitsNet
     from ray import serve
     from ray.cluster_utils import Cluster
-    from sklearn.datasets import load_digits
-
-    from models import DigitsNet
     from s3server import free_port
+    from sklearn.datasets import load_digits
 
     scratch, port = Path(sys.argv[1]), int(sys.argv[2])
     # Ports of its own: the test session's Ray instance may be running beside it (and so may its
     # HAProxy: this cluster's Serve gets its own stats and metrics ports, as `rm.init` would give it).
     os.environ.update(runtime.with_serve_env(os.environ, runtime.resolve_ingress(None)))
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "temp_dir": str(scratch / "head"), "include_dashboard": True,
-        "gcs_server_port": free_port(), "dashboard_port": free_port(), **agent_ports()})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "temp_dir": str(scratch / "head"),
+            "include_dashboard": True,
+            "gcs_server_port": free_port(),
+            "dashboard_port": free_port(),
+            **agent_ports(),
+        },
+    )
     for name in ("a", "b"):
-        cluster.add_node(num_cpus=2, temp_dir=str(scratch / f"node-{name}"), resources={f"node_{name}": 1},
-                         **agent_ports())
+        cluster.add_node(
+            num_cpus=2, temp_dir=str(scratch / f"node-{name}"), resources={f"node_{name}": 1}, **agent_ports()
+        )
     cluster.wait_for_nodes()
     rm.init(address=cluster.address)
     head = ray.get_runtime_context().get_node_id()
@@ -51,20 +59,36 @@ def main() -> None:
     X, y = load_digits(return_X_y=True)
     data = rm.data.from_numpy((X / 16.0).astype(np.float32), y, valid_fraction=0.2)
     model = DigitsNet(config={"lr": 1e-2})
-    trained = model.train({"num_workers": 2, "num_epochs": 2, "batch_size": 64, "progress": False,
-                           "callbacks": [NodeLog()]}, data=data)
-    tuned = DigitsNet().tune({"lr": rm.tune.grid_search([3e-3, 1e-2])}, data=data, settings={
-        "num_samples": 1, "max_epochs": 2, "scheduler": "fifo", "progress": False,
-        "train": {"resources_per_worker": {"CPU": 1}, "batch_size": 64, "progress": False,
-                  "callbacks": [NodeLog()]}})
+    trained = model.train(
+        {"num_workers": 2, "num_epochs": 2, "batch_size": 64, "progress": False, "callbacks": [NodeLog()]}, data=data
+    )
+    tuned = DigitsNet().tune(
+        {"lr": rm.tune.grid_search([3e-3, 1e-2])},
+        data=data,
+        settings={
+            "num_samples": 1,
+            "max_epochs": 2,
+            "scheduler": "fifo",
+            "progress": False,
+            "train": {
+                "resources_per_worker": {"CPU": 1},
+                "batch_size": 64,
+                "progress": False,
+                "callbacks": [NodeLog()],
+            },
+        },
+    )
     ref = rm.registry.put(tuned, key="digits", alias="production")
 
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     served = rm.Servable("digits@production", "/digits").deploy()
     valid = data.splits["valid"]
     answer = requests.post(served.url, json={"pixels": valid.x[:4].tolist()}, timeout=60)
-    replicas = [r["node_id"] for r in ray.util.state.list_actors(filters=[("state", "=", "ALIVE")], detail=True)
-                if "ServeReplica" in r["class_name"]]
+    replicas = [
+        r["node_id"]
+        for r in ray.util.state.list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+        if "ServeReplica" in r["class_name"]
+    ]
     served.shutdown()
 
     # The trained instance itself: its weights go to a serve checkpoint under RAYMODEL_HOME (on S3),
@@ -79,13 +103,29 @@ def main() -> None:
     del direct
 
     nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-    print("RESULT", json.dumps({
-        "head": head, "nodes": sorted(nodes), "train_checkpoint": trained.checkpoint, "train_path": trained.path,
-        "tune_best": tuned.best_checkpoint, "tune_path": tuned.path, "ref": str(ref), "status": answer.status_code,
-        "answer": answer.json(), "labels": valid.y[:4].tolist(), "replica_nodes": replicas,
-        "worker_nodes": sorted(set(NodeLog.read())), "trial_paths": [t["path"] for t in tuned.trials],
-        "serve_checkpoints": serve_checkpoints, "direct_status": direct_status,
-    }), flush=True)
+    print(
+        "RESULT",
+        json.dumps(
+            {
+                "head": head,
+                "nodes": sorted(nodes),
+                "train_checkpoint": trained.checkpoint,
+                "train_path": trained.path,
+                "tune_best": tuned.best_checkpoint,
+                "tune_path": tuned.path,
+                "ref": str(ref),
+                "status": answer.status_code,
+                "answer": answer.json(),
+                "labels": valid.y[:4].tolist(),
+                "replica_nodes": replicas,
+                "worker_nodes": sorted(set(NodeLog.read())),
+                "trial_paths": [t["path"] for t in tuned.trials],
+                "serve_checkpoints": serve_checkpoints,
+                "direct_status": direct_status,
+            }
+        ),
+        flush=True,
+    )
     serve.shutdown()
     ray.shutdown()
     cluster.shutdown()

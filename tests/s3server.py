@@ -9,8 +9,12 @@ import sys
 import time
 
 #: Credentials moto accepts; set in the environment of every process that reaches the server.
-ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-       "AWS_EC2_METADATA_DISABLED": "true"}
+ENV = {
+    "AWS_ACCESS_KEY_ID": "test",
+    "AWS_SECRET_ACCESS_KEY": "test",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def free_port() -> int:
@@ -28,23 +32,32 @@ class S3Server:
         self.process: subprocess.Popen | None = None
 
     def uri(self, path: str = "") -> str:
-        return (f"s3://{self.bucket}/{path.strip('/')}?endpoint_override=127.0.0.1:{self.port}"
-                f"&scheme=http&region=us-east-1")
+        return (
+            f"s3://{self.bucket}/{path.strip('/')}?endpoint_override=127.0.0.1:{self.port}&scheme=http&region=us-east-1"
+        )
 
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id="test", aws_secret_access_key="test")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+        )
 
     def keys(self, prefix: str = "") -> list[str]:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
-    def __enter__(self) -> "S3Server":
+    def __enter__(self) -> S3Server:
         os.environ.update(ENV)
-        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -10,17 +10,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conformance import Case, install
 
 import raymodel as rm
-
-from conformance import Case, install
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 CASES = [
-    Case.example("torch", "torch_digits", payload=lambda rows: {"pixels": rows.tolist()},
-                 numbers=lambda answer: answer["digit"], batch_numbers=lambda columns: columns["prediction"].argmax(1)),
+    Case.example(
+        "torch",
+        "torch_digits",
+        payload=lambda rows: {"pixels": rows.tolist()},
+        numbers=lambda answer: answer["digit"],
+        batch_numbers=lambda columns: columns["prediction"].argmax(1),
+    ),
     Case.example("lightning", "lightning_digits"),
     Case.example("tensorflow", "keras_iris"),
     Case.example("xgboost", "xgboost_breast_cancer"),
@@ -50,7 +54,7 @@ def test_drivers_never_ask_which_backend_they_hold():
             text = path.read_text()
             for case in CASES:
                 name = case.backend
-                assert f'backend == "{name}"' not in text and f"backend.name == \"{name}\"" not in text, path
+                assert f'backend == "{name}"' not in text and f'backend.name == "{name}"' not in text, path
 
 
 @pytest.mark.integration
@@ -62,8 +66,10 @@ def test_lightnings_own_boring_model_trains_unchanged(ray_session):
             return BoringModel()  # Lightning's own test model, not a line changed
 
     model = Boring()
-    result = model.train({"num_workers": 2, "num_epochs": 2, "batch_size": 8, "progress": False},
-                         data={"train": RandomDataset(32, 64), "valid": RandomDataset(32, 16)})
+    result = model.train(
+        {"num_workers": 2, "num_epochs": 2, "batch_size": 8, "progress": False},
+        data={"train": RandomDataset(32, 64), "valid": RandomDataset(32, 16)},
+    )
     assert [row["epoch"] for row in result.history] == [1, 2]
     assert np.isfinite(result.history[-1]["loss"])
     assert np.asarray(model.predict(np.ones((3, 32), dtype=np.float32))).shape == (3, 2)

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from models import TinyNet
 
 import raymodel as rm
 from raymodel.exceptions import CheckpointError, ChecksumError
-
-from models import TinyNet
 
 PYTHON = sys.executable
 
@@ -42,7 +41,8 @@ def test_saving_over_a_non_empty_folder_is_refused(tmp_path):
 
 def test_a_class_from_a_scripts_main_loads_in_a_fresh_process(tmp_path):
     script = tmp_path / "train_script.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, sys, numpy as np, torch, torch.nn as nn
         import raymodel as rm
 
@@ -61,17 +61,20 @@ def test_a_class_from_a_scripts_main_loads_in_a_fresh_process(tmp_path):
         x = np.arange(6, dtype=np.float32).reshape(2, 3)
         print(json.dumps(model.predict(x)))
         model.save(sys.argv[1])
-    """))
+    """)
+    )
     ckpt = tmp_path / "ckpt"
     made = subprocess.run([PYTHON, str(script), str(ckpt)], capture_output=True, text=True, check=True)
     loader = tmp_path / "load.py"  # a different process that never saw ScriptNet's source
-    loader.write_text(textwrap.dedent("""
+    loader.write_text(
+        textwrap.dedent("""
         import json, sys, numpy as np
         import raymodel as rm
         model = rm.RayModel.from_checkpoint(sys.argv[1])
         print(type(model).__name__)
         print(json.dumps(model.predict(np.arange(6, dtype=np.float32).reshape(2, 3))))
-    """))
+    """)
+    )
     loaded = subprocess.run([PYTHON, str(loader), str(ckpt)], capture_output=True, text=True, check=True)
     name, prediction = loaded.stdout.strip().splitlines()[-2:]
     assert name == "ScriptNet"

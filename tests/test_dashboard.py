@@ -28,8 +28,17 @@ def _chromium() -> str:
 def _browser(binary: str, url: str, *args: str, budget_ms: int = 4000) -> str:
     """The page's DOM after its scripts ran (``--dump-dom``), or a screenshot with ``--screenshot=``."""
     with tempfile.TemporaryDirectory() as profile:
-        command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                   f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *(args or ["--dump-dom"]), url]
+        command = [
+            binary,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--virtual-time-budget={budget_ms}",
+            *(args or ["--dump-dom"]),
+            url,
+        ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and (done.stdout or args), f"{url}: {done.stderr[-2000:]}"
     return done.stdout
@@ -86,8 +95,9 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
     assert resources["cluster"]["CPU"]["total"] == 2.0
 
     registry.put(result, "dash-digits", alias="production")
-    _browser(browser, f"{base}/#/models", "--window-size=1280,700",
-             f"--screenshot={ARTIFACTS / 'dashboard-models.png'}")
+    _browser(
+        browser, f"{base}/#/models", "--window-size=1280,700", f"--screenshot={ARTIFACTS / 'dashboard-models.png'}"
+    )
     models = _browser(browser, f"{base}/#/models")
     assert '<h2 class="model-key">dash-digits</h2>' in models and "@production" in models
     assert f'href="#/jobs/{job.id}"' in models  # lineage: the job that produced the version
@@ -97,13 +107,22 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
 def test_a_tune_jobs_trials_best_and_early_stops_are_worked_out_from_its_record():
     from raymodel.web._api import _trials
 
-    record = {"metric": "val_loss", "mode": "min", "epochs": 4, "result": None,
-              "trials": {"a": {"config": {"lr": 0.1}, "status": "TERMINATED"},
-                         "b": {"config": {"lr": 0.01}, "status": "RUNNING"}},
-              "history": [{"trial_id": "a", "epoch": 1, "val_loss": 0.9},
-                          {"trial_id": "b", "epoch": 1, "val_loss": 0.8},
-                          {"trial_id": "b", "epoch": 2, "val_loss": 0.5},
-                          {"trial_id": "a", "epoch": 2, "val_loss": 0.7}]}
+    record = {
+        "metric": "val_loss",
+        "mode": "min",
+        "epochs": 4,
+        "result": None,
+        "trials": {
+            "a": {"config": {"lr": 0.1}, "status": "TERMINATED"},
+            "b": {"config": {"lr": 0.01}, "status": "RUNNING"},
+        },
+        "history": [
+            {"trial_id": "a", "epoch": 1, "val_loss": 0.9},
+            {"trial_id": "b", "epoch": 1, "val_loss": 0.8},
+            {"trial_id": "b", "epoch": 2, "val_loss": 0.5},
+            {"trial_id": "a", "epoch": 2, "val_loss": 0.7},
+        ],
+    }
     trials, best = _trials(record)
     assert best == "b"  # the lowest last val_loss
     by_id = {t["trial_id"]: t for t in trials}

@@ -8,12 +8,11 @@ import time
 import numpy as np
 import pytest
 import torch
+from models import TinyNet
 
 import raymodel as rm
 from raymodel.data import aprefetch, prefetch, shard_indices
 from raymodel.data._loading import round_robin
-
-from models import TinyNet
 
 
 def test_from_numpy_splits_rows_once_and_reproducibly(tiny):
@@ -117,7 +116,7 @@ class AsyncBatches:
     async def _gen(self):
         for i in range(0, len(self.X), self.bs):
             await asyncio.sleep(0)
-            yield self.X[i:i + self.bs], self.y[i:i + self.bs]
+            yield self.X[i : i + self.bs], self.y[i : i + self.bs]
 
 
 class TinyDataModule:
@@ -134,7 +133,7 @@ class TinyDataModule:
 def _adapters(X, y):
     import pandas as pd
 
-    batches = [(torch.tensor(X[i:i + 4]), torch.tensor(y[i:i + 4])) for i in range(0, 16, 4)]
+    batches = [(torch.tensor(X[i : i + 4]), torch.tensor(y[i : i + 4])) for i in range(0, 16, 4)]
     df = pd.DataFrame(X, columns=list("abcd")).assign(label=y)
     return {
         "dict_of_tuples": {"train": (X[:12], y[:12]), "valid": (X[12:], y[12:])},
@@ -187,16 +186,20 @@ def test_one_sharding_policy_for_rows_samplers_and_batches(n, world):
     for s in samplers:
         s.set_epoch(2)
     assert [list(s) for s in samplers] == [t.tolist() for t in train]  # the torch Sampler is the same policy
-    assert [list(worker_batches(range(n), r, world, train=False)) for r in range(world)] == \
-        [list(range(r, n, world)) for r in range(world)]
+    assert [list(worker_batches(range(n), r, world, train=False)) for r in range(world)] == [
+        list(range(r, n, world)) for r in range(world)
+    ]
 
 
-@pytest.mark.parametrize("example,data_kind", [
-    ("lightning_digits", "async_iterable"),
-    ("keras_iris", "torch_dataset"),
-    ("xgboost_breast_cancer", "list_of_batches"),
-    ("lightgbm_breast_cancer", "torch_dataset"),
-])
+@pytest.mark.parametrize(
+    "example,data_kind",
+    [
+        ("lightning_digits", "async_iterable"),
+        ("keras_iris", "torch_dataset"),
+        ("xgboost_breast_cancer", "list_of_batches"),
+        ("lightgbm_breast_cancer", "torch_dataset"),
+    ],
+)
 def test_every_backend_checks_the_data_form_on_the_driver(monkeypatch, tiny, example, data_kind):
     import importlib
     import sys
@@ -205,8 +208,11 @@ def test_every_backend_checks_the_data_form_on_the_driver(monkeypatch, tiny, exa
     from raymodel._internal import runtime
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-    model = next(v for v in vars(importlib.import_module(example)).values()
-                 if isinstance(v, type) and issubclass(v, rm.RayModel) and v.__module__ == example)()
+    model = next(
+        v
+        for v in vars(importlib.import_module(example)).values()
+        if isinstance(v, type) and issubclass(v, rm.RayModel) and v.__module__ == example
+    )()
     monkeypatch.setattr(runtime, "ensure_ray", lambda *a, **k: pytest.fail("Ray was touched"))
     X, y = tiny
     kind = {"async_iterable": "async batches", "torch_dataset": "torch dataset", "list_of_batches": "batches"}
@@ -244,7 +250,8 @@ def test_ray_data_dataset_trains_lightning_too(ray_session, tiny):
         def setup(self, config):
             return DictModule()
 
-    result = DictLightning().train({"num_workers": 2, "num_epochs": 2, "batch_size": 4, "progress": False},
-                                   data={"train": train, "valid": valid})
+    result = DictLightning().train(
+        {"num_workers": 2, "num_epochs": 2, "batch_size": 4, "progress": False}, data={"train": train, "valid": valid}
+    )
     assert [row["epoch"] for row in result.history] == [1, 2]
     assert np.isfinite(result.history[-1]["val_loss"])

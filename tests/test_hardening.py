@@ -19,12 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from models import TinyNet
 
 import raymodel as rm
 from raymodel._internal import tmp
 from raymodel.exceptions import CheckpointError, ChecksumError, DataError, RegistryError, SettingsError
-
-from models import TinyNet
 
 PYTHON = sys.executable
 TESTS = str(Path(__file__).parent)
@@ -40,8 +39,9 @@ def _model(seed: int = 0) -> TinyNet:
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "raymodel.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        [PYTHON, "-m", "raymodel.cli", *args], capture_output=True, text=True, env={**os.environ, **env}
+    )
 
 
 # ------------------------------------------------------------ 1. path traversal
@@ -55,9 +55,15 @@ def test_no_registry_entry_point_reaches_outside_its_root(registry, tmp_path):
     shutil.copytree(reg_root / "real", tmp_path / "outside")
     before = sorted(str(p) for p in tmp_path.rglob("*") if reg_root not in p.parents)
     for key in TRAVERSALS:
-        for call in (lambda: rm.registry.get(key), lambda: rm.registry.show(key), lambda: rm.registry.list(key),
-                     lambda: rm.registry.delete(key, 1), lambda: rm.registry.set_alias(key, "prod", 1),
-                     lambda: rm.registry.remove_alias(key, "prod"), lambda: rm.registry.put(_model(), key=key)):
+        for call in (
+            lambda key=key: rm.registry.get(key),
+            lambda key=key: rm.registry.show(key),
+            lambda key=key: rm.registry.list(key),
+            lambda key=key: rm.registry.delete(key, 1),
+            lambda key=key: rm.registry.set_alias(key, "prod", 1),
+            lambda key=key: rm.registry.remove_alias(key, "prod"),
+            lambda key=key: rm.registry.put(_model(), key=key),
+        ):
             with pytest.raises(RegistryError):
                 call()
     for alias in TRAVERSALS + ["12"]:
@@ -215,14 +221,17 @@ def test_a_failed_save_leaves_no_staging_folder(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------- 7. settings
-@pytest.mark.parametrize("settings,fragment", [
-    ({"seed": -1}, "`seed` must be an int from 0 to 4294967295"),
-    ({"seed": 2**40}, "`seed` must be an int from 0 to 4294967295"),
-    ({"resources_per_worker": {"CPU": math.inf}}, "`resources_per_worker` must be a dict"),
-    ({"resources_per_worker": {"CPU": math.nan}}, "`resources_per_worker` must be a dict"),
-    ({"resources_per_worker": {"": 1}}, "`resources_per_worker` must be a dict"),
-    ({"storage_path": "  "}, "`storage_path` must not be empty"),
-])
+@pytest.mark.parametrize(
+    "settings,fragment",
+    [
+        ({"seed": -1}, "`seed` must be an int from 0 to 4294967295"),
+        ({"seed": 2**40}, "`seed` must be an int from 0 to 4294967295"),
+        ({"resources_per_worker": {"CPU": math.inf}}, "`resources_per_worker` must be a dict"),
+        ({"resources_per_worker": {"CPU": math.nan}}, "`resources_per_worker` must be a dict"),
+        ({"resources_per_worker": {"": 1}}, "`resources_per_worker` must be a dict"),
+        ({"storage_path": "  "}, "`storage_path` must not be empty"),
+    ],
+)
 def test_train_settings_that_would_fail_on_the_workers_fail_here(settings, fragment):
     with pytest.raises(SettingsError) as info:
         rm.TrainSettings(**settings)
@@ -307,8 +316,9 @@ def test_the_cli_answers_every_error_in_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------- 10. predict
-@pytest.mark.parametrize("payload,shown", [(None, "None (a NoneType)"), (3.5, "3.5 (a float)"),
-                                           ("abc", "'abc' (a str)")])
+@pytest.mark.parametrize(
+    "payload,shown", [(None, "None (a NoneType)"), (3.5, "3.5 (a float)"), ("abc", "'abc' (a str)")]
+)
 def test_predict_names_a_payload_it_cannot_use(payload, shown):
     with pytest.raises(DataError, match=re.escape(f"`TinyNet.preprocess` cannot use the payload {shown}")):
         _model().predict(payload)

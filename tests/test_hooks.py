@@ -6,12 +6,11 @@ import asyncio
 import json
 
 import pytest
+from models import AsyncRankLossNet, RankLossNet, Recorder
 
 import raymodel as rm
-from raymodel.hooks import CALLBACK_HOOK_NAMES, HOOK_NAMES, HookRunner, ModelHooks, is_default
 from raymodel.exceptions import HookError
-
-from models import AsyncRankLossNet, RankLossNet, Recorder
+from raymodel.hooks import CALLBACK_HOOK_NAMES, HOOK_NAMES, HookRunner, ModelHooks, is_default
 
 
 def test_every_hook_is_declared_once_as_a_documented_no_op():
@@ -61,8 +60,7 @@ def _expected(epochs: int, batches: int, rank: int) -> list[list]:
         seq.append(["before_epoch", epoch])
         for i in range(batches):
             seq += [["before_batch", i], ["after_batch", i]]
-        seq += [["before_validation"], ["after_validation", ["val_rank"]],
-                ["after_epoch", epoch, ["loss", "val_rank"]]]
+        seq += [["before_validation"], ["after_validation", ["val_rank"]], ["after_epoch", epoch, ["loss", "val_rank"]]]
         if rank == 0:
             seq.append(["on_save_checkpoint"])
     seq.append(["after_fit", epochs])

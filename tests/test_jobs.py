@@ -86,9 +86,18 @@ def test_jobs_that_fit_run_together_and_one_that_does_not_waits_then_runs(ray_se
 
 @pytest.mark.integration
 def test_a_stopped_tune_job_stops_every_trial_and_keeps_the_best_so_far(ray_session, tiny_data):
-    job = TinyNet().tune({"lr": rm.tune.grid_search([0.01, 0.02])}, data=tiny_data, wait=False, settings={
-        "num_samples": 1, "max_epochs": 200, "scheduler": "fifo", "progress": False,
-        "train": {"resources_per_worker": {"CPU": 0.95}, "progress": False}})
+    job = TinyNet().tune(
+        {"lr": rm.tune.grid_search([0.01, 0.02])},
+        data=tiny_data,
+        wait=False,
+        settings={
+            "num_samples": 1,
+            "max_epochs": 200,
+            "scheduler": "fifo",
+            "progress": False,
+            "train": {"resources_per_worker": {"CPU": 0.95}, "progress": False},
+        },
+    )
     assert job.kind == "tune"
     epochs: dict[str, int] = {}
     for row in job.stream():
@@ -152,11 +161,13 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
     cli = [PYTHON, "-m", "raymodel.cli"]
     run = lambda *a, **kw: subprocess.run([*cli, *a], env=env, capture_output=True, text=True, timeout=300, **kw)  # noqa: E731
     try:
-        started = run("server", "start", "--port", str(free_port()), "--dashboard-port", str(free_port()),
-                      "--num-cpus", "2")
+        started = run(
+            "server", "start", "--port", str(free_port()), "--dashboard-port", str(free_port()), "--num-cpus", "2"
+        )
         assert started.returncode == 0, started.stderr[-2000:]
-        submitted = subprocess.run([PYTHON, "-c", SUBMIT.format(tests=TESTS)], env=env, capture_output=True,
-                                   text=True, timeout=300)
+        submitted = subprocess.run(
+            [PYTHON, "-c", SUBMIT.format(tests=TESTS)], env=env, capture_output=True, text=True, timeout=300
+        )
         assert submitted.returncode == 0, submitted.stderr[-2000:]
         job_id = submitted.stdout.strip().splitlines()[-1]  # the submitter has exited
         waited = run("jobs", "wait", job_id)
@@ -168,8 +179,13 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
         missing = run("jobs", "show", "no-such-job")
         assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "No job `no-such-job`" in missing.stderr
         assert (tmp_path / "home" / "jobs" / f"{job_id}.json").exists()  # the record outlives everyone
-        dashboard = subprocess.Popen([*cli, "dashboard", "--port", str(free_port())], env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        dashboard = subprocess.Popen(
+            [*cli, "dashboard", "--port", str(free_port())],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             url = dashboard.stdout.readline().split()[-1]  # "raymodel dashboard: http://127.0.0.1:PORT/?token=..."
             assert url.startswith("http://127.0.0.1:") and "?token=" in url

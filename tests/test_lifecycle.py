@@ -15,16 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import raymodel as rm
-from raymodel.train import WorkerRun
-from raymodel.backends._torch_loop import TorchLoop
-from raymodel.backends.torch import TorchBackend
-from raymodel.train import TrainSettings
-from raymodel.train._driver import worker_payload
-
 from conformance import Counter, attempts, recorded
 from models import Recorder, TinyNet
+
+import raymodel as rm
+from raymodel.backends._torch_loop import TorchLoop
+from raymodel.backends.torch import TorchBackend
+from raymodel.train import TrainSettings, WorkerRun
+from raymodel.train._driver import worker_payload
 
 
 class StoringSession:
@@ -72,8 +70,13 @@ class StopAt(rm.Callback):
 def test_should_stop_ends_the_run_normally_with_a_final_checkpoint(tmp_path, tiny):
     X, y = tiny
     session = StoringSession(tmp_path)
-    result = run_in_process(TinyNet(), {"num_epochs": 5, "checkpoint_every": 10, "batch_size": 4,
-                                        "callbacks": [StopAt(2)]}, rm.data.from_numpy(X, y), session, tmp_path)
+    result = run_in_process(
+        TinyNet(),
+        {"num_epochs": 5, "checkpoint_every": 10, "batch_size": 4, "callbacks": [StopAt(2)]},
+        rm.data.from_numpy(X, y),
+        session,
+        tmp_path,
+    )
     assert [row["epoch"] for row in result["history"]] == [1, 2]
     assert [(m["epoch"], has_ckpt) for m, has_ckpt in session.reports] == [(1, False), (2, True)]
     manifest = json.loads((tmp_path / "checkpoint_epoch_000002" / "raymodel.json").read_text())
@@ -84,16 +87,25 @@ def test_resume_takes_the_newest_complete_checkpoint_not_the_one_ray_handed_back
     X, y = tiny
     data = rm.data.from_numpy(X, y)
     log = tmp_path / "counter.jsonl"
-    first = run_in_process(TinyNet(), {"num_epochs": 3, "batch_size": 4, "callbacks": [Counter(str(log))]},
-                           data, StoringSession(tmp_path), tmp_path)
+    first = run_in_process(
+        TinyNet(),
+        {"num_epochs": 3, "batch_size": 4, "callbacks": [Counter(str(log))]},
+        data,
+        StoringSession(tmp_path),
+        tmp_path,
+    )
     # Epoch 3's upload was cut short (a file is missing); Ray's controller only saw epoch 1.
     (tmp_path / "checkpoint_epoch_000003" / "state" / "model.pt").unlink()
     session = StoringSession(tmp_path, handed_back=str(tmp_path / "checkpoint_epoch_000001"))
     calls = tmp_path / "calls"
     calls.mkdir()
-    second = run_in_process(TinyNet(), {"num_epochs": 4, "batch_size": 4,
-                                        "callbacks": [Counter(str(log)), Recorder(str(calls))]},
-                            data, session, tmp_path)
+    second = run_in_process(
+        TinyNet(),
+        {"num_epochs": 4, "batch_size": 4, "callbacks": [Counter(str(log)), Recorder(str(calls))]},
+        data,
+        session,
+        tmp_path,
+    )
     again = attempts(recorded(calls, 0))[0]
     assert again[:5] == ["before_setup", "after_setup", "on_load_checkpoint", "before_fit", "before_epoch(3)"]
     assert [row["epoch"] for row in second["history"]] == [1, 2, 3, 4]
@@ -124,9 +136,17 @@ def test_any_worker_can_stop_the_run_and_all_stop_together(ray_session, tmp_path
     X, y = tiny
     calls = tmp_path / "calls"
     calls.mkdir()
-    result = TinyNet().train({"num_workers": 2, "num_epochs": 6, "batch_size": 2, "checkpoint_every": 10,
-                              "progress": False, "callbacks": [StopAt(2, rank=1), Recorder(str(calls))]},
-                             data=rm.data.from_numpy(X, y))
+    result = TinyNet().train(
+        {
+            "num_workers": 2,
+            "num_epochs": 6,
+            "batch_size": 2,
+            "checkpoint_every": 10,
+            "progress": False,
+            "callbacks": [StopAt(2, rank=1), Recorder(str(calls))],
+        },
+        data=rm.data.from_numpy(X, y),
+    )
     assert [row["epoch"] for row in result.history] == [1, 2]
     assert result.checkpoint.endswith("checkpoint_epoch_000002")
     for rank in (0, 1):

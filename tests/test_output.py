@@ -42,8 +42,12 @@ print("demo: done")
 """
 
 #: raymodel's own lines: epoch and trial progress, the tuning summary, the script's prints.
-OURS = [r"\[DigitsNet\] (epoch \d+/\d+|trial \d+ |\d+ trials; best )", r"demo: ", r"rank\s+trial\s+",
-        r"\d+\s+\w+_\d{5}\s+"]
+OURS = [
+    r"\[DigitsNet\] (epoch \d+/\d+|trial \d+ |\d+ trials; best )",
+    r"demo: ",
+    r"rank\s+trial\s+",
+    r"\d+\s+\w+_\d{5}\s+",
+]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -58,8 +62,9 @@ def test_the_demos_steps_print_only_raymodels_lines(tmp_path):
     from s3server import free_port
 
     script = STEPS.format(examples=str(ROOT / "examples"), port=free_port())
-    done = subprocess.run([sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=500, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True, timeout=500, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     foreign = [line for line in lines if not any(re.match(pattern, line) for pattern in OURS)]
@@ -71,14 +76,15 @@ def test_the_demos_steps_print_only_raymodels_lines(tmp_path):
 def test_a_terminal_gets_live_bars_and_a_pipe_plain_lines(ray_session, tmp_path):
     # The script joins this session's Ray (`RAY_ADDRESS`) rather than start its own.
     env = {**_env(tmp_path), "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
-    script = (f"import sys; sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
-              "import raymodel as rm\nfrom digits import DigitsNet, load_data\nX, y = load_data()\n"
-              "DigitsNet().train({'num_workers': 0, 'num_epochs': 2, 'batch_size': 8},"
-              " data=rm.data.from_numpy(X, y))\n")
+    script = (
+        f"import sys; sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
+        "import raymodel as rm\nfrom digits import DigitsNet, load_data\nX, y = load_data()\n"
+        "DigitsNet().train({'num_workers': 0, 'num_epochs': 2, 'batch_size': 8},"
+        " data=rm.data.from_numpy(X, y))\n"
+    )
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
-    process = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=follower,
-                               stderr=follower, cwd=tmp_path)
+    process = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=follower, stderr=follower, cwd=tmp_path)
     os.close(follower)
     chunks = []
     while True:
@@ -95,7 +101,8 @@ def test_a_terminal_gets_live_bars_and_a_pipe_plain_lines(ray_session, tmp_path)
     assert re.search(r"\[DigitsNet\] epochs: 100%\|.*\| 2/2", terminal)  # the epoch counter
     assert "[DigitsNet] epoch 2/2  loss" in terminal
 
-    piped = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                           timeout=300, cwd=tmp_path)
+    piped = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert piped.returncode == 0 and "%|" not in piped.stdout
     assert re.findall(r"^\[DigitsNet\] epoch (\d)/2  loss", piped.stdout, re.M) == ["1", "2"]

@@ -11,12 +11,11 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+from models import Scaler
 
 import raymodel as rm
-from raymodel.contract import columns_of, features_of
 from raymodel.cli import main as cli
-
-from models import Scaler
+from raymodel.contract import columns_of, features_of
 
 ACTOR = {"num_cpus": 0.25}
 
@@ -27,12 +26,15 @@ def test_rows_keep_their_order_and_each_actor_loads_the_model_once(ray_session, 
     # The first block's first batches sleep: the other actor finishes the later blocks first.
     model = Scaler(config={"log": str(log), "slow_below": 40})
     ids = np.arange(600)
-    blocks = [pd.DataFrame({"id": ids[i:i + 100], "x": ids[i:i + 100] * 1.0, "noise": np.ones(100)})
-              for i in range(0, 600, 100)]
+    blocks = [
+        pd.DataFrame({"id": ids[i : i + 100], "x": ids[i : i + 100] * 1.0, "noise": np.ones(100)})
+        for i in range(0, 600, 100)
+    ]
     import ray.data
 
-    predictions = model.predict_batch(ray.data.from_pandas(blocks), batch_size=20, concurrency=2,
-                                      keep_columns=["id"], **ACTOR)
+    predictions = model.predict_batch(
+        ray.data.from_pandas(blocks), batch_size=20, concurrency=2, keep_columns=["id"], **ACTOR
+    )
     assert isinstance(predictions, ray.data.Dataset) and isinstance(predictions, rm.Predictions)
     out = predictions.to_pandas()
     assert out["id"].tolist() == ids.tolist()  # in the input's order, the kept column beside the predictions
@@ -50,8 +52,9 @@ def test_input_forms_references_and_the_cli(ray_session, tmp_path, registry, cap
     expected = 2.0 * rows[:, 0]
     np.testing.assert_allclose(doubler.predict_batch(rows, **ACTOR).to_numpy("double"), expected)
     frame = pd.DataFrame({"id": np.arange(40) + 1000, "x": rows[:, 0], "noise": rows[:, 1]})
-    np.testing.assert_allclose(doubler.predict_batch(frame, feature_columns=["x", "noise"], **ACTOR)
-                               .to_numpy("double"), expected)
+    np.testing.assert_allclose(
+        doubler.predict_batch(frame, feature_columns=["x", "noise"], **ACTOR).to_numpy("double"), expected
+    )
     folder = tmp_path / "features"
     folder.mkdir()
     frame.iloc[:25].to_parquet(folder / "part-0.parquet")
@@ -65,15 +68,33 @@ def test_input_forms_references_and_the_cli(ray_session, tmp_path, registry, cap
     registry.set_alias("scaler", "production", 2)
     out = lazy.to_pandas().sort_values("id")
     np.testing.assert_allclose(out["double"], expected)
-    np.testing.assert_allclose(rm.predict_batch("scaler", str(tmp_path / "features.csv"), **ACTOR)
-                               .to_numpy("double"), 3.0 * rows[:, 0])  # the newest version
+    np.testing.assert_allclose(
+        rm.predict_batch("scaler", str(tmp_path / "features.csv"), **ACTOR).to_numpy("double"), 3.0 * rows[:, 0]
+    )  # the newest version
     checkpoint = tripler.save(tmp_path / "checkpoint")
     np.testing.assert_allclose(rm.predict_batch(checkpoint, rows, **ACTOR).to_numpy("double"), 3.0 * rows[:, 0])
 
     # The CLI: a registry version over a folder of Parquet files, to a new folder of Parquet files.
     target = tmp_path / "scores"
-    assert cli(["predict", "scaler@production", "--input", str(folder), "--output", str(target), "--keep", "id",
-                "--num-cpus", "0.25", "--batch-size", "16"]) == 0
+    assert (
+        cli(
+            [
+                "predict",
+                "scaler@production",
+                "--input",
+                str(folder),
+                "--output",
+                str(target),
+                "--keep",
+                "id",
+                "--num-cpus",
+                "0.25",
+                "--batch-size",
+                "16",
+            ]
+        )
+        == 0
+    )
     assert "wrote 40 predictions of scaler@production" in capsys.readouterr().out
     written = pd.read_parquet(target).sort_values("id")
     np.testing.assert_allclose(written["double"], 3.0 * rows[:, 0])  # production is version 2 now

@@ -22,17 +22,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from models import TinyNet
 
 import raymodel as rm
 from raymodel._internal import serialization
 from raymodel.exceptions import CheckpointError, RegistryError, SettingsError
 
-from models import TinyNet
-
 PYTHON = sys.executable
 TESTS = str(Path(__file__).parent)
-BUDGET = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                          HealthCheck.too_slow])
+BUDGET = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 def _model(seed: int = 0) -> TinyNet:
@@ -59,8 +59,9 @@ NAMES = st.one_of(
     st.text(alphabet="./\\\x00-_ab~$é", min_size=0, max_size=12),
     st.sampled_from(["..", "../x", "/etc", "a/../../b", ".", "", "x" * 300, "~root", "C:\\w", "ok", "ok.v2"]),
 )
-VERSIONS = st.one_of(st.none(), st.integers(min_value=-5, max_value=2**40), NAMES, st.booleans(),
-                     st.floats(allow_nan=True))
+VERSIONS = st.one_of(
+    st.none(), st.integers(min_value=-5, max_value=2**40), NAMES, st.booleans(), st.floats(allow_nan=True)
+)
 
 
 @BUDGET
@@ -72,9 +73,15 @@ def test_no_name_reaches_outside_the_registry_root(tmp_path_factory, key, alias,
     (sentinel / "record.json").write_text("{}")
     reg = rm.registry.open(str(base / "registry"))
     before = {k: v for k, v in _tree(base).items() if "/registry" not in k}
-    calls = [lambda: reg.get(key, version), lambda: reg.show(key, version), lambda: reg.list(key),
-             lambda: reg.delete(key, version), lambda: reg.set_alias(key, alias, version),
-             lambda: reg.remove_alias(key, alias), lambda: reg.resolve(key, version)]
+    calls = [
+        lambda: reg.get(key, version),
+        lambda: reg.show(key, version),
+        lambda: reg.list(key),
+        lambda: reg.delete(key, version),
+        lambda: reg.set_alias(key, alias, version),
+        lambda: reg.remove_alias(key, alias),
+        lambda: reg.resolve(key, version),
+    ]
     for call in calls:
         try:
             call()
@@ -86,12 +93,18 @@ def test_no_name_reaches_outside_the_registry_root(tmp_path_factory, key, alias,
         assert path.resolve().is_relative_to((base / "registry").resolve())
 
 
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("put"), st.sampled_from([None, "prod", "stage"])),
-    st.tuples(st.just("delete"), st.integers(min_value=1, max_value=8)),
-    st.tuples(st.just("alias"), st.sampled_from(["prod", "stage", "canary"]), st.integers(min_value=1, max_value=8)),
-    st.tuples(st.just("unalias"), st.sampled_from(["prod", "stage", "canary"])),
-), min_size=1, max_size=10)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.sampled_from([None, "prod", "stage"])),
+        st.tuples(st.just("delete"), st.integers(min_value=1, max_value=8)),
+        st.tuples(
+            st.just("alias"), st.sampled_from(["prod", "stage", "canary"]), st.integers(min_value=1, max_value=8)
+        ),
+        st.tuples(st.just("unalias"), st.sampled_from(["prod", "stage", "canary"])),
+    ),
+    min_size=1,
+    max_size=10,
+)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -128,17 +141,26 @@ def test_histories_keep_versions_monotonic_and_aliases_live(tmp_path_factory, op
         assert {a: r.version for r in records for a in r.aliases} == aliases
 
 
-GOOD = {"num_workers": st.integers(0, 4), "num_epochs": st.integers(1, 50), "batch_size": st.integers(1, 512),
-        "seed": st.integers(0, 2**32 - 1), "mode": st.sampled_from(["min", "max"]),
-        "resources_per_worker": st.none() | st.dictionaries(st.sampled_from(["CPU", "GPU"]), st.floats(0, 4), max_size=2),
-        "max_failures": st.integers(-1, 3), "nonfinite": st.sampled_from(["warn", "error", "allow"])}
-BAD = {"num_workers": st.integers(max_value=-1) | st.floats() | st.text(max_size=3),
-       "num_epochs": st.integers(max_value=0) | st.just(True), "batch_size": st.integers(max_value=0) | st.none(),
-       "seed": st.integers(max_value=-1) | st.integers(min_value=2**32) | st.just(1.5),
-       "mode": st.text(max_size=5).filter(lambda m: m not in ("min", "max")),
-       "resources_per_worker": st.dictionaries(st.just("CPU"), st.sampled_from([-1.0, math.inf, math.nan]),
-                                               min_size=1),
-       "max_failures": st.integers(max_value=-2), "nonfinite": st.text(max_size=4)}
+GOOD = {
+    "num_workers": st.integers(0, 4),
+    "num_epochs": st.integers(1, 50),
+    "batch_size": st.integers(1, 512),
+    "seed": st.integers(0, 2**32 - 1),
+    "mode": st.sampled_from(["min", "max"]),
+    "resources_per_worker": st.none() | st.dictionaries(st.sampled_from(["CPU", "GPU"]), st.floats(0, 4), max_size=2),
+    "max_failures": st.integers(-1, 3),
+    "nonfinite": st.sampled_from(["warn", "error", "allow"]),
+}
+BAD = {
+    "num_workers": st.integers(max_value=-1) | st.floats() | st.text(max_size=3),
+    "num_epochs": st.integers(max_value=0) | st.just(True),
+    "batch_size": st.integers(max_value=0) | st.none(),
+    "seed": st.integers(max_value=-1) | st.integers(min_value=2**32) | st.just(1.5),
+    "mode": st.text(max_size=5).filter(lambda m: m not in ("min", "max")),
+    "resources_per_worker": st.dictionaries(st.just("CPU"), st.sampled_from([-1.0, math.inf, math.nan]), min_size=1),
+    "max_failures": st.integers(max_value=-2),
+    "nonfinite": st.text(max_size=4),
+}
 
 
 @BUDGET
@@ -146,8 +168,7 @@ BAD = {"num_workers": st.integers(max_value=-1) | st.floats() | st.text(max_size
 def test_settings_dicts_construct_or_name_every_bad_key(data):
     keys = data.draw(st.lists(st.sampled_from(sorted(GOOD)), unique=True, max_size=len(GOOD)))
     bad = set(data.draw(st.lists(st.sampled_from(keys), unique=True))) if keys else set()
-    unknown = data.draw(st.lists(st.sampled_from(["num_worker", "epochs", "lr", "batchsize"]), unique=True,
-                                 max_size=2))
+    unknown = data.draw(st.lists(st.sampled_from(["num_worker", "epochs", "lr", "batchsize"]), unique=True, max_size=2))
     values = {k: data.draw(BAD[k] if k in bad else GOOD[k]) for k in keys}
     values.update({k: 1 for k in unknown})
     if not bad and not unknown:
@@ -163,8 +184,11 @@ MUTATIONS = st.one_of(
     st.tuples(st.just("flip"), st.sampled_from(["class.pkl", "state/model.pt"]), st.integers(0, 10_000)),
     st.tuples(st.just("delete"), st.sampled_from(["class.pkl", "state/model.pt"])),
     st.tuples(st.just("add"), st.sampled_from(["extra.bin", "state/x.pkl", "class.pkl.bak"])),
-    st.tuples(st.just("manifest"), st.sampled_from(["format", "format_version", "class", "backend", "config",
-                                                    "files"]), st.sampled_from([None, 3, "x", [], {}])),
+    st.tuples(
+        st.just("manifest"),
+        st.sampled_from(["format", "format_version", "class", "backend", "config", "files"]),
+        st.sampled_from([None, 3, "x", [], {}]),
+    ),
     st.tuples(st.just("listing"), st.sampled_from(["drop", "digest", "traverse", "absolute"])),
     st.tuples(st.just("garbage"), st.binary(max_size=64)),
 )
@@ -172,8 +196,7 @@ MUTATIONS = st.one_of(
 
 @BUDGET
 @given(mutation=MUTATIONS)
-def test_any_mutation_of_a_checkpoint_is_refused_before_unpickling(checkpoint, tmp_path_factory, monkeypatch,
-                                                                   mutation):
+def test_any_mutation_of_a_checkpoint_is_refused_before_unpickling(checkpoint, tmp_path_factory, monkeypatch, mutation):
     import shutil
 
     path = tmp_path_factory.mktemp("mutated") / "ckpt"

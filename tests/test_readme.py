@@ -15,4 +15,5 @@ def test_the_hook_table_is_the_one_the_backends_declare():
     table = re.search(r"<!-- hook-table -->\n(.*?)\n<!-- /hook-table -->", text, re.S)
     assert table, "the README lost its hook table markers"
     assert table.group(1) == contract.hook_table(), (
-        "README's hook table is stale; paste `raymodel.backends.contract.hook_table()` between the markers")
+        "README's hook table is stale; paste `raymodel.backends.contract.hook_table()` between the markers"
+    )

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from models import TinyNet
 
 import raymodel as rm
 from raymodel.exceptions import ChecksumError, RegistryError
-
-from models import TinyNet
 
 PYTHON = sys.executable
 TESTS = str(Path(__file__).parent)
@@ -44,7 +43,10 @@ def test_versions_aliases_and_errors_naming_what_exists(registry, tiny):
     np.testing.assert_allclose(rm.registry.get("tiny", "production").predict(X), models[1].predict(X))
     records = rm.registry.list("tiny")
     assert [(r.version, r.aliases, r.metadata) for r in records] == [
-        (1, [], {"seed": 0}), (2, ["production"], {"seed": 1}), (3, [], {"seed": 2})]
+        (1, [], {"seed": 0}),
+        (2, ["production"], {"seed": 1}),
+        (3, [], {"seed": 2}),
+    ]
 
     with pytest.raises(RegistryError, match=r"No model `nope`.*Keys: tiny"):
         rm.registry.get("nope")
@@ -73,8 +75,14 @@ def test_get_with_config_overrides_and_a_fresh_process_round_trip(registry, tiny
         model = rm.registry.get("roundtrip")
         print(json.dumps(model.predict(np.array(json.loads(sys.stdin.read()), dtype=np.float32))))
     """)
-    out = subprocess.run([PYTHON, "-c", code], input=json.dumps(X.tolist()), capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": ""})
+    out = subprocess.run(
+        [PYTHON, "-c", code],
+        input=json.dumps(X.tolist()),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     np.testing.assert_allclose(json.loads(out.stdout.strip().splitlines()[-1]), model.predict(X), rtol=1e-6)
 
 
@@ -96,8 +104,7 @@ PUTTER = textwrap.dedent("""
 def test_eight_concurrent_puts_get_eight_whole_versions(registry, tmp_path):
     script = tmp_path / "put.py"
     script.write_text(PUTTER.format(tests=TESTS))
-    procs = [subprocess.Popen([PYTHON, str(script), str(i), "go"], stdout=subprocess.PIPE, text=True)
-             for i in range(8)]
+    procs = [subprocess.Popen([PYTHON, str(script), str(i), "go"], stdout=subprocess.PIPE, text=True) for i in range(8)]
     versions = sorted(int(p.communicate(timeout=120)[0].strip()) for p in procs)
     assert versions == list(range(1, 9))
     tags = sorted(rm.registry.get("shared", v).config["tag"] for v in versions)  # each whole and verified
@@ -151,8 +158,12 @@ def test_lineage_of_a_train_result(ray_session, registry, tiny):
     assert record.version == ref.version and record.aliases == ["production"]
     assert record.metrics["val_acc"] == result.metrics["val_acc"]
     assert record.lineage["run_path"] == result.path and record.lineage["config"]["hidden"] == 8
-    cli = subprocess.run([PYTHON, "-m", "raymodel.cli", "models", "show", "trained@production"],
-                         capture_output=True, text=True, check=True)
+    cli = subprocess.run(
+        [PYTHON, "-m", "raymodel.cli", "models", "show", "trained@production"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(cli.stdout)["lineage"]["epochs"] == 2
 
 

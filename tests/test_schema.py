@@ -6,12 +6,11 @@ Over HTTP (422 with paths, `GET <route>/openapi.json`, a 500 for a bad output): 
 from __future__ import annotations
 
 import pytest
+from models import RowsNet, TinyNet, TypedDigitsNet
 from pydantic import BaseModel
 
 import raymodel as rm
 from raymodel._internal.schema import json_path, openapi, schemas_of
-
-from models import RowsNet, TinyNet, TypedDigitsNet
 
 
 def test_local_predict_checks_the_schemas_like_the_server():

@@ -10,15 +10,18 @@ from pathlib import Path
 
 import pytest
 import requests
+from models import DigitsNet, TinyNet
 
 import raymodel as rm
 from raymodel.exceptions import SettingsError
 
-from models import DigitsNet, TinyNet
-
 pytestmark = pytest.mark.integration
-SMALL = {"ray_actor_options": {"num_cpus": 0.25}, "max_batch_size": 8, "batch_wait_timeout_s": 0.05,
-         "max_body_bytes": 20_000}
+SMALL = {
+    "ray_actor_options": {"num_cpus": 0.25},
+    "max_batch_size": 8,
+    "batch_wait_timeout_s": 0.05,
+    "max_body_bytes": 20_000,
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +55,20 @@ def test_a_small_models_batches_run_on_the_event_loop(served, digits):
     _, app = served
     X, _ = digits
     for i in range(30):  # the first batch is timed on the forward thread; these take well under 2 ms
-        assert requests.post(app.url, json={"pixels": X[i:i + 1].tolist()}, timeout=30).status_code == 200
+        assert requests.post(app.url, json={"pixels": X[i : i + 1].tolist()}, timeout=30).status_code == 200
     assert requests.get(app.url + "/info", timeout=30).json()["batches_run_on"] == "event loop"
 
 
-@pytest.mark.parametrize("call,status,fragment", [
-    (lambda url: requests.post(url, data=b"{not json", timeout=30), 400, "not valid JSON"),
-    (lambda url: requests.post(url, json={"pixel": [[0.0] * 64]}, timeout=30), 422, "KeyError: pixels"),
-    (lambda url: requests.post(url, json={"pixels": [[0.0] * 3]}, timeout=30), 500, "mat1 and mat2"),
-    (lambda url: requests.get(url, timeout=30), 405, "POST a JSON body"),
-    (lambda url: requests.post(url, json={"pixels": [[0.0] * 64] * 200}, timeout=30), 413, "limit is 20000"),
-])
+@pytest.mark.parametrize(
+    "call,status,fragment",
+    [
+        (lambda url: requests.post(url, data=b"{not json", timeout=30), 400, "not valid JSON"),
+        (lambda url: requests.post(url, json={"pixel": [[0.0] * 64]}, timeout=30), 422, "KeyError: pixels"),
+        (lambda url: requests.post(url, json={"pixels": [[0.0] * 3]}, timeout=30), 500, "mat1 and mat2"),
+        (lambda url: requests.get(url, timeout=30), 405, "POST a JSON body"),
+        (lambda url: requests.post(url, json={"pixels": [[0.0] * 64] * 200}, timeout=30), 413, "limit is 20000"),
+    ],
+)
 def test_errors_are_json_and_the_replica_keeps_serving(served, digits, call, status, fragment):
     _, app = served
     response = call(app.url)
@@ -78,9 +84,9 @@ def test_errors_are_json_and_the_replica_keeps_serving(served, digits, call, sta
 def test_concurrent_requests_are_batched_and_one_bad_request_spoils_nothing(served, digits):
     model, app = served
     X, _ = digits
-    payloads = [{"pixels": X[i:i + 1].tolist()} for i in range(24)]
-    payloads[5] = {"pixels": [[1.0] * 7]}      # passes preprocess, fails in forward
-    payloads[11] = {"wrong": 1}               # rejected by preprocess
+    payloads = [{"pixels": X[i : i + 1].tolist()} for i in range(24)]
+    payloads[5] = {"pixels": [[1.0] * 7]}  # passes preprocess, fails in forward
+    payloads[11] = {"wrong": 1}  # rejected by preprocess
 
     def post(p):
         r = requests.post(app.url, json=p, timeout=60)
@@ -168,9 +174,9 @@ def test_declared_schemas_validate_requests_and_publish_openapi(ray_session, dig
         assert answer.status_code == 200 and answer.json() == {"digit": typed.predict(good).digit}
         bad = requests.post(typed_app.url, json={"pixels": [X[0].tolist()[:3] + ["x"]], "extra": 1}, timeout=30)
         assert bad.status_code == 422, bad.text
-        assert bad.json()["errors"] == [{"path": "$.pixels[0][3]",
-                                         "message": "Input should be a valid number, unable to parse string as a "
-                                                    "number"}]
+        assert bad.json()["errors"] == [
+            {"path": "$.pixels[0][3]", "message": "Input should be a valid number, unable to parse string as a number"}
+        ]
         missing = requests.post(typed_app.url, json={"pixel": []}, timeout=30).json()
         assert missing["errors"] == [{"path": "$.pixels", "message": "Field required"}]
         assert "$.pixels: Field required" in missing["detail"]
@@ -190,8 +196,10 @@ def test_declared_schemas_validate_requests_and_publish_openapi(ray_session, dig
         assert [e["path"] for e in answer.json()["errors"]] == ["$[1]", "$[1][1]", "$[2]"]
         assert requests.post(rows_app.url, json=[[1, 2, 3, 4]], timeout=30).status_code == 200
         rows_spec = requests.get(rows_app.url + "/openapi.json", timeout=30).json()
-        assert rows_spec["paths"]["/rows"]["post"]["requestBody"]["content"]["application/json"]["schema"] == \
-            RowsNet.input_schema
+        assert (
+            rows_spec["paths"]["/rows"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            == RowsNet.input_schema
+        )
 
         # An answer that breaks the output schema is the server's error, and names the field.
         broken = requests.post(typed_app.url, json={"pixels": X[:3].tolist()}, timeout=30)

@@ -36,13 +36,17 @@ def test_the_serve_environment_of_each_ingress():
 
 
 def test_what_the_user_set_wins_and_what_a_parent_process_set_is_replaced():
-    mine = runtime.with_serve_env({"RAY_SERVE_HAPROXY_STATS_PORT": "9999",
-                                   "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure"}, "haproxy")
+    mine = runtime.with_serve_env(
+        {"RAY_SERVE_HAPROXY_STATS_PORT": "9999", "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure"}, "haproxy"
+    )
     assert mine["RAY_SERVE_HAPROXY_STATS_PORT"] == "9999" and mine["RAY_SERVE_HAPROXY_RETRY_ON"] == "conn-failure"
     assert mine["RAYMODEL_SERVE_ENV_PID"] == str(os.getpid())
     # A subprocess of a raymodel process inherits its instance's ports: its own instance gets new ones.
-    parent = {**runtime.with_serve_env({}, "haproxy"), "RAYMODEL_SERVE_ENV_PID": str(os.getpid() + 1),
-              "RAY_SERVE_HAPROXY_STATS_PORT": "1"}
+    parent = {
+        **runtime.with_serve_env({}, "haproxy"),
+        "RAYMODEL_SERVE_ENV_PID": str(os.getpid() + 1),
+        "RAY_SERVE_HAPROXY_STATS_PORT": "1",
+    }
     child = runtime.with_serve_env(parent, "haproxy")
     assert child["RAY_SERVE_HAPROXY_STATS_PORT"] != "1" and child["RAYMODEL_SERVE_ENV_PID"] == str(os.getpid())
     # The same process asking again keeps what it has.

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from models import DigitsNet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import loadgen  # noqa: E402
+import loadgen
 
 pytestmark = pytest.mark.integration
 CONNECTIONS, PROBES = 16, 4
@@ -56,8 +55,9 @@ def test_killing_a_replica_under_load_fails_at_most_its_requests_in_flight(ray_s
         before, _ = _both_answering(app.url, None, 20)  # HAProxy takes in a new replica on its next reload
 
         load: dict = {}
-        wrk = threading.Thread(target=lambda: load.update(loadgen.wrk(app.url, body, connections=CONNECTIONS,
-                                                                       seconds=14)))
+        wrk = threading.Thread(
+            target=lambda: load.update(loadgen.wrk(app.url, body, connections=CONNECTIONS, seconds=14))
+        )
         answers: list[tuple[int, str, str, float]] = []  # status (-1: no answer), content type, body, seconds
         stop = time.monotonic() + 13
 
@@ -67,8 +67,9 @@ def test_killing_a_replica_under_load_fails_at_most_its_requests_in_flight(ray_s
                     began = time.monotonic()
                     try:
                         r = session.post(app.url, json=body, timeout=10)
-                        answers.append((r.status_code, r.headers.get("content-type", ""), r.text,
-                                        time.monotonic() - began))
+                        answers.append(
+                            (r.status_code, r.headers.get("content-type", ""), r.text, time.monotonic() - began)
+                        )
                     except requests.RequestException as exc:
                         answers.append((-1, "", repr(exc), time.monotonic() - began))
 
@@ -90,8 +91,11 @@ def test_killing_a_replica_under_load_fails_at_most_its_requests_in_flight(ray_s
     assert load["timeouts"] == 0 and max(a[3] for a in answers) < 5, "a request hung"
     for status, content_type, text, _ in failed:
         # an answer cut off mid-body has no status to check; every answer that came is a JSON 5xx
-        assert status == -1 or (status >= 500 and content_type.startswith("application/json")
-                                and '"error"' in text), (status, content_type, text)
+        assert status == -1 or (status >= 500 and content_type.startswith("application/json") and '"error"' in text), (
+            status,
+            content_type,
+            text,
+        )
     assert load["requests"] > 1000 and len(answers) > 200, (load, len(answers))
     print(f"recovered in {recovered_s:.1f} s; wrk {load}; probe failures {failed}")
 
@@ -106,9 +110,18 @@ def test_autoscaling_behind_haproxy_adds_and_removes_replicas_without_failures(r
     X, _ = digits
     model = DigitsNet(config={"hidden": 16})
     model.ensure_setup()
-    app = model.serve("/scaled", settings={
-        "num_replicas": "auto", "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
-        "upscale_delay_s": 1, "downscale_delay_s": 2, "ray_actor_options": {"num_cpus": 0.25}})
+    app = model.serve(
+        "/scaled",
+        settings={
+            "num_replicas": "auto",
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "target_ongoing_requests": 2,
+            "upscale_delay_s": 1,
+            "downscale_delay_s": 2,
+            "ray_actor_options": {"num_cpus": 0.25},
+        },
+    )
 
     def states() -> dict[str, int]:
         return serve.status().applications["scaled"].deployments["scaled-model"].replica_states
@@ -121,8 +134,9 @@ def test_autoscaling_behind_haproxy_adds_and_removes_replicas_without_failures(r
         assert running() == 1
         body = {"pixels": X[:1].tolist()}
         load: dict = {}
-        wrk = threading.Thread(target=lambda: load.update(loadgen.wrk(app.url, body, connections=CONNECTIONS,
-                                                                       seconds=60, stop=enough)))
+        wrk = threading.Thread(
+            target=lambda: load.update(loadgen.wrk(app.url, body, connections=CONNECTIONS, seconds=60, stop=enough))
+        )
         wrk.start()
         began = time.monotonic()
         pids: set[int] = set()

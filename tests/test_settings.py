@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from models import TinyNet
 
 import raymodel as rm
 from raymodel.exceptions import DataError, ModelDefinitionError, SettingsError
-
-from models import TinyNet
 
 
 def test_defaults_and_dict_form_are_equivalent():
@@ -22,16 +21,19 @@ def test_unknown_key_suggests_the_right_one():
         rm.TrainSettings.coerce({"num_epoch": 3})
 
 
-@pytest.mark.parametrize("key,value,fragment", [
-    ("num_workers", -1, "`num_workers` must be an int >= 0 (got -1)"),
-    ("num_epochs", 0, "`num_epochs` must be an int >= 1 (got 0)"),
-    ("batch_size", 2.5, "`batch_size` must be an int >= 1 (got 2.5)"),
-    ("mode", "lowest", "`mode` must be one of 'min', 'max' (got 'lowest')"),
-    ("use_gpu", "yes", "`use_gpu` must be True or False"),
-    ("resources_per_worker", {"CPU": -1}, "`resources_per_worker` must be a dict"),
-    ("callbacks", [object()], "`callbacks` must hold `raymodel.Callback` instances"),
-    ("max_failures", -2, "`max_failures` must be an int >= -1"),
-])
+@pytest.mark.parametrize(
+    "key,value,fragment",
+    [
+        ("num_workers", -1, "`num_workers` must be an int >= 0 (got -1)"),
+        ("num_epochs", 0, "`num_epochs` must be an int >= 1 (got 0)"),
+        ("batch_size", 2.5, "`batch_size` must be an int >= 1 (got 2.5)"),
+        ("mode", "lowest", "`mode` must be one of 'min', 'max' (got 'lowest')"),
+        ("use_gpu", "yes", "`use_gpu` must be True or False"),
+        ("resources_per_worker", {"CPU": -1}, "`resources_per_worker` must be a dict"),
+        ("callbacks", [object()], "`callbacks` must hold `raymodel.Callback` instances"),
+        ("max_failures", -2, "`max_failures` must be an int >= -1"),
+    ],
+)
 def test_bad_values_name_the_key_and_what_is_allowed(key, value, fragment):
     with pytest.raises(SettingsError) as info:
         rm.TrainSettings(**{key: value})
@@ -67,15 +69,18 @@ def test_bad_settings_fail_before_ray(no_ray, tiny):
         TinyNet().train({"num_epochs": 0}, data=rm.data.from_numpy(X, y))
 
 
-@pytest.mark.parametrize("data,fragment", [
-    (None, "No data given"),
-    ({"valid": None}, "no `train` split"),
-    ({"train": ([[1.0, 2.0]] * 4, [0, 1, 0])}, "same number of rows"),
-    ({"train": (["a", "b"], [0, 1])}, "must be numeric"),
-    ({"tr": ([[1.0]], [0])}, "unknown split `tr`"),
-    (iter([1, 2]), "one-shot iterator"),
-    (42, "unsupported type `int`"),
-])
+@pytest.mark.parametrize(
+    "data,fragment",
+    [
+        (None, "No data given"),
+        ({"valid": None}, "no `train` split"),
+        ({"train": ([[1.0, 2.0]] * 4, [0, 1, 0])}, "same number of rows"),
+        ({"train": (["a", "b"], [0, 1])}, "must be numeric"),
+        ({"tr": ([[1.0]], [0])}, "unknown split `tr`"),
+        (iter([1, 2]), "one-shot iterator"),
+        (42, "unsupported type `int`"),
+    ],
+)
 def test_bad_data_fails_before_ray(no_ray, data, fragment):
     with pytest.raises(DataError, match=fragment):
         TinyNet().train({"num_epochs": 1}, data=data)

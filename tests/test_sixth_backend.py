@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from conformance import Case, install
 from sklearn.datasets import load_digits
 
 import raymodel as rm
 from raymodel.contract import Backend, WorkerLoop
 from raymodel.data import worker_rows
-
-from conformance import Case, install
 
 
 class SGDBackend(Backend):

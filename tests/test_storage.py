@@ -86,8 +86,10 @@ def test_eight_concurrent_s3_puts_and_alias_updates_are_all_kept(s3, tmp_path):
     uri = s3.uri("race-registry")
     script = tmp_path / "put.py"
     script.write_text(PUTTER.format(tests=TESTS))
-    procs = [subprocess.Popen([sys.executable, str(script), str(i), uri], stdout=subprocess.PIPE, text=True)
-             for i in range(8)]
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(i), uri], stdout=subprocess.PIPE, text=True)
+        for i in range(8)
+    ]
     versions = sorted(int(p.communicate(timeout=180)[0].strip()) for p in procs)
     assert versions == list(range(1, 9)), "two writers got the same version"
     registry = rm.registry.open(uri)
@@ -102,9 +104,15 @@ def test_a_run_on_s3_keeps_its_scheme_and_resumes_from_s3(ray_session, s3, tmp_p
     X, y = tiny
     root = s3.uri("runs")
     model = TinyNet()
-    settings = rm.TrainSettings(num_workers=1, num_epochs=3, max_failures=1, progress=False, storage_path=root,
-                                name="on-s3", callbacks=[FailOnce(str(tmp_path / "crashed"), epoch=2),
-                                                         Recorder(str(tmp_path))])
+    settings = rm.TrainSettings(
+        num_workers=1,
+        num_epochs=3,
+        max_failures=1,
+        progress=False,
+        storage_path=root,
+        name="on-s3",
+        callbacks=[FailOnce(str(tmp_path / "crashed"), epoch=2), Recorder(str(tmp_path))],
+    )
     result = model.train(settings, data=rm.data.from_numpy(X, y))
     assert result.checkpoint == storage.join(root, "on-s3", "checkpoint_epoch_000003")
     assert result.path == storage.join(root, "on-s3")
@@ -124,8 +132,16 @@ def test_an_experiment_on_s3_resumes_where_it_stopped(ray_session, s3, tiny):
     X, y = tiny
     data = rm.data.from_numpy(X, y, valid_fraction=0.25)
     space = {"lr": rm.tune.grid_search([0.01, 0.02, 0.03, 0.04])}
-    settings = dict(num_samples=1, max_epochs=2, scheduler="fifo", name="resumable", max_concurrent_trials=1,
-                    train=TRIAL, storage_path=s3.uri("experiments"), progress=False)
+    settings = dict(
+        num_samples=1,
+        max_epochs=2,
+        scheduler="fifo",
+        name="resumable",
+        max_concurrent_trials=1,
+        train=TRIAL,
+        storage_path=s3.uri("experiments"),
+        progress=False,
+    )
     first = TinyNet().tune(space, settings={**settings, "callbacks": [StopAfter(2)]}, data=data)
     done_first = first.dataframe()
     done_first = done_first[done_first["epochs"] == 2].set_index("trial_id")
@@ -152,8 +168,13 @@ def test_train_tune_registry_and_serve_across_nodes_with_everything_on_s3(s3, tm
     env.update({"RAYMODEL_HOME": s3.uri("home"), "HOME": str(home), "PYTHONPATH": TESTS})
     nodes = tempfile.mkdtemp(prefix="rm-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     try:
-        out = subprocess.run([sys.executable, os.path.join(TESTS, "multinode.py"), nodes, str(free_port())],
-                             env=env, capture_output=True, text=True, timeout=480)
+        out = subprocess.run(
+            [sys.executable, os.path.join(TESTS, "multinode.py"), nodes, str(free_port())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=480,
+        )
     finally:
         shutil.rmtree(nodes, ignore_errors=True)
     assert out.returncode == 0, "\n".join(line for line in out.stderr.splitlines() if ".so" not in line)[-4000:]

@@ -9,12 +9,11 @@ import textwrap
 
 import numpy as np
 import pytest
+from conformance import attempts, recorded
+from models import DigitsNet, FailOnce, ManualNet, Recorder, TinyNet, WeightsReporter
 
 import raymodel as rm
 from raymodel.exceptions import TrainingError
-
-from conformance import attempts, recorded
-from models import DigitsNet, FailOnce, ManualNet, Recorder, TinyNet, WeightsReporter
 
 pytestmark = pytest.mark.integration
 
@@ -24,8 +23,9 @@ def trained_digits(ray_session, digits):
     X, y = digits
     data = rm.data.from_numpy(X, y, valid_fraction=0.2)
     model = DigitsNet(config={"hidden": 128})
-    settings = rm.TrainSettings(num_workers=2, num_epochs=10, batch_size=32, metric="val_acc", mode="max",
-                                keep_checkpoints=3)
+    settings = rm.TrainSettings(
+        num_workers=2, num_epochs=10, batch_size=32, metric="val_acc", mode="max", keep_checkpoints=3
+    )
     return model, model.train(settings, data=data), data
 
 
@@ -63,16 +63,22 @@ def test_checkpoint_restores_identical_predictions_in_a_fresh_process(trained_di
         model = rm.RayModel.from_checkpoint(sys.argv[1])
         print(json.dumps(model.predict({"pixels": json.loads(sys.stdin.read())})))
     """)
-    out = subprocess.run([sys.executable, "-c", code, result.checkpoint], input=json.dumps(rows),
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, result.checkpoint],
+        input=json.dumps(rows),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == model.predict({"pixels": rows})
 
 
 def test_manual_optimization_keeps_workers_in_step(ray_session, tmp_path, tiny):
     X, y = tiny
-    result = ManualNet().train(rm.TrainSettings(num_workers=2, num_epochs=6, batch_size=2,
-                                                callbacks=[WeightsReporter(str(tmp_path))]),
-                               data=rm.data.from_numpy(X, y, valid_fraction=0.25))
+    result = ManualNet().train(
+        rm.TrainSettings(num_workers=2, num_epochs=6, batch_size=2, callbacks=[WeightsReporter(str(tmp_path))]),
+        data=rm.data.from_numpy(X, y, valid_fraction=0.25),
+    )
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     w0, w1 = (float((tmp_path / f"weights{r}.txt").read_text()) for r in (0, 1))
     assert w0 == pytest.approx(w1, rel=1e-6), "gradients were not averaged across workers"
@@ -80,8 +86,13 @@ def test_manual_optimization_keeps_workers_in_step(ray_session, tmp_path, tiny):
 
 def test_a_worker_that_raises_resumes_from_its_last_checkpoint(ray_session, tmp_path, tiny):
     X, y = tiny
-    settings = rm.TrainSettings(num_workers=1, num_epochs=3, max_failures=1, progress=False,
-                                callbacks=[FailOnce(str(tmp_path / "crashed"), epoch=2), Recorder(str(tmp_path))])
+    settings = rm.TrainSettings(
+        num_workers=1,
+        num_epochs=3,
+        max_failures=1,
+        progress=False,
+        callbacks=[FailOnce(str(tmp_path / "crashed"), epoch=2), Recorder(str(tmp_path))],
+    )
     result = TinyNet().train(settings, data=rm.data.from_numpy(X, y))
     assert (tmp_path / "crashed").exists()
     assert [row["epoch"] for row in result.history] == [1, 2, 3]

@@ -72,8 +72,7 @@ def _weights(result):
 
 
 def _train(model, data, **settings):
-    return model.train({"num_workers": 0, "num_epochs": 1, "shuffle": False, "progress": False, **settings},
-                       data=data)
+    return model.train({"num_workers": 0, "num_epochs": 1, "shuffle": False, "progress": False, **settings}, data=data)
 
 
 def test_accumulating_4_batches_of_16_is_one_batch_of_64(linear_data):
@@ -102,8 +101,12 @@ def test_bf16_trains_digits_to_the_same_accuracy_band(digits):
 
     X, y = digits
     data = rm.data.from_numpy(X, y, valid_fraction=0.2)
-    runs = {p: DigitsNet().train({"num_workers": 0, "num_epochs": 8, "batch_size": 64, "progress": False,
-                                  "precision": p}, data=data).metrics["val_acc"] for p in ("32", "bf16-mixed")}
+    runs = {
+        p: DigitsNet()
+        .train({"num_workers": 0, "num_epochs": 8, "batch_size": 64, "progress": False, "precision": p}, data=data)
+        .metrics["val_acc"]
+        for p in ("32", "bf16-mixed")
+    }
     assert runs["32"] > 0.85 and abs(runs["bf16-mixed"] - runs["32"]) < 0.05, runs
 
 
@@ -172,8 +175,8 @@ def _events(folder):
         data = Path(path).read_bytes()
         at = 0
         while at < len(data):
-            (length,) = struct.unpack("<Q", data[at:at + 8])
-            event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
             at += 12 + length + 4
             out += [(v.tag, event.step, v.simple_value) for v in event.summary.value if v.HasField("simple_value")]
     return out
@@ -184,11 +187,24 @@ def test_early_stopping_and_tracking_survive_a_worker_restart(ray_session, tiny_
     import mlflow
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    callbacks = [rm.callbacks.EarlyStopping("val_loss", patience=3), FailOnce(str(tmp_path / "failed"), epoch=5),
-                 rm.callbacks.MLflowLogger(uri, experiment="plateau"),
-                 rm.callbacks.TensorBoardLogger(str(tmp_path / "tb"))]
-    result = PlateauNet().train({"num_workers": 2, "num_epochs": 10, "max_failures": 1, "metric": "val_loss",
-                                 "callbacks": callbacks, "progress": False, "name": "plateau"}, data=tiny_data)
+    callbacks = [
+        rm.callbacks.EarlyStopping("val_loss", patience=3),
+        FailOnce(str(tmp_path / "failed"), epoch=5),
+        rm.callbacks.MLflowLogger(uri, experiment="plateau"),
+        rm.callbacks.TensorBoardLogger(str(tmp_path / "tb")),
+    ]
+    result = PlateauNet().train(
+        {
+            "num_workers": 2,
+            "num_epochs": 10,
+            "max_failures": 1,
+            "metric": "val_loss",
+            "callbacks": callbacks,
+            "progress": False,
+            "name": "plateau",
+        },
+        data=tiny_data,
+    )
     # best at 3; 4, 5, 6 no better: stop after 6 (the count came back with the epoch-4 checkpoint after the crash)
     assert (tmp_path / "failed").exists() and [r["epoch"] for r in result.history] == [1, 2, 3, 4, 5, 6]
     assert result.checkpoint.endswith("checkpoint_epoch_000006") and result.best_checkpoint.endswith("000003")
@@ -200,7 +216,8 @@ def test_early_stopping_and_tracking_survive_a_worker_restart(ray_session, tiny_
     assert run["params.config.plateau"] == "True" and run["params.settings.num_epochs"] == "10"
     history = mlflow.MlflowClient(uri).get_metric_history(run["run_id"], "val_loss")
     assert sorted({(m.step, round(m.value, 4)) for m in history}) == [
-        (e, v) for e, v in enumerate(PlateauNet.TABLE[:6], start=1)]
+        (e, v) for e, v in enumerate(PlateauNet.TABLE[:6], start=1)
+    ]
     artifacts = [a.path for a in mlflow.MlflowClient(uri).list_artifacts(run["run_id"], "checkpoint")]
     assert "checkpoint/raymodel.json" in artifacts, artifacts  # the final checkpoint, whole
 
@@ -211,14 +228,23 @@ def test_early_stopping_and_tracking_survive_a_worker_restart(ray_session, tiny_
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
     assert set(lines) == {"loss", "val_loss"} and list(lines["val_loss"].get_ydata()) == pytest.approx(
-        PlateauNet.TABLE[:6])
+        PlateauNet.TABLE[:6]
+    )
 
 
 @pytest.mark.integration
 def test_early_stopping_in_a_tune_trial_ends_that_trial_only(ray_session, tiny_data, tmp_path):
-    result = PlateauNet().tune({"plateau": rm.tune.grid_search([True, False])}, data=tiny_data, settings={
-        "num_samples": 1, "max_epochs": 10, "scheduler": "fifo", "progress": False,
-        "train": {"callbacks": [rm.callbacks.EarlyStopping("val_loss", patience=3)], "progress": False}})
+    result = PlateauNet().tune(
+        {"plateau": rm.tune.grid_search([True, False])},
+        data=tiny_data,
+        settings={
+            "num_samples": 1,
+            "max_epochs": 10,
+            "scheduler": "fifo",
+            "progress": False,
+            "train": {"callbacks": [rm.callbacks.EarlyStopping("val_loss", patience=3)], "progress": False},
+        },
+    )
     by_plateau = {t["config/plateau"]: t for t in result.trials}
     assert {k: t["epochs"] for k, t in by_plateau.items()} == {True: 6, False: 10}
     assert by_plateau[True]["stopped_early"] and not by_plateau[False]["stopped_early"]
@@ -230,8 +256,9 @@ def test_early_stopping_in_a_tune_trial_ends_that_trial_only(ray_session, tiny_d
     assert sorted(len(line.get_xdata()) for line in curves) == [6, 10]  # every epoch of every trial
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [6]  # the early-stopped trial's end
     best = by_plateau[False]["trial_id"]  # 1/epoch: 0.1 beats the plateau's 0.73
-    assert result.best_trial_id == best and [line.get_linewidth() for line in curves
-                                             if line.get_label().startswith(best)] == [3]
+    assert result.best_trial_id == best and [
+        line.get_linewidth() for line in curves if line.get_label().startswith(best)
+    ] == [3]
 
 
 def _lightning_linear():
@@ -266,8 +293,9 @@ def test_lightning_gets_the_same_step_settings(linear_data):
     def weights(**settings):
         model = model_class()
         result = _train(model, linear_data, **settings)
-        return torch.cat([p.detach().reshape(-1) for p in rm.RayModel.from_checkpoint(
-            result.checkpoint).module.parameters()])
+        return torch.cat(
+            [p.detach().reshape(-1) for p in rm.RayModel.from_checkpoint(result.checkpoint).module.parameters()]
+        )
 
     model = model_class()
     model.ensure_setup()

@@ -6,12 +6,11 @@ import json
 import time
 
 import pytest
+from interrupt import StopAfter
+from models import DigitsNet, TinyNet
 
 import raymodel as rm
 from raymodel.exceptions import SettingsError, TuneError
-
-from interrupt import StopAfter
-from models import DigitsNet, TinyNet
 
 TRIAL = {"resources_per_worker": {"CPU": 0.95}, "batch_size": 64}
 
@@ -35,8 +34,9 @@ def test_asha_stops_poor_trials_early_and_the_best_is_loaded(ray_session, digits
     data = rm.data.from_numpy(X, y, valid_fraction=0.2)
     model = SpacedDigits()
     # The grid twice: whatever order trials run in, poor ones reach a rung after good ones.
-    settings = rm.TuneSettings(num_samples=2, max_epochs=3, grace_period=1, reduction_factor=2,
-                               metric="val_loss", mode="min", train=TRIAL)
+    settings = rm.TuneSettings(
+        num_samples=2, max_epochs=3, grace_period=1, reduction_factor=2, metric="val_loss", mode="min", train=TRIAL
+    )
     result = model.tune(settings=settings, data=data)  # space=None: hyperparameter_space()
 
     frame = result.dataframe()
@@ -61,8 +61,9 @@ def test_an_interrupted_experiment_resumes_where_it_stopped(ray_session, tiny):
     X, y = tiny
     data = rm.data.from_numpy(X, y, valid_fraction=0.25)
     space = {"lr": rm.tune.grid_search([0.01, 0.02, 0.03, 0.04])}
-    settings = dict(num_samples=1, max_epochs=2, scheduler="fifo", name="resumable", max_concurrent_trials=1,
-                    train=TRIAL)
+    settings = dict(
+        num_samples=1, max_epochs=2, scheduler="fifo", name="resumable", max_concurrent_trials=1, train=TRIAL
+    )
     first = TinyNet().tune(space, settings={**settings, "callbacks": [StopAfter(2)]}, data=data)
     finished_first = first.dataframe()
     finished_first = finished_first[finished_first["epochs"] == 2]
@@ -85,8 +86,11 @@ def test_a_searcher_passed_in_is_used(ray_session, tiny):
 
     X, y = tiny
     searcher = BasicVariantGenerator(points_to_evaluate=[{"lr": 0.0123}])
-    result = TinyNet().tune({"lr": rm.tune.uniform(0.1, 0.2)}, data=rm.data.from_numpy(X, y),
-                            settings={"num_samples": 1, "max_epochs": 1, "search_alg": searcher, "train": TRIAL})
+    result = TinyNet().tune(
+        {"lr": rm.tune.uniform(0.1, 0.2)},
+        data=rm.data.from_numpy(X, y),
+        settings={"num_samples": 1, "max_epochs": 1, "search_alg": searcher, "train": TRIAL},
+    )
     assert result.best_config["lr"] == 0.0123
 
 
@@ -110,8 +114,11 @@ def test_tune_settings_are_validated_before_ray(tiny):
 def test_a_metric_the_model_never_reports_names_the_ones_it_does(ray_session, tiny):
     X, y = tiny
     with pytest.raises(TuneError, match=r"No trial reported `val_f1`. The model reports: \[.*'val_acc', 'val_loss'\]"):
-        TinyNet().tune({}, settings={"num_samples": 1, "max_epochs": 1, "metric": "val_f1", "train": TRIAL},
-                       data=rm.data.from_numpy(X, y))
+        TinyNet().tune(
+            {},
+            settings={"num_samples": 1, "max_epochs": 1, "metric": "val_f1", "train": TRIAL},
+            data=rm.data.from_numpy(X, y),
+        )
 
 
 class ControllerCount(rm.Callback):
@@ -138,8 +145,14 @@ def test_single_worker_trials_train_in_the_trial_and_match_a_worker_group(ray_se
     X, y = tiny
     data = rm.data.from_numpy(X, y, valid_fraction=0.25)
     log = tmp_path / "controllers.jsonl"
-    settings = {"num_samples": 1, "max_epochs": 2, "scheduler": "fifo", "max_concurrent_trials": 1,
-                "progress": False, "train": {**TRIAL, "batch_size": 4, "callbacks": [ControllerCount(str(log), _controllers())]}}
+    settings = {
+        "num_samples": 1,
+        "max_epochs": 2,
+        "scheduler": "fifo",
+        "max_concurrent_trials": 1,
+        "progress": False,
+        "train": {**TRIAL, "batch_size": 4, "callbacks": [ControllerCount(str(log), _controllers())]},
+    }
     result = TinyNet().tune({"train.num_workers": rm.tune.grid_search([0, 1, 2])}, settings=settings, data=data)
     seen = {}
     for trial_id, world, controllers in (json.loads(line) for line in log.read_text().splitlines()):

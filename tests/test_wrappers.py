@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 import requests
 import torch
+from models import DigitsNet, TinyNet
 
 import raymodel as rm
-
-from models import DigitsNet, TinyNet
 
 pytestmark = pytest.mark.integration
 PYTHON = sys.executable
@@ -44,18 +43,24 @@ def test_drivers_do_not_import_the_model_module_and_it_imports_them_only_when_ca
     for folder in ("train", "tune", "serve", "registry"):
         for path in (package / folder).glob("*.py"):
             assert "raymodel.model" not in runtime_imports(path), path
-    top_level = {n.module for n in ast.parse((package / "model.py").read_text()).body
-                 if isinstance(n, ast.ImportFrom) and n.module}
+    top_level = {
+        n.module
+        for n in ast.parse((package / "model.py").read_text()).body
+        if isinstance(n, ast.ImportFrom) and n.module
+    }
     assert not top_level & {"raymodel.train", "raymodel.tune", "raymodel.serve", "raymodel.registry"}
 
 
-@pytest.mark.parametrize("module,cls,native", [
-    ("torch_digits", "ScheduledDigitsNet", "ray.train.torch.TorchTrainer"),
-    ("lightning_digits", "LightningDigits", "ray.train.torch.TorchTrainer"),
-    ("keras_iris", "KerasIris", "ray.train.tensorflow.TensorflowTrainer"),
-    ("xgboost_breast_cancer", "XGBCancer", "ray.train.xgboost.XGBoostTrainer"),
-    ("lightgbm_breast_cancer", "LGBMCancer", "ray.train.lightgbm.LightGBMTrainer"),
-])
+@pytest.mark.parametrize(
+    "module,cls,native",
+    [
+        ("torch_digits", "ScheduledDigitsNet", "ray.train.torch.TorchTrainer"),
+        ("lightning_digits", "LightningDigits", "ray.train.torch.TorchTrainer"),
+        ("keras_iris", "KerasIris", "ray.train.tensorflow.TensorflowTrainer"),
+        ("xgboost_breast_cancer", "XGBCancer", "ray.train.xgboost.XGBoostTrainer"),
+        ("lightgbm_breast_cancer", "LGBMCancer", "ray.train.lightgbm.LightGBMTrainer"),
+    ],
+)
 def test_as_trainer_is_the_native_trainer_of_each_backend(ray_session, module, cls, native):
     sys.path.insert(0, str(ROOT / "examples"))
     example = importlib.import_module(module)
@@ -71,8 +76,9 @@ def test_the_native_trainer_runs_the_same_loop_as_model_train(ray_session, tiny)
     by_verb = TinyNet().train(settings, data=data)  # which is `rm.Trainable(...).fit()` (model.py)
     result = rm.Trainable(TinyNet(), settings, data=data).as_trainer().fit()  # Ray's own Result
     restored = rm.RayModel.from_checkpoint(result.checkpoint.path)
-    np.testing.assert_allclose(np.asarray(restored.predict(X)), np.asarray(TinyNet.from_checkpoint(
-        by_verb.checkpoint).predict(X)), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(restored.predict(X)), np.asarray(TinyNet.from_checkpoint(by_verb.checkpoint).predict(X)), rtol=1e-6
+    )
 
 
 class StepCounter(rm.Callback):
@@ -96,15 +102,23 @@ class StepCounter(rm.Callback):
 def test_train_settings_are_tunable_per_trial(ray_session, tmp_path, tiny):
     X, y = tiny  # 12 training rows: batch 2 -> 6 steps an epoch, batch 6 -> 2
     log = tmp_path / "steps.jsonl"
-    settings = {"num_samples": 1, "max_epochs": 2, "scheduler": "fifo", "progress": False,
-                "train": {**TRIAL, "callbacks": [StepCounter(str(log))]}}
-    result = TinyNet().tune({"train.batch_size": rm.tune.grid_search([2, 6])}, settings=settings,
-                            data=rm.data.from_numpy(X, y, valid_fraction=0.25))
+    settings = {
+        "num_samples": 1,
+        "max_epochs": 2,
+        "scheduler": "fifo",
+        "progress": False,
+        "train": {**TRIAL, "callbacks": [StepCounter(str(log))]},
+    }
+    result = TinyNet().tune(
+        {"train.batch_size": rm.tune.grid_search([2, 6])},
+        settings=settings,
+        data=rm.data.from_numpy(X, y, valid_fraction=0.25),
+    )
     frame = result.dataframe()
     assert sorted(frame["config/train.batch_size"]) == [2, 6]
     assert "train.batch_size" in result.best_config
     steps = {}
-    for trial_id, epoch, n in (json.loads(line) for line in log.read_text().splitlines()):
+    for trial_id, _epoch, n in (json.loads(line) for line in log.read_text().splitlines()):
         steps.setdefault(trial_id, set()).add(n)
     by_batch = {row["config/train.batch_size"]: steps[row["trial_id"]] for _, row in frame.iterrows()}
     assert by_batch == {2: {6}, 6: {2}}
@@ -125,8 +139,14 @@ class LoadRecorder(rm.Callback):
 
     def on_load_checkpoint(self, state):
         weights = sum(float(p.double().sum()) for p in self.model.net.parameters())
-        self._write({"trial": self.context.trial_id, "from": self.context.checkpoint,
-                     "epoch": self.context.resumed_from, "weights": weights})
+        self._write(
+            {
+                "trial": self.context.trial_id,
+                "from": self.context.checkpoint,
+                "epoch": self.context.resumed_from,
+                "weights": weights,
+            }
+        )
 
     def before_epoch(self, epoch):
         self._write({"trial": self.context.trial_id, "before_epoch": epoch})
@@ -138,8 +158,9 @@ def _exploits(log: Path, last_epoch: int) -> list[tuple[dict, int]]:
     found = []
     for i, event in enumerate(events):
         if "from" in event and event["trial"] not in event["from"] and event["epoch"] < last_epoch:
-            following = next(e["before_epoch"] for e in events[i + 1:] if e["trial"] == event["trial"]
-                             and "before_epoch" in e)
+            following = next(
+                e["before_epoch"] for e in events[i + 1 :] if e["trial"] == event["trial"] and "before_epoch" in e
+            )
             found.append((event, following))
     return found
 
@@ -161,9 +182,15 @@ def test_population_based_training_exploits_from_the_donors_checkpoint(ray_sessi
     X, y = digits
     log = tmp_path / "loads.jsonl"
     space = {"lr": rm.tune.choice([1e-5, 3e-2])}  # one good, one hopeless: the hopeless trial exploits
-    settings = {"num_samples": 2, "max_epochs": 4, "scheduler": "pbt", "perturbation_interval": 2,
-                "progress": False, "seed": 1, "train": {**TRIAL, "batch_size": 64,
-                                                        "callbacks": [LoadRecorder(str(log))]}}
+    settings = {
+        "num_samples": 2,
+        "max_epochs": 4,
+        "scheduler": "pbt",
+        "perturbation_interval": 2,
+        "progress": False,
+        "seed": 1,
+        "train": {**TRIAL, "batch_size": 64, "callbacks": [LoadRecorder(str(log))]},
+    }
     DigitsNet().tune(space, settings=settings, data=rm.data.from_numpy(X[:500], y[:500]))
     _check_exploits(log)
 
@@ -176,9 +203,12 @@ def test_as_trainable_runs_under_a_users_own_tuner(ray_session, tmp_path, tiny, 
     asha = tune.Tuner(
         rm.Tunable(TinyNet(), data=rm.data.from_numpy(X, y), settings={"train": TRIAL}).as_trainable(),
         param_space={"lr": tune.grid_search([0.5, 0.05, 0.005]), "train.num_epochs": 3},
-        tune_config=tune.TuneConfig(scheduler=ASHAScheduler(time_attr="epoch", metric="val_loss", mode="min",
-                                                            max_t=3, grace_period=1), max_concurrent_trials=2),
-        run_config=tune.RunConfig(storage_path=str(tmp_path / "asha"), name="users-asha")).fit()
+        tune_config=tune.TuneConfig(
+            scheduler=ASHAScheduler(time_attr="epoch", metric="val_loss", mode="min", max_t=3, grace_period=1),
+            max_concurrent_trials=2,
+        ),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "asha"), name="users-asha"),
+    ).fit()
     assert len(asha) == 3 and not asha.errors
     assert all(0 < r.metrics["epoch"] <= 3 for r in asha)
     best = rm.RayModel.from_checkpoint(asha.get_best_result("val_loss", "min").metrics["checkpoint_path"])
@@ -186,13 +216,25 @@ def test_as_trainable_runs_under_a_users_own_tuner(ray_session, tmp_path, tiny, 
 
     X, y = digits
     log = tmp_path / "loads.jsonl"
-    tunable = rm.Tunable(DigitsNet(), data=rm.data.from_numpy(X[:500], y[:500]),
-                         settings={"train": {**TRIAL, "batch_size": 64, "callbacks": [LoadRecorder(str(log))]}})
-    pbt = PopulationBasedTraining(time_attr="epoch", metric="val_loss", mode="min", perturbation_interval=2,
-                                  hyperparam_mutations={"lr": [1e-5, 3e-2]}, synch=True)
-    grid = tune.Tuner(tunable.as_trainable(), param_space={"lr": tune.grid_search([1e-5, 3e-2]), "train.num_epochs": 4},
-                      tune_config=tune.TuneConfig(scheduler=pbt),
-                      run_config=tune.RunConfig(storage_path=str(tmp_path / "pbt"), name="users-pbt")).fit()
+    tunable = rm.Tunable(
+        DigitsNet(),
+        data=rm.data.from_numpy(X[:500], y[:500]),
+        settings={"train": {**TRIAL, "batch_size": 64, "callbacks": [LoadRecorder(str(log))]}},
+    )
+    pbt = PopulationBasedTraining(
+        time_attr="epoch",
+        metric="val_loss",
+        mode="min",
+        perturbation_interval=2,
+        hyperparam_mutations={"lr": [1e-5, 3e-2]},
+        synch=True,
+    )
+    grid = tune.Tuner(
+        tunable.as_trainable(),
+        param_space={"lr": tune.grid_search([1e-5, 3e-2]), "train.num_epochs": 4},
+        tune_config=tune.TuneConfig(scheduler=pbt),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "pbt"), name="users-pbt"),
+    ).fit()
     assert not grid.errors
     _check_exploits(log)
 
@@ -232,8 +274,11 @@ def test_as_application_runs_under_serve_run(ray_session, registry, digits):
 
 def test_an_alias_switch_under_load_fails_no_request(ray_session, registry, digits):
     _versions(registry)
-    served = rm.Servable("digits@production", "/switch", settings={"registry_poll_s": 0.2, "num_replicas": 2,
-                                                                  "ray_actor_options": {"num_cpus": 0.25}}).deploy()
+    served = rm.Servable(
+        "digits@production",
+        "/switch",
+        settings={"registry_poll_s": 0.2, "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}},
+    ).deploy()
     session = requests.Session()
     row = {"pixels": digits[0][:1].tolist()}
     statuses, seen = [], []
@@ -270,18 +315,37 @@ def test_serving_from_the_command_lines(ray_session, registry, tmp_path):
     _versions(registry)
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     # `serve run` (Ray's own CLI) on a module that builds the application.
-    (tmp_path / "served_app.py").write_text("import raymodel as rm\n"
-                                             "app = rm.Servable('digits@production', '/ray-cli').as_application()\n")
-    proc = subprocess.Popen([str(Path(PYTHON).parent / "serve"), "run", "served_app:app", "--route-prefix", "/ray-cli", "--app-dir",
-                             str(tmp_path)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    (tmp_path / "served_app.py").write_text(
+        "import raymodel as rm\napp = rm.Servable('digits@production', '/ray-cli').as_application()\n"
+    )
+    proc = subprocess.Popen(
+        [
+            str(Path(PYTHON).parent / "serve"),
+            "run",
+            "served_app:app",
+            "--route-prefix",
+            "/ray-cli",
+            "--app-dir",
+            str(tmp_path),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert _wait_for("http://127.0.0.1:8000/ray-cli/info", proc).json()["serving"] == "digits:1"
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     # `raymodel serve` (ours), which stops serving cleanly on SIGTERM.
-    proc = subprocess.Popen([PYTHON, "-m", "raymodel.cli", "serve", "digits:2", "--route", "/our-cli"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "raymodel.cli", "serve", "digits:2", "--route", "/our-cli"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().startswith("serving digits:2 at http://127.0.0.1:8000/our-cli")
         assert _wait_for("http://127.0.0.1:8000/our-cli/info", proc).json()["serving"] == "digits:2"

@@ -80,8 +80,13 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def write(model: Any, directory: str | Path, state: dict[str, Any], extra: dict[str, Any] | None = None,
-          run_state: dict[str, Any] | None = None) -> Path:
+def write(
+    model: Any,
+    directory: str | Path,
+    state: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    run_state: dict[str, Any] | None = None,
+) -> Path:
     """Write ``model`` (class, config) and its ``state`` as a checkpoint into ``directory``.
 
     The backend writes the entries it knows (``backend.state_keys``) with the
@@ -163,8 +168,10 @@ def _schema_problem(manifest: Any) -> str | None:
     if manifest.get("format") != FORMAT:
         return f"format is {manifest.get('format')!r}, not {FORMAT!r}"
     if manifest.get("format_version") != FORMAT_VERSION:
-        return (f"format_version {manifest.get('format_version')!r} is not {FORMAT_VERSION} (format 1 checkpoints "
-                "carry no manifest checksum; save the model again with this raymodel)")
+        return (
+            f"format_version {manifest.get('format_version')!r} is not {FORMAT_VERSION} (format 1 checkpoints "
+            "carry no manifest checksum; save the model again with this raymodel)"
+        )
     if manifest.get("manifest_sha256") != manifest_digest(manifest):
         return "the manifest was changed after it was written (its `manifest_sha256` does not match)"
     cls = manifest.get("class")
@@ -196,13 +203,17 @@ def verify(directory: str | Path, manifest: dict[str, Any] | None = None) -> dic
     present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file() or p.is_symlink()}
     unlisted = sorted(present - set(listed) - {MANIFEST} - SIDECAR_FILES)
     if unlisted:
-        raise ChecksumError(f"Checkpoint `{directory}` holds files its manifest does not list: {unlisted}. "
-                            "They were added after it was written; nothing was loaded.")
+        raise ChecksumError(
+            f"Checkpoint `{directory}` holds files its manifest does not list: {unlisted}. "
+            "They were added after it was written; nothing was loaded."
+        )
     for rel, expected in listed.items():
         path = directory / rel
         if path.is_symlink() or not path.is_file():
-            raise ChecksumError(f"Checkpoint `{directory}` is missing `{rel}`, listed in its manifest "
-                                "(or it is a link); nothing was loaded.")
+            raise ChecksumError(
+                f"Checkpoint `{directory}` is missing `{rel}`, listed in its manifest "
+                "(or it is a link); nothing was loaded."
+            )
         actual = sha256(path)
         if actual != expected:
             raise ChecksumError(
@@ -232,8 +243,11 @@ def version_differences(manifest: dict[str, Any]) -> list[str]:
     """``"torch 2.1 (now 2.3)"`` for each library the checkpoint recorded that is installed in another version."""
     saved = manifest.get("versions", {})
     current = library_versions(tuple(name for name in saved if name != "python"))
-    return [f"{name} {saved[name]} (now {current[name]})" for name in sorted(saved)
-            if name in current and saved[name] != current[name]]
+    return [
+        f"{name} {saved[name]} (now {current[name]})"
+        for name in sorted(saved)
+        if name in current and saved[name] != current[name]
+    ]
 
 
 def load_model(path: str | os.PathLike[str], config: dict[str, Any] | None = None, base: type | None = None) -> Any:
@@ -248,9 +262,13 @@ def load_model(path: str | os.PathLike[str], config: dict[str, Any] | None = Non
         manifest = verify(directory)
         diffs = version_differences(manifest)
         if diffs:
-            warnings.warn("This checkpoint was written with other library versions: " + ", ".join(diffs)
-                          + ". Loading usually works, but pickled code may behave differently.", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                "This checkpoint was written with other library versions: "
+                + ", ".join(diffs)
+                + ". Loading usually works, but pickled code may behave differently.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         klass, saved_config = load_class(directory, manifest)
         if base is not None and not (isinstance(klass, type) and issubclass(klass, base)):
             raise CheckpointError(

@@ -36,8 +36,7 @@ class RunHub:
         key = (token, seq)
         entry = self._rounds.get(key)
         if entry is None:
-            entry = self._rounds[key] = {"values": [None] * world, "left": world, "taken": 0,
-                                         "done": asyncio.Event()}
+            entry = self._rounds[key] = {"values": [None] * world, "left": world, "taken": 0, "done": asyncio.Event()}
         entry["values"][rank] = value
         entry["left"] -= 1
         if entry["left"] == 0:

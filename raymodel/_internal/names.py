@@ -22,8 +22,10 @@ def name_problem(value: Any, what: str) -> str | None:
     """Why ``value`` is not a safe name (a problem string for a settings error), or None."""
     if isinstance(value, str) and _NAME.fullmatch(value):
         return None
-    return (f"{what} must be 1 to 128 characters of letters, digits, '_', '-' and '.', not starting "
-            f"with '.' or '-' (got {value!r}).")
+    return (
+        f"{what} must be 1 to 128 characters of letters, digits, '_', '-' and '.', not starting "
+        f"with '.' or '-' (got {value!r})."
+    )
 
 
 def key(value: Any) -> str:
@@ -56,22 +58,23 @@ def version(value: Any) -> int | str | None:
         return value
     if isinstance(value, str):
         return alias(value)
-    raise RegistryError(f"`version` must be a version number, an alias or None (got {value!r} that is a "
-                        f"{type(value).__name__}).")
+    raise RegistryError(
+        f"`version` must be a version number, an alias or None (got {value!r} that is a {type(value).__name__})."
+    )
 
 
 def parse_ref(ref: Any) -> tuple[str, int | str | None]:
     """``"digits"``, ``"digits:3"`` or ``"digits@production"`` -> ``(key, version or alias or None)``."""
     if not isinstance(ref, str):
-        raise RegistryError(f"A model reference is a string like 'digits', 'digits:3' or 'digits@production' "
-                            f"(got {ref!r}).")
+        raise RegistryError(
+            f"A model reference is a string like 'digits', 'digits:3' or 'digits@production' (got {ref!r})."
+        )
     if "@" in ref:
         k, a = ref.split("@", 1)
         return key(k), alias(a)
     if ":" in ref:
         k, v = ref.split(":", 1)
         if not (v.isascii() and v.isdigit()):
-            raise RegistryError(f"In {ref!r}, what follows ':' must be a version number; "
-                                f"use 'KEY@ALIAS' for an alias.")
+            raise RegistryError(f"In {ref!r}, what follows ':' must be a version number; use 'KEY@ALIAS' for an alias.")
         return key(k), version(v)
     return key(ref), None

@@ -64,8 +64,14 @@ def tune_figure(result: Any, path: str | None) -> Any:
             continue
         epochs, values = [e for e, _ in curve], [v for _, v in curve]
         best = trial_id == result.best_trial_id
-        line, = ax.plot(epochs, values, linewidth=3 if best else 1.2, alpha=1 if best else 0.75,
-                        label=f"{trial_id} (best)" if best else trial_id, zorder=3 if best else 2)
+        (line,) = ax.plot(
+            epochs,
+            values,
+            linewidth=3 if best else 1.2,
+            alpha=1 if best else 0.75,
+            label=f"{trial_id} (best)" if best else trial_id,
+            zorder=3 if best else 2,
+        )
         if trial_id in stopped:
             ax.plot(epochs[-1:], values[-1:], marker="x", markersize=9, color=line.get_color(), zorder=4)
     ax.set_xlabel("epoch")

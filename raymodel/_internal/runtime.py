@@ -17,8 +17,11 @@ _QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
 
 
 def _has_token() -> bool:
-    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
-                or (Path.home() / ".ray" / "auth_token").exists())
+    return bool(
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        or (Path.home() / ".ray" / "auth_token").exists()
+    )
 
 
 # Ray's token auth stays on. A client sends its token only in token mode, which Ray turns on by
@@ -93,8 +96,10 @@ def resolve_ingress(choice: str | None = None) -> str:
 
     value = choice or os.environ.get("RAYMODEL_SERVE_INGRESS") or "haproxy"
     if value not in SERVE_INGRESSES:
-        raise SettingsError(f"`serve_ingress` must be one of {', '.join(map(repr, SERVE_INGRESSES))} "
-                            f"(got {value!r}; from RAYMODEL_SERVE_INGRESS?).")
+        raise SettingsError(
+            f"`serve_ingress` must be one of {', '.join(map(repr, SERVE_INGRESSES))} "
+            f"(got {value!r}; from RAYMODEL_SERVE_INGRESS?)."
+        )
     return value
 
 
@@ -110,26 +115,28 @@ def serve_env(ingress: str) -> dict[str, str]:
         return env
     # HAProxy's stats and metrics ports are per instance, so that two Ray instances on one machine (a
     # test session and a demo it runs) do not fight over Ray's fixed defaults (its files are per node).
-    env.update({
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        # A stopping replica stays reachable this long, so HAProxy drops it before it goes (Ray's
-        # default, 30 s, is for cloud load balancers; HAProxy here is told at once): rolling updates
-        # under load drop nothing with 3 s (tests/test_serve_faults.py).
-        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "3",
-        # A request that a dying replica closed without a byte of answer is sent to another replica
-        # (Ray retries connection failures only): a prediction is safe to repeat. Without it HAProxy
-        # closes the client's connection without an answer (tests/test_serve_faults.py).
-        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
-        # HAProxy sends one log line per request to the node's HAProxyManager actor, which parses it in
-        # Python to count the request: 85-100 us of CPU per request, and HAProxy's own log writing
-        # another 30-40 (2 cores, README). Off, each replica counts the requests it answers itself
-        # (Serve's direct-ingress metrics); lost are counts of answers HAProxy gave on its own.
-        "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
-        # Ray's 4 threads are more than a small machine's cores, where HAProxy shares them with replicas.
-        "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
-    })
+    env.update(
+        {
+            "RAY_SERVE_ENABLE_HA_PROXY": "1",
+            # A stopping replica stays reachable this long, so HAProxy drops it before it goes (Ray's
+            # default, 30 s, is for cloud load balancers; HAProxy here is told at once): rolling updates
+            # under load drop nothing with 3 s (tests/test_serve_faults.py).
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "3",
+            # A request that a dying replica closed without a byte of answer is sent to another replica
+            # (Ray retries connection failures only): a prediction is safe to repeat. Without it HAProxy
+            # closes the client's connection without an answer (tests/test_serve_faults.py).
+            "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
+            # HAProxy sends one log line per request to the node's HAProxyManager actor, which parses it in
+            # Python to count the request: 85-100 us of CPU per request, and HAProxy's own log writing
+            # another 30-40 (2 cores, README). Off, each replica counts the requests it answers itself
+            # (Serve's direct-ingress metrics); lost are counts of answers HAProxy gave on its own.
+            "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
+            # Ray's 4 threads are more than a small machine's cores, where HAProxy shares them with replicas.
+            "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
+            "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        }
+    )
     return env
 
 
@@ -155,8 +162,9 @@ def with_serve_env(environ: Mapping[str, str], ingress: str) -> dict[str, str]:
     return env
 
 
-def init(address: str | None = None, *, verbose: bool = False, serve_ingress: str | None = None,
-         **ray_init_kwargs: Any) -> None:
+def init(
+    address: str | None = None, *, verbose: bool = False, serve_ingress: str | None = None, **ray_init_kwargs: Any
+) -> None:
     """Start a local Ray instance, or join a cluster, unless Ray is already running.
 
     ``RAY_ADDRESS`` (or ``address=``) joins a cluster, as does a running

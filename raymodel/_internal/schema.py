@@ -28,8 +28,9 @@ class Schema:
             try:
                 cls.check_schema(declared)
             except jsonschema.SchemaError as exc:
-                raise ModelDefinitionError(f"`{where}` is not a valid JSON Schema: {exc.message} "
-                                           f"(at {json_path(exc.absolute_path)}).") from None
+                raise ModelDefinitionError(
+                    f"`{where}` is not a valid JSON Schema: {exc.message} (at {json_path(exc.absolute_path)})."
+                ) from None
             self._validator: Any = cls(declared)
             self._adapter: Any = None
             self.json_schema = dict(declared)
@@ -40,8 +41,10 @@ class Schema:
                 self._adapter = TypeAdapter(declared)
                 self.json_schema = self._adapter.json_schema(ref_template=COMPONENTS + "{model}")
             except Exception as exc:  # noqa: BLE001 - pydantic's errors for a type it cannot use vary
-                raise ModelDefinitionError(f"`{where}` must be a pydantic model (or a type pydantic validates) "
-                                           f"or a JSON Schema dict (got {declared!r}: {exc}).") from None
+                raise ModelDefinitionError(
+                    f"`{where}` must be a pydantic model (or a type pydantic validates) "
+                    f"or a JSON Schema dict (got {declared!r}: {exc})."
+                ) from None
             self._validator = None
 
     def validate(self, value: Any) -> tuple[Any, list[dict[str, str]]]:
@@ -84,7 +87,7 @@ class Schemas:
         return self.output.to_json(value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schemas_of(model_cls: type) -> Schemas:
     """The compiled schemas of a model class (once per class)."""
     return Schemas(model_cls)
@@ -112,14 +115,30 @@ def openapi(model_cls: type, route: str, title: str, version: str) -> dict[str, 
     """The OpenAPI 3.1 document of a route: its POST body and answers, and the GET endpoints."""
     schemas = schemas_of(model_cls)
     components: dict[str, Any] = {
-        "Error": {"type": "object", "required": ["error", "detail"],
-                  "properties": {"error": {"type": "string"}, "detail": {"type": "string"},
-                                 "request_id": {"type": "string"}}},
-        "InvalidPayload": {"type": "object", "required": ["error", "detail"], "properties": {
-            "error": {"type": "string"}, "detail": {"type": "string"},
-            "errors": {"type": "array", "items": {"type": "object", "required": ["path", "message"], "properties": {
-                "path": {"type": "string", "description": "JSON path of the field, e.g. $.pixels[0][3]"},
-                "message": {"type": "string"}}}}}},
+        "Error": {
+            "type": "object",
+            "required": ["error", "detail"],
+            "properties": {"error": {"type": "string"}, "detail": {"type": "string"}, "request_id": {"type": "string"}},
+        },
+        "InvalidPayload": {
+            "type": "object",
+            "required": ["error", "detail"],
+            "properties": {
+                "error": {"type": "string"},
+                "detail": {"type": "string"},
+                "errors": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["path", "message"],
+                        "properties": {
+                            "path": {"type": "string", "description": "JSON path of the field, e.g. $.pixels[0][3]"},
+                            "message": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
     }
     body = _component(schemas.input, components) if schemas.input else {"description": "any JSON (no input_schema)"}
     answer = _component(schemas.output, components) if schemas.output else {"description": "any JSON"}
@@ -133,15 +152,21 @@ def openapi(model_cls: type, route: str, title: str, version: str) -> dict[str, 
         "openapi": "3.1.0",
         "info": {"title": title, "version": version},
         "paths": {
-            route: {"post": {
-                "summary": f"Predict with {model_cls.__name__}",
-                "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-                "responses": {"200": {"description": "The prediction",
-                                      "content": {"application/json": {"schema": answer}}},
-                              "400": error("The body is not JSON"), "413": error("The body is too large"),
-                              "422": error("The payload does not match the input schema, or preprocess refused it",
-                                           "InvalidPayload"),
-                              "500": error("The model failed on this request")}}},
+            route: {
+                "post": {
+                    "summary": f"Predict with {model_cls.__name__}",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+                    "responses": {
+                        "200": {"description": "The prediction", "content": {"application/json": {"schema": answer}}},
+                        "400": error("The body is not JSON"),
+                        "413": error("The body is too large"),
+                        "422": error(
+                            "The payload does not match the input schema, or preprocess refused it", "InvalidPayload"
+                        ),
+                        "500": error("The model failed on this request"),
+                    },
+                }
+            },
             f"{base}/health": get("Liveness"),
             f"{base}/info": get("What is served: class, backend, version, batching"),
             f"{base}/openapi.json": get("This document"),
@@ -162,8 +187,14 @@ def _component(schema: Schema, components: dict[str, Any]) -> dict[str, Any]:
 
 def _rewrite(node: Any, key: str) -> Any:
     if isinstance(node, dict):
-        return {k: (COMPONENTS + v[len(f"#/{key}/"):] if k == "$ref" and isinstance(v, str)
-                    and v.startswith(f"#/{key}/") else _rewrite(v, key)) for k, v in node.items()}
+        return {
+            k: (
+                COMPONENTS + v[len(f"#/{key}/") :]
+                if k == "$ref" and isinstance(v, str) and v.startswith(f"#/{key}/")
+                else _rewrite(v, key)
+            )
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_rewrite(v, key) for v in node]
     return node

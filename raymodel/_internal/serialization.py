@@ -39,8 +39,7 @@ def by_value(*objects: Any) -> Iterator[None]:
         for klass in cls.__mro__:
             name = klass.__module__
             module = sys.modules.get(name)
-            if (module is None or name == "__main__" or name.split(".")[0] in by_reference
-                    or name in registered):
+            if module is None or name == "__main__" or name.split(".")[0] in by_reference or name in registered:
                 continue
             try:
                 cloudpickle.register_pickle_by_value(module)

@@ -91,8 +91,7 @@ def _coerce(cls: type[S], value: Any) -> S:
             raise SettingsError(f"`{cls.__name__}` keys must be strings (got {bad[0]!r}).")
         return cls(**dict(value))
     raise SettingsError(
-        f"Expected a `{cls.__name__}` or a dict of its settings "
-        f"(got {value!r} that is a {type(value).__name__})."
+        f"Expected a `{cls.__name__}` or a dict of its settings (got {value!r} that is a {type(value).__name__})."
     )
 
 
@@ -104,8 +103,9 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: Any, minimum: int | None = None, allow_none: bool = False,
-              maximum: int | None = None) -> str | None:
+def check_int(
+    name: str, value: Any, minimum: int | None = None, allow_none: bool = False, maximum: int | None = None
+) -> str | None:
     if value is None and allow_none:
         return None
     if not _is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -122,8 +122,14 @@ def check_resources(name: str, value: Any, allow_none: bool = True) -> str | Non
     if value is None and allow_none:
         return None
     if not isinstance(value, dict) or not all(
-            isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and v >= 0 for k, v in value.items()):
+        isinstance(k, str)
+        and k
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and v >= 0
+        for k, v in value.items()
+    ):
         return f"`{name}` must be a dict like {{'CPU': 1}} of finite numbers >= 0 (got {value!r})."
     return None
 
@@ -134,8 +140,9 @@ def check_actor_options(name: str, value: Any) -> list[str]:
         return []
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         return [f"`{name}` must be a dict like {{'num_cpus': 1}} (got {value!r})."]
-    problems = [check_number(f"{name}['{k}']", value[k], minimum=0) for k in ("num_cpus", "num_gpus", "memory")
-                if k in value]
+    problems = [
+        check_number(f"{name}['{k}']", value[k], minimum=0) for k in ("num_cpus", "num_gpus", "memory") if k in value
+    ]
     if "resources" in value:
         problems.append(check_resources(f"{name}['resources']", value["resources"], allow_none=False))
     return collect(*problems)
@@ -149,8 +156,12 @@ def check_name(name: str, value: Any) -> str | None:
 
 
 def check_number(
-    name: str, value: Any, minimum: float | None = None, maximum: float | None = None,
-    allow_none: bool = False, exclusive_min: bool = False,
+    name: str,
+    value: Any,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    allow_none: bool = False,
+    exclusive_min: bool = False,
 ) -> str | None:
     if value is None and allow_none:
         return None

@@ -56,7 +56,7 @@ def rebase(root: str, fs_path: str) -> str:
     rel = fs_path.rstrip("/")
     if rel != base and not rel.startswith(base + "/"):
         raise ValueError(f"`{fs_path}` is not under `{root}`.")
-    return join(root, rel[len(base):])
+    return join(root, rel[len(base) :])
 
 
 def exists(location: str) -> bool:
@@ -89,7 +89,7 @@ def files_under(location: str) -> list[str]:
 
     fs, path = filesystem(location)
     infos = fs.get_file_info(pyarrow.fs.FileSelector(path, recursive=True, allow_not_found=True))
-    return sorted(i.path[len(path) + 1:] for i in infos if i.type == pyarrow.fs.FileType.File)
+    return sorted(i.path[len(path) + 1 :] for i in infos if i.type == pyarrow.fs.FileType.File)
 
 
 def read_bytes(location: str) -> bytes:
@@ -123,8 +123,9 @@ def upload(source: str | Path, location: str, last: str | None = None) -> str:
     """
     fs, path = filesystem(location)
     source = Path(source)
-    files = sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: p.relative_to(source).as_posix()
-                   == last)
+    files = sorted(
+        (p for p in source.rglob("*") if p.is_file()), key=lambda p: p.relative_to(source).as_posix() == last
+    )
     for file in files:
         with fs.open_output_stream(f"{path}/{file.relative_to(source).as_posix()}") as fh, open(file, "rb") as src:
             shutil.copyfileobj(src, fh, 1 << 20)

@@ -87,7 +87,7 @@ def collect(parent: Path, kind: str) -> int:
 
 
 def _abandoned(entry: Path, kind: str) -> bool:
-    parts = entry.name[len(kind) + 1:].split("-")
+    parts = entry.name[len(kind) + 1 :].split("-")
     if len(parts) != 3 or not parts[1].isdigit():
         return False  # not one of ours
     try:

@@ -24,11 +24,12 @@ if TYPE_CHECKING:
 
 
 class KerasLoop(WorkerLoop):
-    def __init__(self, run: "Run") -> None:
+    def __init__(self, run: Run) -> None:
         super().__init__(run)
         # On Ray Train workers (TF_CONFIG set by Ray): the multi-worker strategy; in a Tune trial: the default.
-        self.strategy = (tf.distribute.MultiWorkerMirroredStrategy() if run.session.on_ray_train
-                         else tf.distribute.get_strategy())
+        self.strategy = (
+            tf.distribute.MultiWorkerMirroredStrategy() if run.session.on_ray_train else tf.distribute.get_strategy()
+        )
         self.valid: Any = None
         self.bridge: Any = None
 
@@ -49,14 +50,20 @@ class KerasLoop(WorkerLoop):
 
     async def train_epoch(self, epoch: int) -> dict[str, float]:
         dataset, steps = self._dataset("train", epoch)
-        logs = await asyncio.to_thread(self.model.model.fit, dataset, epochs=epoch, initial_epoch=epoch - 1,
-                                       steps_per_epoch=steps, callbacks=[self.bridge], verbose=0)
+        logs = await asyncio.to_thread(
+            self.model.model.fit,
+            dataset,
+            epochs=epoch,
+            initial_epoch=epoch - 1,
+            steps_per_epoch=steps,
+            callbacks=[self.bridge],
+            verbose=0,
+        )
         return {k: float(v[-1]) for k, v in logs.history.items()}
 
     async def validate(self, epoch: int) -> dict[str, float]:
         dataset, steps = self.valid
-        logs = await asyncio.to_thread(self.model.model.evaluate, dataset, steps=steps, return_dict=True,
-                                       verbose=0)
+        logs = await asyncio.to_thread(self.model.model.evaluate, dataset, steps=steps, return_dict=True, verbose=0)
         return {k: float(v) for k, v in logs.items()}
 
     def _dataset(self, split_name: str, epoch: int) -> tuple[Any, int]:
@@ -66,8 +73,9 @@ class KerasLoop(WorkerLoop):
         strategy gives a worker that ran out an empty batch, so every row counts once)."""
         run, s = self.run, self.run.settings
         split = run.splits[split_name]
-        idx = worker_rows(len(split), run.rank, run.world, train=split_name == "train", shuffle=s.shuffle,
-                          seed=s.seed, epoch=epoch)
+        idx = worker_rows(
+            len(split), run.rank, run.world, train=split_name == "train", shuffle=s.shuffle, seed=s.seed, epoch=epoch
+        )
         x = np.asarray(split.x)[idx]
         if np.issubdtype(x.dtype, np.floating):
             x = x.astype(np.float32)
@@ -83,7 +91,7 @@ class KerasLoop(WorkerLoop):
 class _BatchHooks(tf.keras.callbacks.Callback):
     """Keras' batch callback points -> the run's batch hooks."""
 
-    def __init__(self, run: "Run") -> None:
+    def __init__(self, run: Run) -> None:
         super().__init__()
         self.run = run
 

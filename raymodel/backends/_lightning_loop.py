@@ -16,8 +16,8 @@ from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare
 from torch.utils.data import DataLoader, TensorDataset
 
 from raymodel._internal import tmp
-from raymodel.backends._torch_loop import ShardSampler, TorchLoop, to_tensor
 from raymodel.backends._pl import lightning as _lightning
+from raymodel.backends._torch_loop import ShardSampler, TorchLoop, to_tensor
 from raymodel.data import Arrays, Batches, RayDataset, TorchDataset
 from raymodel.data._loading import worker_batches
 
@@ -30,7 +30,7 @@ pl = _lightning()
 class LightningLoop(TorchLoop):
     """Builds the loaders and the ``Trainer``; resumes with ``Trainer.fit(ckpt_path=...)``."""
 
-    def __init__(self, run: "Run") -> None:
+    def __init__(self, run: Run) -> None:
         super().__init__(run)
         self.trainer: Any = None
         self.resume: dict[str, Any] | None = None
@@ -58,13 +58,23 @@ class LightningLoop(TorchLoop):
     async def run_epochs(self, first: int, last: int) -> None:
         run, settings = self.run, self.run.settings
         # On a Ray Train worker: Ray's DDP strategy; placed in a Tune trial: one process, Lightning's default.
-        placement = ({"strategy": RayDDPStrategy(), "plugins": [RayLightningEnvironment()], "devices": "auto"}
-                     if run.session.on_ray_train else {"devices": 1})
+        placement = (
+            {"strategy": RayDDPStrategy(), "plugins": [RayLightningEnvironment()], "devices": "auto"}
+            if run.session.on_ray_train
+            else {"devices": 1}
+        )
         self.trainer = pl.Trainer(
-            max_epochs=last, accelerator="gpu" if settings.use_gpu else "cpu", callbacks=[_Bridge(run)],
+            max_epochs=last,
+            accelerator="gpu" if settings.use_gpu else "cpu",
+            callbacks=[_Bridge(run)],
             use_distributed_sampler=False,  # raymodel's sharding policy (ShardSampler) instead
-            enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0, **placement, **_step_arguments(settings),
+            enable_checkpointing=False,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            **placement,
+            **_step_arguments(settings),
         )
         trainer = prepare_trainer(self.trainer) if run.session.on_ray_train else self.trainer
         train = self._loader("train")
@@ -74,8 +84,9 @@ class LightningLoop(TorchLoop):
             if self.resume is not None and "loops" in self.resume:
                 ckpt_path = os.path.join(staging, "resume.ckpt")
                 torch.save(self.resume, ckpt_path)
-            await asyncio.to_thread(trainer.fit, self.model.module, train_dataloaders=train,
-                                    val_dataloaders=valid, ckpt_path=ckpt_path)
+            await asyncio.to_thread(
+                trainer.fit, self.model.module, train_dataloaders=train, val_dataloaders=valid, ckpt_path=ckpt_path
+            )
 
     def _loader(self, split_name: str) -> Any:
         split, train = self.run.splits[split_name], split_name == "train"
@@ -110,7 +121,7 @@ class _Reiterable:
 class _Bridge(pl.Callback):
     """Lightning's callback points -> ``WorkerRun``'s phases and batch hooks."""
 
-    def __init__(self, run: "Run") -> None:
+    def __init__(self, run: Run) -> None:
         self.run = run
         self.losses: list[torch.Tensor] = []
 
@@ -144,13 +155,15 @@ class _Bridge(pl.Callback):
 
 
 def _scalars(trainer: Any) -> dict[str, float]:
-    return {k: float(v) for k, v in trainer.callback_metrics.items()
-            if isinstance(v, torch.Tensor) and v.numel() == 1}
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if isinstance(v, torch.Tensor) and v.numel() == 1}
 
 
 def _step_arguments(settings: Any) -> dict[str, Any]:
     """``TrainSettings``' precision, accumulation and clipping as Lightning's ``Trainer`` arguments."""
     clip = settings.grad_clip_norm if settings.grad_clip_norm is not None else settings.grad_clip_value
-    return {"precision": "32-true" if settings.precision == "32" else settings.precision,
-            "accumulate_grad_batches": settings.accumulate_grad_batches, "gradient_clip_val": clip,
-            "gradient_clip_algorithm": "value" if settings.grad_clip_value is not None else "norm"}
+    return {
+        "precision": "32-true" if settings.precision == "32" else settings.precision,
+        "accumulate_grad_batches": settings.accumulate_grad_batches,
+        "gradient_clip_val": clip,
+        "gradient_clip_algorithm": "value" if settings.grad_clip_value is not None else "norm",
+    }

@@ -34,7 +34,7 @@ class TorchBackend(Backend):
 
     # ---------------------------------------------------------------- state
     @staticmethod
-    def modules(model: Model) -> dict[str, "torch.nn.Module"]:
+    def modules(model: Model) -> dict[str, torch.nn.Module]:
         """The ``torch.nn.Module`` attributes ``setup`` created, by attribute name."""
         import torch
 

@@ -40,15 +40,17 @@ class SchedulerConfig:
             self.scheduler.step()
             return
         if not metrics or self.monitor not in metrics:
-            raise ModelDefinitionError(f"The LR scheduler monitors `{self.monitor}`, which the epoch did not "
-                                       f"report (it reported {sorted(metrics or {})}).")
+            raise ModelDefinitionError(
+                f"The LR scheduler monitors `{self.monitor}`, which the epoch did not "
+                f"report (it reported {sorted(metrics or {})})."
+            )
         self.scheduler.step(metrics[self.monitor])
 
 
 class TorchLoop(WorkerLoop):
     """Trains one worker's replica of a ``RayTorchModel``."""
 
-    def __init__(self, run: "Run") -> None:
+    def __init__(self, run: Run) -> None:
         super().__init__(run)
         self.device = _device(run.settings.use_gpu)
         self.distributed = run.world > 1 and dist.is_available() and dist.is_initialized()
@@ -67,9 +69,11 @@ class TorchLoop(WorkerLoop):
         self.control.modules = list(model.backend.modules(model).values())
         model._step_control = self.control
         if not model.automatic_optimization and self.control.scaler is not None:
-            raise ModelDefinitionError("`precision='16-mixed'` needs automatic optimization (its gradient scaler "
-                                       "steps the optimizers); with `automatic_optimization = False` use "
-                                       "`precision='bf16-mixed'`.")
+            raise ModelDefinitionError(
+                "`precision='16-mixed'` needs automatic optimization (its gradient scaler "
+                "steps the optimizers); with `automatic_optimization = False` use "
+                "`precision='bf16-mixed'`."
+            )
 
     def ready(self) -> None:
         self.step_module = self._wrap(self.model.backend.modules(self.model))
@@ -77,8 +81,14 @@ class TorchLoop(WorkerLoop):
     def set_state(self, state: dict[str, Any]) -> None:
         """Weights, optimizers and schedulers; when the config changed since the checkpoint (PBT's
         exploit), each optimizer keeps the hyperparameters (``lr``, ...) the new config gave it."""
-        fresh = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-                 for opt in self.model._optimizers] if self.run.config_changed else []
+        fresh = (
+            [
+                [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+                for opt in self.model._optimizers
+            ]
+            if self.run.config_changed
+            else []
+        )
         super().set_state(state)
         for opt, groups in zip(self.model._optimizers, fresh):
             for group, hyper in zip(opt.param_groups, groups):
@@ -144,8 +154,9 @@ class TorchLoop(WorkerLoop):
     def batches_per_epoch(self) -> int | None:
         split, s = self.run.splits["train"], self.run.settings
         if isinstance(split, Arrays):
-            rows = len(worker_rows(len(split), self.run.rank, self.run.world, train=True, shuffle=False, seed=0,
-                                   epoch=0))
+            rows = len(
+                worker_rows(len(split), self.run.rank, self.run.world, train=True, shuffle=False, seed=0, epoch=0)
+            )
             return -(-rows // s.batch_size)
         if isinstance(split, TorchDataset):
             return -(-len(split.dataset) // (s.batch_size * self.run.world))
@@ -215,8 +226,9 @@ class TorchLoop(WorkerLoop):
         rank, world, s = self.run.rank, self.run.world, self.run.settings
         if isinstance(split, Arrays):
             x, y = to_tensor(split.x), None if split.y is None else to_tensor(split.y)
-            idx = torch.from_numpy(worker_rows(len(split), rank, world, train=train, shuffle=s.shuffle,
-                                               seed=s.seed, epoch=epoch))
+            idx = torch.from_numpy(
+                worker_rows(len(split), rank, world, train=train, shuffle=s.shuffle, seed=s.seed, epoch=epoch)
+            )
             return _array_batches(x, y, idx, s.batch_size)
         if isinstance(split, TorchDataset):
             from torch.utils.data import DataLoader
@@ -245,8 +257,9 @@ class ShardSampler(torch.utils.data.Sampler):
         self.epoch = epoch
 
     def _rows(self) -> np.ndarray:
-        return worker_rows(self.n, self.rank, self.world, train=self.train, shuffle=self.shuffle, seed=self.seed,
-                           epoch=self.epoch)
+        return worker_rows(
+            self.n, self.rank, self.world, train=self.train, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch
+        )
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._rows().tolist())
@@ -283,7 +296,7 @@ def average_gradients(modules: Iterable[nn.Module]) -> None:
     offset = 0
     for g in grads:
         n = g.numel()
-        g.copy_(flat[offset:offset + n].view_as(g))
+        g.copy_(flat[offset : offset + n].view_as(g))
         offset += n
 
 
@@ -311,15 +324,15 @@ def configure_optimizers(model: Any) -> tuple[list[Any], list[SchedulerConfig]]:
 
 def _are_schedulers(value: Any) -> bool:
     items = value if isinstance(value, (list, tuple)) else [value]
-    return bool(items) and all(isinstance(i, dict) or hasattr(i, "optimizer") and hasattr(i, "step")
-                               for i in items)
+    return bool(items) and all(isinstance(i, dict) or hasattr(i, "optimizer") and hasattr(i, "step") for i in items)
 
 
 def _scheduler_config(item: Any) -> SchedulerConfig:
     if isinstance(item, dict):
         if "scheduler" not in item or item.get("interval", "epoch") not in ("epoch", "step"):
-            raise ModelDefinitionError("An `lr_scheduler` dict needs a `scheduler` and an `interval` of 'epoch' "
-                                       f"or 'step' (got {item!r}).")
+            raise ModelDefinitionError(
+                f"An `lr_scheduler` dict needs a `scheduler` and an `interval` of 'epoch' or 'step' (got {item!r})."
+            )
         return SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("monitor"))
     monitor = "val_loss" if type(item).__name__ == "ReduceLROnPlateau" else None
     return SchedulerConfig(item, "epoch", monitor)
@@ -363,7 +376,7 @@ def to_tensor(a: np.ndarray) -> torch.Tensor:
 
 def _array_batches(x: torch.Tensor, y: torch.Tensor | None, idx: torch.Tensor, batch_size: int) -> Iterable[Any]:
     for start in range(0, len(idx), batch_size):
-        sel = idx[start:start + batch_size]
+        sel = idx[start : start + batch_size]
         yield (x[sel],) if y is None else (x[sel], y[sel])
 
 

@@ -39,8 +39,10 @@ class TreeBackend(Backend):
 
     def after_user_setup(self, model: Any, returned: Any) -> None:
         if not isinstance(getattr(model, "params", None), dict):
-            raise ModelDefinitionError(f"`{type(model).__name__}.setup` must set `self.params`, the booster's "
-                                       "parameter dict (e.g. `{'objective': 'binary'}`).")
+            raise ModelDefinitionError(
+                f"`{type(model).__name__}.setup` must set `self.params`, the booster's "
+                "parameter dict (e.g. `{'objective': 'binary'}`)."
+            )
         if not hasattr(model, "booster"):
             model.booster = None
 
@@ -67,9 +69,11 @@ class TreeBackend(Backend):
         if not hasattr(split.x, "ndim"):
             return  # object-store refs: a tune trial re-checks data the driver already checked
         if split.y is None or split.x.ndim != 2:
-            raise DataError(f"The {self.name} backend needs 2-D features and labels "
-                            f"(split {name!r} has X of shape {getattr(split.x, 'shape', '?')} "
-                            f"and {'no' if split.y is None else 'some'} labels).")
+            raise DataError(
+                f"The {self.name} backend needs 2-D features and labels "
+                f"(split {name!r} has X of shape {getattr(split.x, 'shape', '?')} "
+                f"and {'no' if split.y is None else 'some'} labels)."
+            )
 
     def preprocess(self, model: Any, payload: Any) -> Any:
         x = rows_of(payload)
@@ -103,7 +107,9 @@ class TreeLoop(WorkerLoop):
     def _mean(self, name: str, epoch: int) -> dict[str, float]:
         """The split's metrics over every worker's rows (the first metric is ``loss``)."""
         n = len(self.rows[name][0])
-        metrics = {("loss" if i == 0 else metric): value for i, (metric, value) in enumerate(self.evaluate(name, epoch))}
+        metrics = {
+            ("loss" if i == 0 else metric): value for i, (metric, value) in enumerate(self.evaluate(name, epoch))
+        }
         return self.run.mean_over_workers({k: (v * n, n) for k, v in metrics.items()})
 
     # -------------------------------------------------- the framework's part

@@ -81,9 +81,15 @@ class LightGBMLoop(TreeLoop):
             self.booster.update()
             return self.booster
         valid = {k: v for k, v in self.datasets.items() if k != "train"}
-        self.booster = lightgbm.train(self.params, self.datasets["train"], num_boost_round=1,
-                                      init_model=self.model.booster, keep_training_booster=True,
-                                      valid_sets=list(valid.values()) or None, valid_names=list(valid) or None)
+        self.booster = lightgbm.train(
+            self.params,
+            self.datasets["train"],
+            num_boost_round=1,
+            init_model=self.model.booster,
+            keep_training_booster=True,
+            valid_sets=list(valid.values()) or None,
+            valid_names=list(valid) or None,
+        )
         return self.booster
 
     def evaluate(self, name: str, epoch: int) -> list[tuple[str, float]]:

@@ -53,32 +53,51 @@ class TensorflowBackend(Backend):
         import tensorflow as tf
 
         if not str(getattr(tf.keras, "__version__", "2.")).startswith("2."):
-            warnings.warn("`tf.keras` is Keras 3 here, which cannot train with MultiWorkerMirroredStrategy: "
-                          "TensorFlow was imported before raymodel. Import raymodel first.", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                "`tf.keras` is Keras 3 here, which cannot train with MultiWorkerMirroredStrategy: "
+                "TensorFlow was imported before raymodel. Import raymodel first.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._keras_loop import KerasLoop
 
         return KerasLoop(run)
 
-    def make_trainer(self, train_loop: Callable[[dict[str, Any]], Any], *, train_loop_config: dict[str, Any],
-                     scaling_config: Any, run_config: Any, datasets: dict[str, Any] | None) -> Any:
+    def make_trainer(
+        self,
+        train_loop: Callable[[dict[str, Any]], Any],
+        *,
+        train_loop_config: dict[str, Any],
+        scaling_config: Any,
+        run_config: Any,
+        datasets: dict[str, Any] | None,
+    ) -> Any:
         # Ray's TensorFlow backend imports TensorFlow in each worker before our loop runs.
         env = dict(run_config.worker_runtime_env or {})
-        env["env_vars"] = {"TF_CPP_MIN_LOG_LEVEL": os.environ["TF_CPP_MIN_LOG_LEVEL"],
-                           **env.get("env_vars", {}), "TF_USE_LEGACY_KERAS": "1"}
+        env["env_vars"] = {
+            "TF_CPP_MIN_LOG_LEVEL": os.environ["TF_CPP_MIN_LOG_LEVEL"],
+            **env.get("env_vars", {}),
+            "TF_USE_LEGACY_KERAS": "1",
+        }
         run_config.worker_runtime_env = env
-        return super().make_trainer(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
-                                    run_config=run_config, datasets=datasets)
+        return super().make_trainer(
+            train_loop,
+            train_loop_config=train_loop_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+        )
 
     def after_user_setup(self, model: RayModel, returned: Any) -> None:
         if returned is not None and getattr(model, "model", None) is None:
             model.model = returned
         keras_model = getattr(model, "model", None)
         if keras_model is None or not hasattr(keras_model, "fit"):
-            raise ModelDefinitionError(f"`{type(model).__name__}.setup` must build and compile a Keras model "
-                                       "into `self.model`.")
+            raise ModelDefinitionError(
+                f"`{type(model).__name__}.setup` must build and compile a Keras model into `self.model`."
+            )
 
     def get_state(self, model: RayModel) -> dict[str, Any]:
         """The weights, and the optimizer's variables once it has any."""

@@ -60,7 +60,7 @@ class RayTorchModel(RayModel):
         return None
 
     @property
-    def device(self) -> "torch.device":
+    def device(self) -> torch.device:
         """Where this model's parameters live (the worker's GPU with ``use_gpu=True``)."""
         import torch
 
@@ -81,7 +81,7 @@ class RayTorchModel(RayModel):
         scheds = getattr(self, "_schedulers", [])
         return scheds[0] if len(scheds) == 1 else list(scheds)
 
-    def manual_backward(self, loss: "torch.Tensor") -> None:
+    def manual_backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, then average the gradients over all workers.
 
         It keeps to the run's ``TrainSettings``: the loss is divided by

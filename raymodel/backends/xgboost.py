@@ -69,8 +69,9 @@ class XGBoostLoop(TreeLoop):
     def ready(self) -> None:
         import xgboost
 
-        self.booster = xgboost.Booster(dict(self.model.params), list(self.datasets.values()),
-                                       model_file=self.model.booster)  # continues a restored booster
+        self.booster = xgboost.Booster(
+            dict(self.model.params), list(self.datasets.values()), model_file=self.model.booster
+        )  # continues a restored booster
 
     def boost(self, epoch: int) -> Any:
         self.booster.update(self.datasets["train"], epoch - 1)

@@ -37,8 +37,7 @@ class EarlyStopping(Callback):
         ...             data=data)
     """
 
-    def __init__(self, metric: str = "val_loss", mode: str = "min", patience: int = 3,
-                 min_delta: float = 0.0) -> None:
+    def __init__(self, metric: str = "val_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0) -> None:
         problems = []
         if not isinstance(metric, str) or not metric:
             problems.append(f"`metric` must be a metric name such as 'val_loss' (got {metric!r}).")
@@ -65,8 +64,10 @@ class EarlyStopping(Callback):
 
     def after_epoch(self, epoch: int, metrics: dict[str, Any]) -> None:
         if self.metric not in metrics:
-            raise ModelDefinitionError(f"EarlyStopping watches `{self.metric}`, which the epoch did not report "
-                                       f"(it reported {sorted(metrics)}).")
+            raise ModelDefinitionError(
+                f"EarlyStopping watches `{self.metric}`, which the epoch did not report "
+                f"(it reported {sorted(metrics)})."
+            )
         value = float(metrics[self.metric])
         if self.improved(value):
             self.best, self.best_epoch, self.wait = value, epoch, 0
@@ -83,5 +84,7 @@ class EarlyStopping(Callback):
         self.best, self.best_epoch, self.wait = state.get("best"), state.get("best_epoch"), int(state.get("wait", 0))
 
     def __repr__(self) -> str:
-        return (f"EarlyStopping(metric={self.metric!r}, mode={self.mode!r}, patience={self.patience}, "
-                f"min_delta={self.min_delta})")
+        return (
+            f"EarlyStopping(metric={self.metric!r}, mode={self.mode!r}, patience={self.patience}, "
+            f"min_delta={self.min_delta})"
+        )

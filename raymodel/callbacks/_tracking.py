@@ -46,8 +46,9 @@ class MLflowLogger(Callback):
     SQLite store).
     """
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str = "raymodel",
-                 log_checkpoint: bool = True) -> None:
+    def __init__(
+        self, tracking_uri: str | None = None, experiment: str = "raymodel", log_checkpoint: bool = True
+    ) -> None:
         if not isinstance(experiment, str) or not experiment:
             raise SettingsError(f"MLflowLogger: `experiment` must be a non-empty name (got {experiment!r}).")
         self.tracking_uri, self.experiment, self.log_checkpoint = tracking_uri, experiment, log_checkpoint
@@ -64,8 +65,7 @@ class MLflowLogger(Callback):
         client = self._client = MlflowClient(self.tracking_uri)
         experiment_id = self._experiment_id(client)
         key = self.context.storage_path
-        found = client.search_runs([experiment_id], filter_string=f"tags.`{_TAG}` = '{_quoted(key)}'",
-                                   max_results=1)
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{_TAG}` = '{_quoted(key)}'", max_results=1)
         if found:  # this run resumed after a failure: the same tracked run goes on
             self.run_id = found[0].info.run_id
             client.update_run(self.run_id, status="RUNNING")
@@ -145,8 +145,9 @@ class TensorBoardLogger(Callback):
         if resumed:  # TensorBoard's purge: steps from here on, written before the failure, are hidden
             self._write(Event(step=resumed + 1, session_log=SessionLog(status=SessionLog.START)))
         else:
-            self._write(Event(step=0, summary=text("params", json.dumps(_params(self.context, self.model.config),
-                                                                        indent=1))))
+            self._write(
+                Event(step=0, summary=text("params", json.dumps(_params(self.context, self.model.config), indent=1)))
+            )
 
     def after_epoch(self, epoch: int, metrics: dict[str, Any]) -> None:
         if self._writer is None:

@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into one line
+    except Exception as exc:
         if os.environ.get("RAYMODEL_DEBUG"):
             raise
         print(f"error: {type(exc).__name__}: {exc} (set RAYMODEL_DEBUG=1 for the traceback)", file=sys.stderr)
@@ -39,17 +39,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raymodel", description="raymodel command line")
-    parser.add_argument("--registry", help="registry folder or URI (default: RAYMODEL_REGISTRY or "
-                                           "$RAYMODEL_HOME/registry)")
+    parser.add_argument(
+        "--registry", help="registry folder or URI (default: RAYMODEL_REGISTRY or $RAYMODEL_HOME/registry)"
+    )
     sub = parser.add_subparsers(dest="group", required=True)
     _models.add_commands(sub)
     _serving.add_commands(sub)
     _jobs.add_commands(sub)
-    dash = sub.add_parser("dashboard", help="the web dashboard: jobs and their curves, trials, models, routes, "
-                                            "resources (joins the running raymodel server's cluster)")
+    dash = sub.add_parser(
+        "dashboard",
+        help="the web dashboard: jobs and their curves, trials, models, routes, "
+        "resources (joins the running raymodel server's cluster)",
+    )
     dash.add_argument("--port", type=int, default=8270)
-    dash.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1; 0.0.0.0 "
-                                                          "exposes it to your network)")
+    dash.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to bind (default 127.0.0.1; 0.0.0.0 exposes it to your network)",
+    )
     dash.set_defaults(handler=_dashboard)
     return parser
 

@@ -31,14 +31,19 @@ def add_commands(sub: Any) -> None:
     start.add_argument("--num-cpus", type=int, help="CPUs to offer (default: all)")
     start.set_defaults(handler=_server_start)
     srv_sub.add_parser("stop", help="stop the job server and the Ray head it runs on").set_defaults(
-        handler=_server_stop)
+        handler=_server_stop
+    )
     srv_sub.add_parser("status", help="where the server runs, and its jobs by status").set_defaults(
-        handler=_server_status)
+        handler=_server_status
+    )
 
     jobs = sub.add_parser("jobs", help="train and tune jobs").add_subparsers(dest="command", required=True)
     jobs.add_parser("list", help="every job").set_defaults(handler=_jobs_list)
-    for name, handler, text in (("show", _jobs_show, "a job's record"), ("stop", _jobs_stop, "stop a job"),
-                                ("wait", _jobs_wait, "wait until a job ends; exit 1 if it failed")):
+    for name, handler, text in (
+        ("show", _jobs_show, "a job's record"),
+        ("stop", _jobs_stop, "stop a job"),
+        ("wait", _jobs_wait, "wait until a job ends; exit 1 if it failed"),
+    ):
         cmd = jobs.add_parser(name, help=text)
         cmd.add_argument("id")
         cmd.set_defaults(handler=handler)
@@ -51,8 +56,9 @@ def add_commands(sub: Any) -> None:
 def _processes(marker: str) -> list[int]:
     """Process ids whose command line holds ``marker`` (``ps``: Linux and macOS)."""
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [int(line.split(None, 1)[0]) for line in out.splitlines()
-            if marker in line and line.split(None, 1)[0].isdigit()]
+    return [
+        int(line.split(None, 1)[0]) for line in out.splitlines() if marker in line and line.split(None, 1)[0].isdigit()
+    ]
 
 
 def attach() -> None:
@@ -60,8 +66,9 @@ def attach() -> None:
 
     address = os.environ.get("RAY_ADDRESS") or (running_server() or {}).get("address")
     if not address:
-        raise RayModelError("No raymodel server is running: start one with `raymodel server start` "
-                            "(or set RAY_ADDRESS to a cluster).")
+        raise RayModelError(
+            "No raymodel server is running: start one with `raymodel server start` (or set RAY_ADDRESS to a cluster)."
+        )
     init(address=address)
 
 
@@ -72,8 +79,20 @@ def _server_start(args: argparse.Namespace) -> None:
         return
     ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
     temp_dir = f"/tmp/rms-{args.port}"  # short: Ray's socket paths must fit in 107 bytes
-    cmd = [ray_bin, "start", "--head", "--port", str(args.port), "--dashboard-host", "127.0.0.1",
-           "--dashboard-port", str(args.dashboard_port), "--temp-dir", temp_dir, "--disable-usage-stats"]
+    cmd = [
+        ray_bin,
+        "start",
+        "--head",
+        "--port",
+        str(args.port),
+        "--dashboard-host",
+        "127.0.0.1",
+        "--dashboard-port",
+        str(args.dashboard_port),
+        "--temp-dir",
+        temp_dir,
+        "--disable-usage-stats",
+    ]
     if args.num_cpus is not None:
         cmd += ["--num-cpus", str(args.num_cpus)]
     env = with_serve_env(os.environ, resolve_ingress(None))  # the head's Serve: HAProxy unless told otherwise
@@ -84,12 +103,12 @@ def _server_start(args: argparse.Namespace) -> None:
     gcs = sorted(set(_processes(temp_dir)) & set(_processes("gcs_server")))
     import ray
 
-
     init(address=address)
     ray.get(jobs.server().list.remote())  # started and answering
     server_file().parent.mkdir(parents=True, exist_ok=True)
-    server_file().write_text(json.dumps({"address": address, "temp_dir": temp_dir, "gcs_pid": gcs[0] if gcs else -1,
-                                         "started": time.time()}))
+    server_file().write_text(
+        json.dumps({"address": address, "temp_dir": temp_dir, "gcs_pid": gcs[0] if gcs else -1, "started": time.time()})
+    )
     print(f"raymodel server running at {address}; attach with rm.init() or RAY_ADDRESS={address}")
 
 
@@ -121,8 +140,10 @@ def _server_status(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for record in jobs.list():
         counts[record["status"]] = counts.get(record["status"], 0) + 1
-    print(f"raymodel server at {info['address']}; jobs: "
-          + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
+    print(
+        f"raymodel server at {info['address']}; jobs: "
+        + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none")
+    )
     return 0
 
 
@@ -132,9 +153,16 @@ def _jobs_list(args: argparse.Namespace) -> None:
     records = jobs.list()
     holds = jobs.held(records)
     for r in records:
-        rows.append([r["id"], r["kind"], r["status"] + (f" ({r['reason']})" if r.get("reason") else ""),
-                     r["model_class"].rsplit(".", 1)[-1], str(r.get("epochs") or "-"),
-                     ", ".join(f"{v:g} {k}" for k, v in holds[r["id"]].items()) or "-"])
+        rows.append(
+            [
+                r["id"],
+                r["kind"],
+                r["status"] + (f" ({r['reason']})" if r.get("reason") else ""),
+                r["model_class"].rsplit(".", 1)[-1],
+                str(r.get("epochs") or "-"),
+                ", ".join(f"{v:g} {k}" for k, v in holds[r["id"]].items()) or "-",
+            ]
+        )
     if len(rows) == 1:
         print("(no jobs)")
         return

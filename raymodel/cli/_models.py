@@ -41,8 +41,9 @@ def _list(args: argparse.Namespace) -> None:
         return
     rows = [["KEY", "VERSION", "ALIASES", "CREATED", "METRICS"]]
     for r in records:
-        metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                            for k, v in r.metrics.items() if k != "epoch")
+        metrics = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.metrics.items() if k != "epoch"
+        )
         rows.append([r.key, str(r.version), ",".join(r.aliases) or "-", r.created_iso, metrics or "-"])
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
@@ -52,9 +53,23 @@ def _list(args: argparse.Namespace) -> None:
 def _show(args: argparse.Namespace) -> None:
     key, version = names.parse_ref(args.ref)
     r = _registry(args).show(key, version)
-    print(json.dumps({"key": r.key, "version": r.version, "aliases": r.aliases, "created": r.created_iso,
-                      "class": r.model_class, "backend": r.backend, "metrics": r.metrics,
-                      "metadata": r.metadata, "lineage": r.lineage}, indent=2, default=str))
+    print(
+        json.dumps(
+            {
+                "key": r.key,
+                "version": r.version,
+                "aliases": r.aliases,
+                "created": r.created_iso,
+                "class": r.model_class,
+                "backend": r.backend,
+                "metrics": r.metrics,
+                "metadata": r.metadata,
+                "lineage": r.lineage,
+            },
+            indent=2,
+            default=str,
+        )
+    )
 
 
 def _alias(args: argparse.Namespace) -> None:

@@ -32,17 +32,21 @@ def features_of(batch: Mapping[str, np.ndarray]) -> np.ndarray:
             try:
                 array = np.stack([np.asarray(v, dtype=np.float32) for v in array])
             except (TypeError, ValueError) as exc:
-                raise DataError(f"Column {name!r} does not hold numbers ({exc}); pick the feature columns with "
-                                "`feature_columns=[...]` or define `predict_batch_preprocess(batch)`.") from None
+                raise DataError(
+                    f"Column {name!r} does not hold numbers ({exc}); pick the feature columns with "
+                    "`feature_columns=[...]` or define `predict_batch_preprocess(batch)`."
+                ) from None
         elif array.dtype.kind not in "biuf":  # bool, integers, floats
-            raise DataError(f"Column {name!r} holds {array.dtype} values, not numbers; pick the feature columns with "
-                            "`feature_columns=[...]` or define `predict_batch_preprocess(batch)`.")
+            raise DataError(
+                f"Column {name!r} holds {array.dtype} values, not numbers; pick the feature columns with "
+                "`feature_columns=[...]` or define `predict_batch_preprocess(batch)`."
+            )
         arrays.append(array)
     if len(arrays) == 1:  # a read-only view of the block (zero copy) is copied once, here, for torch's sake
         array = arrays[0] if arrays[0].flags.writeable else arrays[0].copy()
         return array if array.ndim > 1 else array.reshape(-1, 1)
     if all(a.ndim == 1 for a in arrays):  # tabular columns: stacked, then viewed as rows (6x faster than copying
-        return np.stack(arrays).T         # them side by side; torch and the boosters take the strided view)
+        return np.stack(arrays).T  # them side by side; torch and the boosters take the strided view)
     return np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1)
 
 
@@ -82,7 +86,7 @@ def split_nested(output: Any, sizes: Sequence[int]) -> list[Any]:
         return [tuple(p[i] for p in parts_t) for i in range(len(sizes))]
     pieces, start = [], 0
     for n in sizes:
-        pieces.append(output[start:start + n])
+        pieces.append(output[start : start + n])
         start += n
     return pieces
 

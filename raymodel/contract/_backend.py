@@ -84,11 +84,10 @@ class Backend:
         """Whether this backend ever calls ``hook`` during training."""
         return not self.hook_notes.get(hook, "yes").startswith("no")
 
-    def validate_model(self, model: "Model") -> None:
+    def validate_model(self, model: Model) -> None:
         """Raise :class:`ModelDefinitionError` if the model lacks a required method."""
         base = next(k for k in reversed(type(model).__mro__) if "backend" in vars(k))  # e.g. RayTorchModel
-        missing = [m for m in self.required_methods
-                   if getattr(type(model), m, None) is getattr(base, m, None)]
+        missing = [m for m in self.required_methods if getattr(type(model), m, None) is getattr(base, m, None)]
         if missing:
             names = ", ".join(f"`{m}`" for m in missing)
             raise ModelDefinitionError(
@@ -96,7 +95,7 @@ class Backend:
                 f"{self.name} backend. See the table 'What a subclass writes' in the docs' backends page."
             )
 
-    def validate_data(self, data: "DataSpec") -> None:
+    def validate_data(self, data: DataSpec) -> None:
         """Raise ``DataError`` when a split's form is not in :attr:`accepts` or its shape is wrong.
 
         Runs on the driver before Ray is touched, and on each worker for the
@@ -106,71 +105,85 @@ class Backend:
             kind = kind_of(split)
             if kind not in self.accepts:
                 forms = ", ".join(f"`{k}`" for k in self.accepts)
-                raise DataError(f"The {self.name} backend does not train on {kind.replace('_', ' ')} "
-                                f"(split {split_name!r} is one); it takes: {forms}. "
-                                f"{_DATA_HINTS.get(self.accepts[0], '')}")
+                raise DataError(
+                    f"The {self.name} backend does not train on {kind.replace('_', ' ')} "
+                    f"(split {split_name!r} is one); it takes: {forms}. "
+                    f"{_DATA_HINTS.get(self.accepts[0], '')}"
+                )
             self.check_split(split_name, split)
 
     def check_split(self, name: str, split: Any) -> None:
         """Backend-specific checks of one accepted split (e.g. 2-D features); may raise ``DataError``."""
 
     # ------------------------------------------------------------- training
-    def worker_loop(self, run: "Run") -> "WorkerLoop":
+    def worker_loop(self, run: Run) -> WorkerLoop:
         """The :class:`WorkerLoop` that trains this backend's model on a worker."""
         raise NotImplementedError("The 'worker_loop' method must be implemented.")
 
-    def make_trainer(self, train_loop: Callable[[dict[str, Any]], Any], *, train_loop_config: dict[str, Any],
-                     scaling_config: Any, run_config: Any, datasets: dict[str, Any] | None) -> Any:
+    def make_trainer(
+        self,
+        train_loop: Callable[[dict[str, Any]], Any],
+        *,
+        train_loop_config: dict[str, Any],
+        scaling_config: Any,
+        run_config: Any,
+        datasets: dict[str, Any] | None,
+    ) -> Any:
         """Build the Ray Train V2 trainer named by :attr:`trainer`, not yet fit."""
         module, _, cls_name = self.trainer.rpartition(".")
         trainer_cls = getattr(importlib.import_module(module), cls_name)
-        return trainer_cls(train_loop, train_loop_config=train_loop_config, scaling_config=scaling_config,
-                           run_config=run_config, datasets=datasets or None)
+        return trainer_cls(
+            train_loop,
+            train_loop_config=train_loop_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets or None,
+        )
 
     # ---------------------------------------------------------------- state
-    def after_user_setup(self, model: "Model", returned: Any) -> None:
+    def after_user_setup(self, model: Model, returned: Any) -> None:
         """Called with what the user's ``setup`` returned (Lightning returns a module)."""
 
-    def get_state(self, model: "Model") -> dict[str, Any]:
+    def get_state(self, model: Model) -> dict[str, Any]:
         """The model's state as a dict of :attr:`state_keys` (``on_save_checkpoint`` may add entries)."""
         raise NotImplementedError("The 'get_state' method must be implemented.")
 
-    def write_state(self, model: "Model", state: dict[str, Any], directory: Path) -> None:
+    def write_state(self, model: Model, state: dict[str, Any], directory: Path) -> None:
         """Write the :attr:`state_keys` entries of ``state`` into ``directory`` with the framework's own saver."""
         raise NotImplementedError("The 'write_state' method must be implemented.")
 
-    def read_state(self, model: "Model", directory: Path) -> dict[str, Any]:
+    def read_state(self, model: Model, directory: Path) -> dict[str, Any]:
         """Read what :meth:`write_state` wrote (the model is already set up)."""
         raise NotImplementedError("The 'read_state' method must be implemented.")
 
-    def set_state(self, model: "Model", state: dict[str, Any]) -> None:
+    def set_state(self, model: Model, state: dict[str, Any]) -> None:
         """Load ``state`` into the (set up) model; entries it has no use for are ignored."""
         raise NotImplementedError("The 'set_state' method must be implemented.")
 
     # ------------------------------------------------------------ inference
-    def forward(self, model: "Model", x: Any) -> Any:
+    def forward(self, model: Model, x: Any) -> Any:
         """Default ``forward`` when the user's class does not define one."""
         raise NotImplementedError(f"`{type(model).__name__}` must define `forward(x)`.")
 
-    def preprocess(self, model: "Model", payload: Any) -> Any:
+    def preprocess(self, model: Model, payload: Any) -> Any:
         """Default ``preprocess``: the payload as a float32 array of rows."""
         return rows_of(payload)
 
-    def postprocess(self, model: "Model", output: Any) -> Any:
+    def postprocess(self, model: Model, output: Any) -> Any:
         """Default ``postprocess``: the output as plain lists."""
         return to_jsonable(output)
 
     @contextlib.contextmanager
-    def inference(self, model: "Model") -> Iterator[None]:
+    def inference(self, model: Model) -> Iterator[None]:
         """Context for ``forward`` at prediction time (eval mode, no gradients)."""
         yield
 
-    def batch_input(self, model: "Model", batch: Mapping[str, np.ndarray]) -> Any:
+    def batch_input(self, model: Model, batch: Mapping[str, np.ndarray]) -> Any:
         """Default ``predict_batch_preprocess``: the feature columns as one float32 array of rows,
         in the form this backend's ``preprocess`` gives ``forward`` (a tensor for torch)."""
         return self.preprocess(model, features_of(batch))
 
-    def batch_output(self, model: "Model", output: Any) -> dict[str, np.ndarray]:
+    def batch_output(self, model: Model, output: Any) -> dict[str, np.ndarray]:
         """Default ``predict_batch_postprocess``: ``{"prediction": output}`` as numpy (a dict output
         gives one column per key)."""
         return columns_of(output)
@@ -200,7 +213,7 @@ class WorkerLoop:
     that framework's callback points instead.
     """
 
-    def __init__(self, run: "Run") -> None:
+    def __init__(self, run: Run) -> None:
         self.run = run
         self.model = run.model
 
@@ -283,13 +296,13 @@ class Model(Protocol):
     """
 
     #: The framework seam of the model's backend.
-    backend: ClassVar["Backend"]
+    backend: ClassVar[Backend]
     #: ``default_config`` merged with the constructor's ``config``.
     config: dict[str, Any]
     #: Where the current weights came from (a checkpoint path or registry ref), if anywhere.
     source: dict[str, Any]
     #: The run this instance trains in; ``None`` outside a run.
-    context: "RunContext | None"
+    context: RunContext | None
 
     @property
     def is_setup(self) -> bool: ...
@@ -310,9 +323,9 @@ class Model(Protocol):
 
     def hyperparameter_space(self) -> dict[str, Any]: ...
 
-    def save(self, path: "str | os.PathLike[str]") -> str: ...
+    def save(self, path: str | os.PathLike[str]) -> str: ...
 
-    def load_weights(self, path: "str | os.PathLike[str]") -> None: ...
+    def load_weights(self, path: str | os.PathLike[str]) -> None: ...
 
 
 class Run(Protocol):
@@ -328,7 +341,7 @@ class Run(Protocol):
     rank: int
     world: int
     session: Any  # where the run is placed: a Ray Train worker or a Tune trial's process
-    hooks: "HookRunner"
+    hooks: HookRunner
     progress: Any
 
     def sync(self, awaitable: Awaitable[T]) -> T:

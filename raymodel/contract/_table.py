@@ -43,7 +43,7 @@ def model_classes() -> dict[str, type]:
     return {cls.__name__: cls for cls in _MODELS.values()}
 
 
-def backends() -> Iterator["Backend"]:
+def backends() -> Iterator[Backend]:
     """Every registered backend (the built-in ones included)."""
     for cls in list(_MODELS.values()):
         yield cls.backend  # type: ignore[attr-defined]
@@ -51,8 +51,9 @@ def backends() -> Iterator["Backend"]:
 
 def hook_table() -> str:
     """The docs' table of which hooks each built-in backend calls, from ``Backend.hook_notes``."""
-    builtin = sorted((b for b in backends() if type(b).__module__.startswith("raymodel.backends.")),
-                     key=lambda b: b.name)
+    builtin = sorted(
+        (b for b in backends() if type(b).__module__.startswith("raymodel.backends.")), key=lambda b: b.name
+    )
     rows = ["| hook | " + " | ".join(b.name for b in builtin) + " |", "| --- |" + " --- |" * len(builtin)]
     for hook in CALLBACK_HOOK_NAMES:
         rows.append(f"| `{hook}` | " + " | ".join(b.hook_notes.get(hook, "yes") for b in builtin) + " |")

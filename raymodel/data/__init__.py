@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from raymodel.data._loading import aprefetch, prefetch, shard_indices, worker_rows
 from raymodel.data._splits import (
     Arrays,
     Batches,
@@ -22,11 +23,23 @@ from raymodel.data._splits import (
     make_arrays,
     resolve,
 )
-from raymodel.data._loading import aprefetch, prefetch, shard_indices, worker_rows
 from raymodel.exceptions import DataError
 
-__all__ = ["from_numpy", "from_pandas", "DataSpec", "Arrays", "TorchDataset", "Batches", "RayDataset",
-           "resolve", "kind_of", "prefetch", "aprefetch", "shard_indices", "worker_rows"]
+__all__ = [
+    "from_numpy",
+    "from_pandas",
+    "DataSpec",
+    "Arrays",
+    "TorchDataset",
+    "Batches",
+    "RayDataset",
+    "resolve",
+    "kind_of",
+    "prefetch",
+    "aprefetch",
+    "shard_indices",
+    "worker_rows",
+]
 
 
 def from_numpy(X: Any, y: Any = None, valid_fraction: float = 0.2, seed: int = 0) -> DataSpec:
@@ -49,8 +62,9 @@ def from_numpy(X: Any, y: Any = None, valid_fraction: float = 0.2, seed: int = 0
     n = len(arrays)
     n_valid = int(round(n * valid_fraction))
     if valid_fraction > 0 and (n_valid == 0 or n_valid == n):
-        raise DataError(f"`valid_fraction={valid_fraction}` of {n} rows leaves an empty split; use more rows "
-                        "or `valid_fraction=0`.")
+        raise DataError(
+            f"`valid_fraction={valid_fraction}` of {n} rows leaves an empty split; use more rows or `valid_fraction=0`."
+        )
     order = np.random.default_rng(seed).permutation(n)
     valid_idx, train_idx = np.sort(order[:n_valid]), np.sort(order[n_valid:])
     splits = {"train": _take(arrays, train_idx)}
@@ -59,8 +73,9 @@ def from_numpy(X: Any, y: Any = None, valid_fraction: float = 0.2, seed: int = 0
     return DataSpec(splits)
 
 
-def from_pandas(df: Any, label: str | None = None, valid_fraction: float = 0.2, seed: int = 0,
-                features: Sequence[str] | None = None) -> DataSpec:
+def from_pandas(
+    df: Any, label: str | None = None, valid_fraction: float = 0.2, seed: int = 0, features: Sequence[str] | None = None
+) -> DataSpec:
     """Like :func:`from_numpy`, from a DataFrame: ``label`` is the target column.
 
     Args:
@@ -77,8 +92,9 @@ def from_pandas(df: Any, label: str | None = None, valid_fraction: float = 0.2, 
     missing = [c for c in feature_cols if c not in columns]
     if missing:
         raise DataError(f"`features` names columns the DataFrame lacks: {missing}; columns are {columns}.")
-    arrays = make_arrays(df[feature_cols].to_numpy(), None if label is None else df[label].to_numpy(),
-                         "`from_pandas`")  # checked before any cast: no complex or wrapped values
+    arrays = make_arrays(
+        df[feature_cols].to_numpy(), None if label is None else df[label].to_numpy(), "`from_pandas`"
+    )  # checked before any cast: no complex or wrapped values
     return from_numpy(arrays.x.astype(np.float32), arrays.y, valid_fraction=valid_fraction, seed=seed)
 
 

@@ -12,8 +12,9 @@ import numpy as np
 _DONE = object()
 
 
-def worker_rows(n: int, rank: int, world: int, *, train: bool, shuffle: bool = False, seed: int = 0,
-                epoch: int = 0) -> np.ndarray:
+def worker_rows(
+    n: int, rank: int, world: int, *, train: bool, shuffle: bool = False, seed: int = 0, epoch: int = 0
+) -> np.ndarray:
     """The one sharding policy of every backend: this worker's rows of ``n`` for one epoch.
 
     Training shards are padded (wrapped around) to the same length on every
@@ -24,8 +25,7 @@ def worker_rows(n: int, rank: int, world: int, *, train: bool, shuffle: bool = F
     return shard_indices(n, rank, world, shuffle=train and shuffle, seed=seed, epoch=epoch, pad=train)
 
 
-def shard_indices(n: int, rank: int, world: int, *, shuffle: bool, seed: int, epoch: int,
-                  pad: bool) -> np.ndarray:
+def shard_indices(n: int, rank: int, world: int, *, shuffle: bool, seed: int, epoch: int, pad: bool) -> np.ndarray:
     """This worker's rows of ``n`` for one epoch.
 
     All workers draw the same seeded permutation and take every ``world``-th

@@ -30,7 +30,7 @@ class Arrays:
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
-    def fetch(self) -> "Arrays":
+    def fetch(self) -> Arrays:
         """Resolve object-store references (on a worker)."""
         import ray
 
@@ -81,7 +81,7 @@ class DataSpec:
             return None
         return "valid" in self.splits
 
-    def for_workers(self) -> "DataSpec":
+    def for_workers(self) -> DataSpec:
         """A copy with arrays in Ray's object store and ``ray.data`` Datasets left out."""
         import ray
 
@@ -155,8 +155,10 @@ def _splits_from_mapping(data: Any, where: str) -> DataSpec:
             a, b = getattr(train, part), getattr(valid, part)
             if (a is None) != (b is None) or (a is not None and a.shape[1:] != b.shape[1:]):
                 what = "X" if part == "x" else "y"
-                raise DataError(f"{where}: the `train` and `valid` {what} differ in shape beyond the rows "
-                                f"(train {what}: {_shape(a)}, valid {what}: {_shape(b)}); they must match.")
+                raise DataError(
+                    f"{where}: the `train` and `valid` {what} differ in shape beyond the rows "
+                    f"(train {what}: {_shape(a)}, valid {what}: {_shape(b)}); they must match."
+                )
     return DataSpec(splits)
 
 
@@ -223,9 +225,11 @@ def make_arrays(x: Any, y: Any, where: str) -> Arrays:
                 f"(got X with shape {x.shape} and y with shape {y.shape})."
             )
         if np.issubdtype(y.dtype, np.unsignedinteger) and y.size and int(y.max()) > np.iinfo(np.int64).max:
-            raise DataError(f"{where} y holds unsigned labels up to {int(y.max())}, which do not fit in int64 and "
-                            "would wrap around to negative numbers; re-encode the labels (e.g. `np.unique(y, "
-                            "return_inverse=True)[1]`).")
+            raise DataError(
+                f"{where} y holds unsigned labels up to {int(y.max())}, which do not fit in int64 and "
+                "would wrap around to negative numbers; re-encode the labels (e.g. `np.unique(y, "
+                "return_inverse=True)[1]`)."
+            )
     return Arrays(x, y)
 
 
@@ -241,8 +245,10 @@ def _as_array(value: Any, what: str) -> np.ndarray:
     if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
         raise DataError(f"{what} must be numeric (got dtype {array.dtype}). Encode categories as numbers first.")
     if np.issubdtype(array.dtype, np.complexfloating):
-        raise DataError(f"{what} is complex ({array.dtype}); models here take real numbers and the imaginary "
-                        "part would be dropped. Pass `X.real` and `X.imag` as separate features.")
+        raise DataError(
+            f"{what} is complex ({array.dtype}); models here take real numbers and the imaginary "
+            "part would be dropped. Pass `X.real` and `X.imag` as separate features."
+        )
     return array
 
 

@@ -1,5 +1,6 @@
 """When things happen: the hook list, the :class:`Callback` base, and the dispatcher."""
 
+from raymodel.hooks._context import RunContext
 from raymodel.hooks._hooks import (
     CALLBACK_HOOK_NAMES,
     HOOK_NAMES,
@@ -9,7 +10,6 @@ from raymodel.hooks._hooks import (
     default,
     is_default,
 )
-from raymodel.hooks._context import RunContext
 from raymodel.hooks._runner import HookRunner, call_sync, maybe_await
 
 __all__ = [

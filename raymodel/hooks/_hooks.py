@@ -61,7 +61,7 @@ HOOK_NAMES: tuple[str, ...] = (
 )
 
 #: Hooks a ``Callback`` receives (the data transforms from ``preprocess`` on stay the model's).
-CALLBACK_HOOK_NAMES: tuple[str, ...] = HOOK_NAMES[:HOOK_NAMES.index("preprocess")]
+CALLBACK_HOOK_NAMES: tuple[str, ...] = HOOK_NAMES[: HOOK_NAMES.index("preprocess")]
 
 
 def default(fn: F) -> F:
@@ -162,8 +162,9 @@ class ModelHooks(TrainingHooks):
         """Turn one Ray Data batch (``{column: numpy array}``) into one model input.
 
         Runs in ``predict_batch``'s actors, once per batch, with the feature
-        columns only (read-only views of Ray Data's block: copy before writing). The default (in each backend) puts the columns side by
-        side as one float32 array of rows (a tensor for torch).
+        columns only (read-only views of Ray Data's block: copy before writing).
+        The default (in each backend) puts the columns side by side as one
+        float32 array of rows (a tensor for torch).
         """
         return batch
 
@@ -194,7 +195,7 @@ class Callback(TrainingHooks):
     """
 
     model: Any = None
-    context: "RunContext | None" = None
+    context: RunContext | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """What to save in each checkpoint (picklable); ``{}`` by default."""

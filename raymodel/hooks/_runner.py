@@ -66,9 +66,7 @@ class HookRunner:
             try:
                 new = await maybe_await(fn(batch, batch_idx))
             except Exception as exc:
-                raise HookError(
-                    f"Hook `{_owner(fn)}.before_batch` raised {type(exc).__name__}: {exc}"
-                ) from exc
+                raise HookError(f"Hook `{_owner(fn)}.before_batch` raised {type(exc).__name__}: {exc}") from exc
             if new is not None:
                 batch = new
         return batch

@@ -38,8 +38,9 @@ def server(start: bool = True) -> Any:
     except ValueError:
         if not start:
             return None
-        return JobServerActor.options(name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                                      max_concurrency=256).remote(runtime.home())
+        return JobServerActor.options(
+            name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, max_concurrency=256
+        ).remote(runtime.home())
 
 
 class JobNotFound(RayModelError):
@@ -82,7 +83,7 @@ class Job:
 
         return ray.get(self._server.rows.remote(self.id, 0))[0]
 
-    def stream(self) -> "Stream":
+    def stream(self) -> Stream:
         """Each row as it arrives, from the first; ends when the job ends. Also an async iterator."""
         return Stream(self)
 
@@ -151,12 +152,19 @@ def held(records: _list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         from ray.util.state import list_placement_groups
 
         address = ray.get_runtime_context().gcs_address  # this cluster's, even with others on the machine
-        for group in list_placement_groups(address=address, filters=[("state", "=", "CREATED")], detail=True,
-                                           limit=10_000, raise_on_missing_output=False):
+        for group in list_placement_groups(
+            address=address,
+            filters=[("state", "=", "CREATED")],
+            detail=True,
+            limit=10_000,
+            raise_on_missing_output=False,
+        ):
             if group.placement_group_id in wanted:
                 live[group.placement_group_id] = _sum(b.get("unit_resources", {}) for b in group.bundles or ())
-    return {r["id"]: _sum(live.get(g, {}) for g in r.get("placement_groups", ()) if r["status"] == "RUNNING")
-            for r in records}
+    return {
+        r["id"]: _sum(live.get(g, {}) for g in r.get("placement_groups", ()) if r["status"] == "RUNNING")
+        for r in records
+    }
 
 
 def _sum(parts: Any) -> dict[str, float]:
@@ -173,7 +181,8 @@ _LONG_POLL_S = 5.0
 def _outcome(record: dict[str, Any]) -> Any:
     if record["status"] == "FAILED":
         raise (TrainingError if record["kind"] == "train" else TuneError)(
-            f"Job `{record['id']}` failed: {record['error']}")
+            f"Job `{record['id']}` failed: {record['error']}"
+        )
     if record.get("result") is None:
         return None  # stopped before it started
     if record["kind"] == "train":
@@ -185,7 +194,7 @@ def _outcome(record: dict[str, Any]) -> Any:
     return TuneResult(**record["result"])
 
 
-def list() -> _list[dict[str, Any]]:  # noqa: A001 - rm.jobs.list(), as the contract names it
+def list() -> _list[dict[str, Any]]:
     """Every job the server knows (newest last): id, kind, status, reason, model class, times, resources."""
     import ray
 
@@ -199,8 +208,10 @@ def get(job_id: str) -> Job:
     record = ray.get(server().get.remote(job_id))
     if record is None:
         known = [r["id"] for r in list()][-5:]
-        raise JobNotFound(f"No job `{job_id}` on this cluster's raymodel server. "
-                          f"Recent jobs: {', '.join(known) if known else '(none)'}.")
+        raise JobNotFound(
+            f"No job `{job_id}` on this cluster's raymodel server. "
+            f"Recent jobs: {', '.join(known) if known else '(none)'}."
+        )
     return Job(record)
 
 
@@ -212,8 +223,13 @@ def submit_train(model: Any, settings: Any, data: Any) -> Job:
 
     workers = max(settings.num_workers, 1)
     needs = {k: v * workers for k, v in worker_resources(settings.resources_per_worker, settings.use_gpu).items()}
-    payload = {"class": type(model), "config": dict(model.config), "settings": settings, "data": spec,
-               "state": initial_state(model)}
+    payload = {
+        "class": type(model),
+        "config": dict(model.config),
+        "settings": settings,
+        "data": spec,
+        "state": initial_state(model),
+    }
     return _submit("train", model, payload, needs, settings, settings.num_epochs)
 
 
@@ -230,20 +246,42 @@ def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) 
         for k, v in worker_resources(ts.resources_per_worker, ts.use_gpu).items():
             trial[k] = trial.get(k, 0.0) + v * ts.num_workers
     settings = dataclasses.replace(tunable.settings, name=tunable.name)
-    payload = {"class": type(model), "config": dict(model.config), "settings": settings, "data": tunable.spec,
-               "space": tunable.space, "resume": resume}
-    return _submit("tune", model, payload, trial, settings, tunable.settings.max_epochs,
-                   metric=tunable.metric, mode=tunable.settings.mode)
+    payload = {
+        "class": type(model),
+        "config": dict(model.config),
+        "settings": settings,
+        "data": tunable.spec,
+        "space": tunable.space,
+        "resume": resume,
+    }
+    return _submit(
+        "tune",
+        model,
+        payload,
+        trial,
+        settings,
+        tunable.settings.max_epochs,
+        metric=tunable.metric,
+        mode=tunable.settings.mode,
+    )
 
 
-def _submit(kind: str, model: Any, payload: dict[str, Any], needs: dict[str, float], settings: Any,
-            epochs: int, **more: Any) -> Job:
+def _submit(
+    kind: str, model: Any, payload: dict[str, Any], needs: dict[str, float], settings: Any, epochs: int, **more: Any
+) -> Job:
     import ray
 
-    callbacks = [*(getattr(settings, "callbacks", ()) or ()),
-                 *(getattr(getattr(settings, "train", None), "callbacks", ()) or ())]
+    callbacks = [
+        *(getattr(settings, "callbacks", ()) or ()),
+        *(getattr(getattr(settings, "train", None), "callbacks", ()) or ()),
+    ]
     blob = serialization.dumps(payload, type(model), *callbacks)
-    info = {"needs": needs, "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
-            "settings": repr(settings), "epochs": epochs, **more}
+    info = {
+        "needs": needs,
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "settings": repr(settings),
+        "epochs": epochs,
+        **more,
+    }
     record = ray.get(server().submit.remote(kind, blob, info))
     return Job(record)

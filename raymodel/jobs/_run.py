@@ -24,8 +24,11 @@ def run_job(runner: Any, kind: str, payload: bytes) -> dict[str, Any]:
         from raymodel.train import Trainable
         from raymodel.train._callbacks import JobRows
 
-        settings = dataclasses.replace(job["settings"], progress=False,
-                                       callbacks=[*job["settings"].callbacks, JobControl(server, me, runner.job_id)])
+        settings = dataclasses.replace(
+            job["settings"],
+            progress=False,
+            callbacks=[*job["settings"].callbacks, JobControl(server, me, runner.job_id)],
+        )
         result = Trainable(model, settings, data=job["data"], callbacks=[JobRows(server, runner.job_id)]).fit()
     else:
         from raymodel.tune import Tunable
@@ -33,8 +36,12 @@ def run_job(runner: Any, kind: str, payload: bytes) -> dict[str, Any]:
         _RUNNERS[runner.job_id] = runner
         train = job["settings"].train  # each trial's workers tell the server where they run
         train = dataclasses.replace(train, callbacks=[*train.callbacks, JobControl(server, me, runner.job_id)])
-        settings = dataclasses.replace(job["settings"], progress=False, train=train,
-                                       callbacks=[*job["settings"].callbacks, JobTrials(server, runner.job_id)])
+        settings = dataclasses.replace(
+            job["settings"],
+            progress=False,
+            train=train,
+            callbacks=[*job["settings"].callbacks, JobTrials(server, runner.job_id)],
+        )
         tunable = Tunable(model, job["space"], settings=settings, data=job["data"], resume=job["resume"])
         tunable.stop = JobStopper(runner.job_id)
         result = tunable.fit()
@@ -70,8 +77,17 @@ class JobControl(Callback):
 #: The runner of each job running in this process. Tune pickles its callbacks and stopper: they
 #: hold the job's id and the server's handle, and find the runner here.
 _RUNNERS: dict[str, Any] = {}
-_TUNE_KEYS = ("training_iteration", "should_checkpoint", "time_this_iter_s", "time_total_s", "timestamp", "pid",
-              "done", "time_since_restore", "iterations_since_restore")
+_TUNE_KEYS = (
+    "training_iteration",
+    "should_checkpoint",
+    "time_this_iter_s",
+    "time_total_s",
+    "timestamp",
+    "pid",
+    "done",
+    "time_since_restore",
+    "iterations_since_restore",
+)
 
 
 class JobTrials(tune.Callback):

@@ -22,6 +22,7 @@ import ray
 
 from raymodel._internal import runtime, storage
 from raymodel.jobs._names import ACTIVE, NAMESPACE
+
 _LOG_LINES = 200
 
 
@@ -58,18 +59,38 @@ class JobServer:
     def submit(self, kind: str, payload: bytes, info: dict[str, Any]) -> dict[str, Any]:
         job_id = f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
         needs = dict(info["needs"])
-        record = {"id": job_id, "kind": kind, "status": "PENDING", "reason": "queued", "needs": needs,
-                  "model_class": info["model_class"], "settings": info["settings"], "submitted": time.time(),
-                  "started": None, "ended": None, "history": [], "result": None, "error": None, "log": [],
-                  "epochs": info.get("epochs"), "placement_groups": [], "trials": {},
-                  "metric": info.get("metric"), "mode": info.get("mode")}
+        record = {
+            "id": job_id,
+            "kind": kind,
+            "status": "PENDING",
+            "reason": "queued",
+            "needs": needs,
+            "model_class": info["model_class"],
+            "settings": info["settings"],
+            "submitted": time.time(),
+            "started": None,
+            "ended": None,
+            "history": [],
+            "result": None,
+            "error": None,
+            "log": [],
+            "epochs": info.get("epochs"),
+            "placement_groups": [],
+            "trials": {},
+            "metric": info.get("metric"),
+            "mode": info.get("mode"),
+        }
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         never = fits(needs, total)
         with self.lock:
             self.records[job_id] = record
             if never is not None:
-                self._finish(job_id, "FAILED", error=f"The job can never run on this cluster: it needs "
-                             f"{_show(needs)}, and the whole cluster has {_show(total, needs)}.")
+                self._finish(
+                    job_id,
+                    "FAILED",
+                    error=f"The job can never run on this cluster: it needs "
+                    f"{_show(needs)}, and the whole cluster has {_show(total, needs)}.",
+                )
             else:
                 self.payloads[job_id] = payload
                 self._log(job_id, f"submitted; needs {_show(needs)}")
@@ -80,25 +101,32 @@ class JobServer:
     def get(self, job_id: str, timeout: float = 0.0) -> dict[str, Any] | None:
         """The record without its rows; waits up to ``timeout`` s for the job to end (a long poll)."""
         with self.changed:
-            self.changed.wait_for(lambda: self.records.get(job_id, {}).get("status", "DONE") not in ACTIVE,
-                                  timeout=timeout)
+            self.changed.wait_for(
+                lambda: self.records.get(job_id, {}).get("status", "DONE") not in ACTIVE, timeout=timeout
+            )
             record = self.records.get(job_id)
             return None if record is None else {k: v for k, v in record.items() if k != "history"}
 
     def list(self) -> list[dict[str, Any]]:
         with self.lock:
-            return [{**{k: v for k, v in r.items() if k not in ("history", "log", "result", "trials")},
-                     "last_epoch": max((row.get("epoch", 0) for row in r["history"]), default=0),
-                     "rows": len(r["history"]), "num_trials": len(r.get("trials") or {}),
-                     "result_path": (r.get("result") or {}).get("path")}
-                    for r in sorted(self.records.values(), key=lambda r: r["submitted"])]
+            return [
+                {
+                    **{k: v for k, v in r.items() if k not in ("history", "log", "result", "trials")},
+                    "last_epoch": max((row.get("epoch", 0) for row in r["history"]), default=0),
+                    "rows": len(r["history"]),
+                    "num_trials": len(r.get("trials") or {}),
+                    "result_path": (r.get("result") or {}).get("path"),
+                }
+                for r in sorted(self.records.values(), key=lambda r: r["submitted"])
+            ]
 
     def rows(self, job_id: str, start: int = 0, timeout: float = 0.0) -> tuple[list[dict[str, Any]], str]:
         """The rows from ``start`` on and the status; waits up to ``timeout`` s for one (a long poll)."""
         with self.changed:
             record = self.records[job_id]
-            self.changed.wait_for(lambda: len(record["history"]) > start or record["status"] not in ACTIVE,
-                                  timeout=timeout)
+            self.changed.wait_for(
+                lambda: len(record["history"]) > start or record["status"] not in ACTIVE, timeout=timeout
+            )
             return record["history"][start:], record["status"]
 
     def stop(self, job_id: str) -> str:
@@ -124,8 +152,10 @@ class JobServer:
             for row in rows:
                 shown = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "epoch"}
                 where = f"trial {row['trial_id']} " if "trial_id" in row else ""
-                self._log(job_id, f"{where}epoch {row.get('epoch')}: "
-                          + "  ".join(f"{k} {v:.4g}" for k, v in sorted(shown.items())))
+                self._log(
+                    job_id,
+                    f"{where}epoch {row.get('epoch')}: " + "  ".join(f"{k} {v:.4g}" for k, v in sorted(shown.items())),
+                )
             self._save(job_id)
 
     def trial(self, job_id: str, trial_id: str, info: dict[str, Any]) -> None:
@@ -153,8 +183,9 @@ class JobServer:
 
     def _schedule(self) -> None:
         with self.lock:
-            pending = sorted((r for r in self.records.values() if r["status"] == "PENDING"),
-                             key=lambda r: r["submitted"])
+            pending = sorted(
+                (r for r in self.records.values() if r["status"] == "PENDING"), key=lambda r: r["submitted"]
+            )
             if not pending:
                 return
             total = {k: float(v) for k, v in ray.cluster_resources().items()}
@@ -209,8 +240,9 @@ class JobServer:
                 if runner is not None:
                     ray.kill(runner)
 
-    def _finish(self, job_id: str, status: str, result: Any = None, error: str | None = None,
-                detail: str | None = None) -> None:
+    def _finish(
+        self, job_id: str, status: str, result: Any = None, error: str | None = None, detail: str | None = None
+    ) -> None:
         record = self.records[job_id]
         record.update(status=status, ended=time.time(), reason=None, result=result, error=error)
         self._log(job_id, status.lower() + (f": {error}" if error else ""))
@@ -241,8 +273,12 @@ class JobServer:
                 continue
             self.records[record["id"]] = record
             if record["status"] in ACTIVE:
-                self._finish(record["id"], "FAILED", error=f"The job server restarted while the job was "
-                             f"{record['status']}; the job was lost. Submit it again.")
+                self._finish(
+                    record["id"],
+                    "FAILED",
+                    error=f"The job server restarted while the job was "
+                    f"{record['status']}; the job was lost. Submit it again.",
+                )
 
 
 def _show(resources: dict[str, float], only: dict[str, float] | None = None) -> str:
@@ -268,8 +304,8 @@ class JobRunner:
 
     def warm(self) -> None:
         """Import what every job needs before one arrives."""
-        import raymodel.jobs._run  # noqa: F401
-        import raymodel.train._driver  # noqa: F401
+        import raymodel.jobs._run
+        import raymodel.train._driver
         import raymodel.tune  # noqa: F401
 
     def run(self, job_id: str, kind: str, payload: bytes) -> dict[str, Any]:

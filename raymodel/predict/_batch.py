@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from raymodel._internal import runtime, storage, tmp
-from raymodel.registry import sources
 from raymodel.exceptions import CheckpointError, DataError, SettingsError
+from raymodel.registry import sources
 
 if TYPE_CHECKING:
     from raymodel.contract import Model
@@ -48,10 +48,19 @@ class Predictions(_Dataset):
         return arrays[column]
 
 
-def predict_batch(model_or_ref: Any, data: Any, *, batch_size: int = DEFAULT_BATCH_SIZE,
-                  concurrency: int | tuple[int, int] | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                  feature_columns: Sequence[str] | None = None, keep_columns: Sequence[str] = (),
-                  preserve_order: bool = True, registry: str | None = None) -> Predictions:
+def predict_batch(
+    model_or_ref: Any,
+    data: Any,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    concurrency: int | tuple[int, int] | None = None,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    feature_columns: Sequence[str] | None = None,
+    keep_columns: Sequence[str] = (),
+    preserve_order: bool = True,
+    registry: str | None = None,
+) -> Predictions:
     """Score ``data`` with a model, on a pool of Ray Data actors; each loads the model once.
 
     Each actor runs ``predict_batch_preprocess(batch) -> forward ->
@@ -106,30 +115,53 @@ def predict_batch(model_or_ref: Any, data: Any, *, batch_size: int = DEFAULT_BAT
     dataset = reader()
     if feature_columns or keep_columns:
         _check_columns(dataset, [*(feature_columns or ()), *keep_columns])
-    compute = (ray.data.ActorPoolStrategy(min_size=1, max_size=None) if concurrency is None
-               else ray.data.ActorPoolStrategy(size=concurrency) if isinstance(concurrency, int)
-               else ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1]))
+    compute = (
+        ray.data.ActorPoolStrategy(min_size=1, max_size=None)
+        if concurrency is None
+        else ray.data.ActorPoolStrategy(size=concurrency)
+        if isinstance(concurrency, int)
+        else ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
+    )
     scored = dataset.map_batches(
-        Scorer, batch_size=batch_size, batch_format="numpy", compute=compute, num_cpus=num_cpus,
-        num_gpus=num_gpus or None, zero_copy_batch=True,
-        fn_constructor_kwargs={"source": source, "feature_columns": list(feature_columns or ()) or None,
-                               "keep_columns": list(keep_columns), "cpus": num_cpus})
+        Scorer,
+        batch_size=batch_size,
+        batch_format="numpy",
+        compute=compute,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus or None,
+        zero_copy_batch=True,
+        fn_constructor_kwargs={
+            "source": source,
+            "feature_columns": list(feature_columns or ()) or None,
+            "keep_columns": list(keep_columns),
+            "cpus": num_cpus,
+        },
+    )
     result = _Dataset.copy(scored, _deep_copy=True, _as=Predictions)  # its own context: ...
     result.context.execution_options.preserve_order = bool(preserve_order)  # ... not the caller's global one
     return result
 
 
-def _check_options(batch_size: Any, concurrency: Any, num_cpus: Any, num_gpus: Any, feature_columns: Any,
-                   keep_columns: Any) -> None:
+def _check_options(
+    batch_size: Any, concurrency: Any, num_cpus: Any, num_gpus: Any, feature_columns: Any, keep_columns: Any
+) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise SettingsError(f"`batch_size` must be a whole number of rows >= 1 (got {batch_size!r}).")
-    ok_pool = (concurrency is None or (isinstance(concurrency, int) and not isinstance(concurrency, bool)
-                                       and concurrency >= 1)
-               or (isinstance(concurrency, tuple) and len(concurrency) == 2
-                   and all(isinstance(c, int) and c >= 1 for c in concurrency) and concurrency[0] <= concurrency[1]))
+    ok_pool = (
+        concurrency is None
+        or (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1)
+        or (
+            isinstance(concurrency, tuple)
+            and len(concurrency) == 2
+            and all(isinstance(c, int) and c >= 1 for c in concurrency)
+            and concurrency[0] <= concurrency[1]
+        )
+    )
     if not ok_pool:
-        raise SettingsError(f"`concurrency` must be a number of actors >= 1 or a (min, max) pair with "
-                            f"1 <= min <= max (got {concurrency!r}).")
+        raise SettingsError(
+            f"`concurrency` must be a number of actors >= 1 or a (min, max) pair with "
+            f"1 <= min <= max (got {concurrency!r})."
+        )
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise SettingsError(f"`{name}` must be a number >= 0 (got {value!r}).")
@@ -140,8 +172,10 @@ def _check_options(batch_size: Any, concurrency: Any, num_cpus: Any, num_gpus: A
             raise SettingsError(f"`{name}` must be a list of column names (got {value!r}).")
     overlap = set(feature_columns or ()) & set(keep_columns or ())
     if overlap:
-        raise SettingsError(f"{sorted(overlap)} are in both `feature_columns` and `keep_columns`; a kept column "
-                            "is copied to the output, not fed to the model.")
+        raise SettingsError(
+            f"{sorted(overlap)} are in both `feature_columns` and `keep_columns`; a kept column "
+            "is copied to the output, not fed to the model."
+        )
 
 
 def _reader_of(data: Any) -> Any:
@@ -163,8 +197,10 @@ def _reader_of(data: Any) -> Any:
         location = location if storage.is_uri(location) else str(storage.local_path(location).resolve())
         read = getattr(ray.data, _format_of(location))
         return lambda: read(location)
-    raise DataError(f"`data` must be a ray.data.Dataset, a numpy array, a pandas DataFrame, or the path/URI of "
-                    f"Parquet or CSV files (got a {type(data).__name__}).")
+    raise DataError(
+        f"`data` must be a ray.data.Dataset, a numpy array, a pandas DataFrame, or the path/URI of "
+        f"Parquet or CSV files (got a {type(data).__name__})."
+    )
 
 
 def _format_of(location: str) -> str:
@@ -177,8 +213,9 @@ def _format_of(location: str) -> str:
         return _READERS[suffix]
     names = storage.files_under(location)
     if not names:
-        raise DataError(f"`{location}` does not exist or holds no files; give a Parquet or CSV file or a folder "
-                        "of them.")
+        raise DataError(
+            f"`{location}` does not exist or holds no files; give a Parquet or CSV file or a folder of them."
+        )
     kinds = {Path(n).suffix.lower() for n in names if not Path(n).name.startswith(("_", "."))} & set(_READERS)
     if len(kinds) != 1:
         found = sorted({Path(n).suffix or n for n in names})[:6]
@@ -205,17 +242,20 @@ def _source_of(model_or_ref: Any, registry: str | None) -> dict[str, Any]:
             if not storage.exists(storage.join(location, MANIFEST)):  # the manifest only: each actor checks
                 raise CheckpointError(  # every file's checksum when it loads, so nothing is downloaded twice
                     f"`{ref}` is not a raymodel checkpoint: it has no `{MANIFEST}`. Pass a folder that `train()` "
-                    "returned as `.checkpoint`, or one written by `model.save()`.")
+                    "returned as `.checkpoint`, or one written by `model.save()`."
+                )
             return {"checkpoint": location}
         source, info = sources.registry_source(ref, registry)
         return {**source, "version": info["resolved"]}
     if hasattr(model_or_ref, "backend") and callable(getattr(model_or_ref, "save", None)):
         return {"checkpoint": _snapshot(model_or_ref)}
-    raise SettingsError(f"`predict_batch` takes a model, a registry reference like 'digits@production' or a "
-                        f"checkpoint path (got a {type(model_or_ref).__name__}).")
+    raise SettingsError(
+        f"`predict_batch` takes a model, a registry reference like 'digits@production' or a "
+        f"checkpoint path (got a {type(model_or_ref).__name__})."
+    )
 
 
-def _snapshot(model: "Model") -> str:
+def _snapshot(model: Model) -> str:
     """A checkpoint of the instance's current weights under ``$RAYMODEL_HOME/predict`` (any node
     reads it there), removed when this process ends: the lazy result may run any time before."""
     parent = runtime.home_path("predict")

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from raymodel._internal import runtime
-from raymodel.registry import sources
 from raymodel.exceptions import ModelDefinitionError
+from raymodel.registry import sources
 
 
 class Scorer:
@@ -18,8 +18,9 @@ class Scorer:
     the checkpoint or registry there, never pickled per batch.
     """
 
-    def __init__(self, source: dict[str, Any], feature_columns: list[str] | None, keep_columns: list[str],
-                 cpus: float = 1) -> None:
+    def __init__(
+        self, source: dict[str, Any], feature_columns: list[str] | None, keep_columns: list[str], cpus: float = 1
+    ) -> None:
         self.model = sources.load(source, source.get("version"))
         self.feature_columns, self.keep_columns = feature_columns, keep_columns
         runtime.set_threads(cpus)
@@ -43,10 +44,13 @@ class Scorer:
 
 def _check_columns(name: str, columns: Any, rows: int) -> None:
     if not isinstance(columns, dict) or not columns:
-        raise ModelDefinitionError(f"`{name}.predict_batch_postprocess` must return a dict of output columns "
-                                   f"{{name: array}} (got a {type(columns).__name__}).")
+        raise ModelDefinitionError(
+            f"`{name}.predict_batch_postprocess` must return a dict of output columns "
+            f"{{name: array}} (got a {type(columns).__name__})."
+        )
     for column, values in columns.items():
         if len(values) != rows:
             raise ModelDefinitionError(
                 f"`{name}.predict_batch_postprocess` returned column {column!r} with {len(values)} entries for a "
-                f"batch of {rows} rows; every column needs one entry per input row.")
+                f"batch of {rows} rows; every column needs one entry per input row."
+            )

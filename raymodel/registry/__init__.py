@@ -18,13 +18,24 @@ from typing import Any, Mapping
 
 from raymodel.registry._registry import ModelRecord, ModelRef, Registry, default_uri
 
-__all__ = ["put", "get", "list", "show", "delete", "set_alias", "remove_alias", "open", "Registry", "ModelRef",
-           "ModelRecord"]
+__all__ = [
+    "put",
+    "get",
+    "list",
+    "show",
+    "delete",
+    "set_alias",
+    "remove_alias",
+    "open",
+    "Registry",
+    "ModelRef",
+    "ModelRecord",
+]
 
 _list = list
 
 
-def open(uri: str | None = None) -> Registry:  # noqa: A001 - mirrors the builtin on purpose
+def open(uri: str | None = None) -> Registry:
     """A registry at ``uri`` (a folder or ``s3://``, ``gs://``, ... URI); default: :func:`default_uri`."""
     return Registry(uri or default_uri())
 
@@ -39,7 +50,7 @@ def get(key: str, version: int | str | None = None, config: Mapping[str, Any] | 
     return open().get(key, version, config=config)
 
 
-def list(key: str | None = None) -> _list[ModelRecord]:  # noqa: A001
+def list(key: str | None = None) -> _list[ModelRecord]:
     """Records (key, version, aliases, created, metrics, metadata, lineage)."""
     return open().list(key)
 

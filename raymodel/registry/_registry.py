@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 import os
@@ -9,7 +10,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, List, Mapping
+from typing import Any, Mapping
 
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import names, runtime, tmp
@@ -64,8 +65,7 @@ class Registry:
         self.store = Store(uri)
 
     # ------------------------------------------------------------------ put
-    def put(self, obj: Any, key: str, alias: str | None = None,
-            metadata: Mapping[str, Any] | None = None) -> ModelRef:
+    def put(self, obj: Any, key: str, alias: str | None = None, metadata: Mapping[str, Any] | None = None) -> ModelRef:
         """Store ``obj`` as the next version of ``key``.
 
         Args:
@@ -125,8 +125,9 @@ class Registry:
         versions = self._versions(key)
         if not versions:
             keys = self.keys()
-            raise RegistryError(f"No model `{key}` in the registry at `{self.uri}`. "
-                                f"Keys: {', '.join(keys) if keys else '(none yet)'}.")
+            raise RegistryError(
+                f"No model `{key}` in the registry at `{self.uri}`. Keys: {', '.join(keys) if keys else '(none yet)'}."
+            )
         if wanted is None:
             return max(versions)
         if isinstance(wanted, int):
@@ -142,10 +143,10 @@ class Registry:
         return aliases[wanted]
 
     # ----------------------------------------------------------------- list
-    def keys(self) -> List[str]:
+    def keys(self) -> builtins.list[str]:
         return [k for k in self.store.listdir("") if names.name_problem(k, "") is None and self._versions(k)]
 
-    def list(self, key: str | None = None) -> List[ModelRecord]:
+    def list(self, key: str | None = None) -> builtins.list[ModelRecord]:
         """Records of every version (of ``key``, or of every key), oldest first.
 
         A version whose record cannot be read is left out with a warning naming its file.
@@ -172,10 +173,17 @@ class Registry:
         except FileNotFoundError as exc:
             raise RegistryError(f"`{key}:{n}` has no record (`{self.store.describe(rel)}`).") from exc
         try:
-            return ModelRecord(key=key, version=n, aliases=sorted(a for a, v in aliases.items() if v == n),
-                               created=float(raw.get("created", 0.0)), metrics=dict(raw.get("metrics", {})),
-                               metadata=dict(raw.get("metadata", {})), lineage=dict(raw.get("lineage", {})),
-                               model_class=str(raw.get("model_class", "?")), backend=str(raw.get("backend", "?")))
+            return ModelRecord(
+                key=key,
+                version=n,
+                aliases=sorted(a for a, v in aliases.items() if v == n),
+                created=float(raw.get("created", 0.0)),
+                metrics=dict(raw.get("metrics", {})),
+                metadata=dict(raw.get("metadata", {})),
+                lineage=dict(raw.get("lineage", {})),
+                model_class=str(raw.get("model_class", "?")),
+                backend=str(raw.get("backend", "?")),
+            )
         except (AttributeError, TypeError, ValueError) as exc:
             raise RegistryError(f"`{self.store.describe(rel)}` is corrupt: {exc}") from exc
 
@@ -211,10 +219,13 @@ class Registry:
             self.store.tombstone(key, n)
 
     # -------------------------------------------------------------- helpers
-    def _versions(self, key: str) -> List[int]:  # `list` is a method name in this class
-        return [n for n in self.store.numbers(key)
-                if self.store.exists(f"{key}/versions/{n}/{RECORD}")
-                and not self.store.exists(f"{key}/versions/{n}/{TOMBSTONE}")]
+    def _versions(self, key: str) -> builtins.list[int]:  # `list` is a method name in this class
+        return [
+            n
+            for n in self.store.numbers(key)
+            if self.store.exists(f"{key}/versions/{n}/{RECORD}")
+            and not self.store.exists(f"{key}/versions/{n}/{TOMBSTONE}")
+        ]
 
     def _aliases(self, key: str) -> dict[str, int]:
         """``{alias: version}``; an unreadable alias file is left out with a warning naming it."""
@@ -246,7 +257,7 @@ class Registry:
         if legacy is None:
             return
         current = set(self.store.listdir(f"{key}/aliases"))
-        for alias, n in (legacy.items() if isinstance(legacy, dict) else []):
+        for alias, n in legacy.items() if isinstance(legacy, dict) else []:
             if f"{alias}.json" not in current and isinstance(n, int) and not names.name_problem(alias, ""):
                 self.store.write_text(f"{key}/aliases/{alias}.json", json.dumps({"version": n}))
         self.store.delete_file(f"{key}/aliases.json")
@@ -265,19 +276,30 @@ def _materialize(obj: Any, staging: Path) -> tuple[Path, dict[str, Any]]:
     if isinstance(obj, TrainResult):
         if obj.checkpoint is None:
             raise RegistryError("This `TrainResult` has no checkpoint to register.")
-        lineage = {"run": obj.name, "run_path": obj.path, "checkpoint": obj.checkpoint, "metrics": obj.metrics,
-                   "epochs": len(obj.history)}
+        lineage = {
+            "run": obj.name,
+            "run_path": obj.path,
+            "checkpoint": obj.checkpoint,
+            "metrics": obj.metrics,
+            "epochs": len(obj.history),
+        }
         return _copy(obj.checkpoint, staging), lineage
     if isinstance(obj, TuneResult):
         if obj.best_checkpoint is None:
             raise RegistryError("This `TuneResult` has no best checkpoint to register.")
-        lineage = {"experiment_path": obj.path, "trial_id": obj.best_trial_id, "checkpoint": obj.best_checkpoint,
-                   "metrics": obj.best_metrics, "tuned_metric": obj.metric}
+        lineage = {
+            "experiment_path": obj.path,
+            "trial_id": obj.best_trial_id,
+            "checkpoint": obj.best_checkpoint,
+            "metrics": obj.best_metrics,
+            "tuned_metric": obj.metric,
+        }
         return _copy(obj.best_checkpoint, staging), lineage
     if isinstance(obj, (str, os.PathLike)):
         return _copy(os.fspath(obj), staging), {"checkpoint": os.fspath(obj)}
-    raise RegistryError(f"`put` takes a model, a TrainResult, a TuneResult or a checkpoint path "
-                        f"(got {type(obj).__name__}).")
+    raise RegistryError(
+        f"`put` takes a model, a TrainResult, a TuneResult or a checkpoint path (got {type(obj).__name__})."
+    )
 
 
 def _copy(path: str, staging: Path) -> Path:

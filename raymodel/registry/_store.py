@@ -247,8 +247,9 @@ def _s3_client(uri: str, path: str) -> tuple[Any, str, str]:
     try:
         import boto3
     except ImportError as exc:
-        raise RegistryError("A registry on S3 needs boto3 for its conditional writes: "
-                            "`pip install 'raymodel[s3]'`.") from exc
+        raise RegistryError(
+            "A registry on S3 needs boto3 for its conditional writes: `pip install 'raymodel[s3]'`."
+        ) from exc
     options = {k: v[-1] for k, v in parse_qs(urlsplit(uri).query).items()}
     kwargs: dict[str, Any] = {}
     if "endpoint_override" in options:

@@ -34,9 +34,9 @@ from ray import serve
 from starlette.responses import Response
 
 from raymodel._internal import runtime
-from raymodel.registry import sources
 from raymodel._internal.schema import describe, openapi, schemas_of
 from raymodel.contract import batch_len, to_jsonable
+from raymodel.registry import sources
 
 logger = logging.getLogger("ray.serve")
 
@@ -61,8 +61,15 @@ class ModelServer:
     requests keep flowing: each request uses the model it started with.
     """
 
-    def __init__(self, source: dict[str, Any], info: dict[str, Any], max_batch_size: int,
-                 batch_wait_timeout_s: float, max_body_bytes: int, poll_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        source: dict[str, Any],
+        info: dict[str, Any],
+        max_batch_size: int,
+        batch_wait_timeout_s: float,
+        max_body_bytes: int,
+        poll_s: float = 2.0,
+    ) -> None:
         self.source = source
         self.model = sources.load(source, source.get("version"))
         self.info = info
@@ -94,13 +101,14 @@ class ModelServer:
                     self.model = model  # one assignment: a request sees the old model or the new one
                     logger.info("now serving %s:%s", self.source["key"], n)
             except Exception:  # noqa: BLE001 - a registry hiccup never stops the replica
-                logger.warning("could not follow %s@%s\n%s", self.source["key"], self.source.get("version"),
-                               traceback.format_exc())
+                logger.warning(
+                    "could not follow %s@%s\n%s", self.source["key"], self.source.get("version"), traceback.format_exc()
+                )
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
         scope = request.scope
-        sub = scope["path"][len(scope.get("root_path", "")):].strip("/")
+        sub = scope["path"][len(scope.get("root_path", "")) :].strip("/")
         if sub == "openapi.json" and request.method == "GET":
             return _json(self.openapi())
         if sub in ("health", "info"):
@@ -108,20 +116,32 @@ class ModelServer:
                 return _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
             if sub == "health":
                 return _json({"status": "ok"})
-            return _json({**self.info, "serving": _label(self.model), "ingress": self.ingress,
-                          "replica_pid": os.getpid(), "torch_threads": self.threads,
-                          "batches_run_on": self._runner.where(),
-                          "batch_sizes_seen": sorted(set(self.batch_sizes)),
-                          "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes))})
+            return _json(
+                {
+                    **self.info,
+                    "serving": _label(self.model),
+                    "ingress": self.ingress,
+                    "replica_pid": os.getpid(),
+                    "torch_threads": self.threads,
+                    "batches_run_on": self._runner.where(),
+                    "batch_sizes_seen": sorted(set(self.batch_sizes)),
+                    "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes)),
+                }
+            )
         if sub:
-            return _error(404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health`, `info` "
-                                            "or `openapi.json`.")
+            return _error(
+                404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health`, `info` or `openapi.json`."
+            )
         if request.method != "POST":
             return _error(405, "method not allowed", "POST a JSON body to this route.", headers={"Allow": "POST"})
         body = await request.body()
         if len(body) > self.max_body_bytes:
-            return _error(413, "payload too large", f"The body has {len(body)} bytes; the limit is "
-                                                    f"{self.max_body_bytes} (`ServeSettings(max_body_bytes=...)`).")
+            return _error(
+                413,
+                "payload too large",
+                f"The body has {len(body)} bytes; the limit is "
+                f"{self.max_body_bytes} (`ServeSettings(max_body_bytes=...)`).",
+            )
         try:
             payload = orjson.loads(body)
         except ValueError as exc:
@@ -139,8 +159,9 @@ class ModelServer:
     def openapi(self) -> dict[str, Any]:
         """The route's OpenAPI document, from the served model's ``input_schema`` / ``output_schema``."""
         model = self.model
-        return openapi(type(model), self.info.get("route") or "/", f"{type(model).__name__} (raymodel)",
-                       _label(model) or "1")
+        return openapi(
+            type(model), self.info.get("route") or "/", f"{type(model).__name__} (raymodel)", _label(model) or "1"
+        )
 
     def stats(self, window_s: float = 60.0) -> dict[str, Any]:
         """This replica's last ``window_s`` seconds: request rate, latency p50/p99, mean batch size."""
@@ -149,10 +170,16 @@ class ModelServer:
         span = max(1e-9, min(window_s, now - self.started))
         pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 3)  # noqa: E731
         sizes = list(self.batch_sizes)
-        return {"route": self.info.get("route"), "serving": _label(self.model), "requests": len(latencies),
-                "rate_per_s": len(latencies) / span,
-                "p50_ms": pick(0.5) if latencies else None, "p99_ms": pick(0.99) if latencies else None,
-                "mean_batch_size": sum(sizes) / len(sizes) if sizes else None, "window_s": window_s}
+        return {
+            "route": self.info.get("route"),
+            "serving": _label(self.model),
+            "requests": len(latencies),
+            "rate_per_s": len(latencies) / span,
+            "p50_ms": pick(0.5) if latencies else None,
+            "p99_ms": pick(0.99) if latencies else None,
+            "mean_batch_size": sum(sizes) / len(sizes) if sizes else None,
+            "window_s": window_s,
+        }
 
     # -------------------------------------------------------------- the model
     async def _answer(self, payload: Any) -> tuple[int, Any, int, Any]:
@@ -166,8 +193,16 @@ class ModelServer:
         model = self.model  # this request's model, even if a new version is swapped in meanwhile
         payload, errors = schemas_of(type(model)).check_input(payload)
         if errors:
-            return 422, {"error": "invalid payload", "detail": f"{len(errors)} field(s) do not match the input "
-                         f"schema: {describe(errors)}", "errors": errors}, 0, model
+            return (
+                422,
+                {
+                    "error": "invalid payload",
+                    "detail": f"{len(errors)} field(s) do not match the input schema: {describe(errors)}",
+                    "errors": errors,
+                },
+                0,
+                model,
+            )
         try:
             x = model.preprocess(payload)
         except CLIENT_ERRORS as exc:
@@ -276,8 +311,12 @@ def _cpu_share() -> float:
         return 1.0
 
 
-HAPROXY_ERROR_BODY = orjson.dumps({"error": "replica unavailable", "detail": (
-    "The replica handling this request stopped before answering, or none is up; retry it.")})
+HAPROXY_ERROR_BODY = orjson.dumps(
+    {
+        "error": "replica unavailable",
+        "detail": ("The replica handling this request stopped before answering, or none is up; retry it."),
+    }
+)
 
 
 def _json_error_page() -> None:
@@ -289,9 +328,11 @@ def _json_error_page() -> None:
 
     folder, _ = os.path.split(constants.RAY_SERVE_HAPROXY_CONFIG_FILE_LOC)
     folder = os.path.join(folder, ray.get_runtime_context().get_node_id())  # Ray's files are per node
-    page = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n%s"
-            % (len(HAPROXY_ERROR_BODY), HAPROXY_ERROR_BODY))
+    page = (
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n%s"
+        % (len(HAPROXY_ERROR_BODY), HAPROXY_ERROR_BODY)
+    )
     try:
         os.makedirs(folder, exist_ok=True)
         staged = os.path.join(folder, f".500.http.{os.getpid()}")
@@ -331,8 +372,9 @@ JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(content, option=JSON_OPTIONS), status_code=status, headers=headers,
-                    media_type="application/json")
+    return Response(
+        orjson.dumps(content, option=JSON_OPTIONS), status_code=status, headers=headers, media_type="application/json"
+    )
 
 
 def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Any:

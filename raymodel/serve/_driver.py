@@ -8,8 +8,8 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from raymodel._internal import runtime, storage
-from raymodel.registry import sources
 from raymodel.exceptions import ServeError, SettingsError
+from raymodel.registry import sources
 from raymodel.serve._settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -64,8 +64,14 @@ class Servable:
         >>> serve.run(app, route_prefix="/digits")   # or: serve run my_module:app --route-prefix /digits
     """
 
-    def __init__(self, model_or_ref: Any, route: str = "/", *, settings: ServeSettings | Mapping[str, Any] | None = None,
-                 registry: str | None = None) -> None:
+    def __init__(
+        self,
+        model_or_ref: Any,
+        route: str = "/",
+        *,
+        settings: ServeSettings | Mapping[str, Any] | None = None,
+        registry: str | None = None,
+    ) -> None:
         self.settings = ServeSettings.coerce(settings)
         self.route = _check_route(route)
         self.name = self.settings.name or (re.sub(r"[^A-Za-z0-9_-]", "_", self.route.strip("/")) or "root")
@@ -81,11 +87,16 @@ class Servable:
 
             schemas_of(type(model_or_ref))  # a bad input/output schema fails here, before any replica starts
             self.model = model_or_ref
-            self.info = {"class": f"{type(model_or_ref).__module__}.{type(model_or_ref).__qualname__}",
-                         "backend": model_or_ref.backend.name, "config": _plain(model_or_ref.config)}
+            self.info = {
+                "class": f"{type(model_or_ref).__module__}.{type(model_or_ref).__qualname__}",
+                "backend": model_or_ref.backend.name,
+                "config": _plain(model_or_ref.config),
+            }
         else:
-            raise ServeError(f"`Servable` takes a model or a registry reference like 'digits@production' "
-                             f"(got {type(model_or_ref).__name__}).")
+            raise ServeError(
+                f"`Servable` takes a model or a registry reference like 'digits@production' "
+                f"(got {type(model_or_ref).__name__})."
+            )
         self.info["route"] = self.route
 
     def as_application(self) -> Any:
@@ -96,21 +107,32 @@ class Servable:
 
         source = self.source or {"checkpoint": _checkpoint_of(self.model, self.name)}
         self._written = source.get("checkpoint") if not self.source else None
-        info = {**self.info, "source": dict(self.model.source) if self.model is not None and self.model.source
-                else dict(source)}
+        info = {
+            **self.info,
+            "source": dict(self.model.source) if self.model is not None and self.model.source else dict(source),
+        }
         s = self.settings
-        options: dict[str, Any] = {"name": f"{self.name}-model", "max_ongoing_requests": s.max_ongoing_requests,
-                                   "ray_actor_options": s.ray_actor_options or {},
-                                   "logging_config": {"enable_access_log": s.access_log}}
+        options: dict[str, Any] = {
+            "name": f"{self.name}-model",
+            "max_ongoing_requests": s.max_ongoing_requests,
+            "ray_actor_options": s.ray_actor_options or {},
+            "logging_config": {"enable_access_log": s.access_log},
+        }
         if s.num_replicas == "auto":
             options["autoscaling_config"] = {
-                "min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
+                "min_replicas": s.min_replicas,
+                "max_replicas": s.max_replicas,
                 "target_ongoing_requests": s.target_ongoing_requests or max(2, s.max_batch_size),
-                "upscale_delay_s": s.upscale_delay_s, "downscale_delay_s": s.downscale_delay_s}
+                "upscale_delay_s": s.upscale_delay_s,
+                "downscale_delay_s": s.downscale_delay_s,
+            }
         else:
             options["num_replicas"] = s.num_replicas
-        return serve.deployment(ModelServer).options(**options).bind(
-            source, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s.registry_poll_s)
+        return (
+            serve.deployment(ModelServer)
+            .options(**options)
+            .bind(source, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s.registry_poll_s)
+        )
 
     def deploy(self) -> ServedModel:
         """Run the application on Ray Serve (starting Ray and Serve if needed); a rolling update
@@ -168,7 +190,7 @@ def serve_folder(name: str) -> str:
     return runtime.home_path("serve", name)
 
 
-def _checkpoint_of(model: "Model", name: str) -> str:
+def _checkpoint_of(model: Model, name: str) -> str:
     """A checkpoint of the instance's *current* weights, which every replica loads itself, from
     wherever ``RAYMODEL_HOME`` is (a replica on another node reads the URI)."""
     return model.save(storage.join(serve_folder(name), f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"))
@@ -189,8 +211,10 @@ def _wait_until_answering(url: str, timeout_s: float = 60.0) -> None:
         except (urllib.error.URLError, OSError):
             pass
         if time.monotonic() > deadline:
-            raise ServeError(f"`{url}` did not answer within {timeout_s:.0f} s of being deployed; Serve's "
-                             "logs say why (`ray/session_latest/logs/serve/` under Ray's temp folder).")
+            raise ServeError(
+                f"`{url}` did not answer within {timeout_s:.0f} s of being deployed; Serve's "
+                "logs say why (`ray/session_latest/logs/serve/` under Ray's temp folder)."
+            )
         time.sleep(0.1)
 
 

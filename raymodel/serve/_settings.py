@@ -63,14 +63,14 @@ class ServeSettings(SettingsBase):
         problems = collect(
             check_int("min_replicas", self.min_replicas, minimum=0),
             check_int("max_replicas", self.max_replicas, minimum=1),
-            check_number("target_ongoing_requests", self.target_ongoing_requests, minimum=0, exclusive_min=True,
-                         allow_none=True),
+            check_number(
+                "target_ongoing_requests", self.target_ongoing_requests, minimum=0, exclusive_min=True, allow_none=True
+            ),
             check_number("upscale_delay_s", self.upscale_delay_s, minimum=0),
             check_number("downscale_delay_s", self.downscale_delay_s, minimum=0),
             check_int("max_batch_size", self.max_batch_size, minimum=1),
             check_number("batch_wait_timeout_s", self.batch_wait_timeout_s, minimum=0),
             check_int("max_ongoing_requests", self.max_ongoing_requests, minimum=1),
-
             check_type("host", self.host, (str,), "a host name or IP address"),
             check_int("port", self.port, minimum=1, maximum=65535),
             check_name("name", self.name),
@@ -81,7 +81,10 @@ class ServeSettings(SettingsBase):
         )
         if self.num_replicas != "auto" and check_int("num_replicas", self.num_replicas, minimum=1):
             problems.append(f"`num_replicas` must be an int >= 1 or 'auto' (got {self.num_replicas!r}).")
-        if (isinstance(self.min_replicas, int) and isinstance(self.max_replicas, int)
-                and self.min_replicas > self.max_replicas):
+        if (
+            isinstance(self.min_replicas, int)
+            and isinstance(self.max_replicas, int)
+            and self.min_replicas > self.max_replicas
+        ):
             problems.append(f"`min_replicas` ({self.min_replicas}) must be <= `max_replicas` ({self.max_replicas}).")
         return problems

@@ -11,5 +11,14 @@ from raymodel.train._result import TrainResult
 from raymodel.train._run import WorkerRun
 from raymodel.train._settings import TrainSettings, worker_resources
 
-__all__ = ["Trainable", "TrainSettings", "TrainResult", "WorkerRun", "prepare", "initial_state",
-           "worker_resources", "ProgressPrinter", "format_metrics"]
+__all__ = [
+    "Trainable",
+    "TrainSettings",
+    "TrainResult",
+    "WorkerRun",
+    "prepare",
+    "initial_state",
+    "worker_resources",
+    "ProgressPrinter",
+    "format_metrics",
+]

@@ -6,8 +6,8 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from raymodel._internal import runtime, serialization, storage, tmp
 from raymodel._internal import checkpoint as ckpt
+from raymodel._internal import runtime, serialization, storage, tmp
 from raymodel._internal.hub import start_hub, stop_hub
 from raymodel.data import resolve
 from raymodel.data._splits import nonfinite
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from raymodel.contract import Model
 
 
-def prepare(model: "Model", settings: Any, data: Any) -> tuple[TrainSettings, Any]:
+def prepare(model: Model, settings: Any, data: Any) -> tuple[TrainSettings, Any]:
     """Every check that can fail before Ray is touched: settings, model, data."""
     settings = TrainSettings.coerce(settings)
     backend = model.backend
@@ -41,9 +41,11 @@ def _check_step_settings(settings: TrainSettings, backend: Any) -> None:
         return
     changed = [f"`{k}={getattr(settings, k)!r}`" for k, v in STEP_SETTINGS.items() if getattr(settings, k) != v]
     if changed:
-        raise SettingsError(f"{', '.join(changed)}: the {backend.name} backend has no gradient steps to change; "
-                            f"precision, gradient accumulation and clipping are for the torch and Lightning "
-                            f"backends. Leave them at their defaults.")
+        raise SettingsError(
+            f"{', '.join(changed)}: the {backend.name} backend has no gradient steps to change; "
+            f"precision, gradient accumulation and clipping are for the torch and Lightning "
+            f"backends. Leave them at their defaults."
+        )
 
 
 def _check_finite(spec: Any, policy: str) -> None:
@@ -52,8 +54,10 @@ def _check_finite(spec: Any, policy: str) -> None:
     found = nonfinite(spec)
     if not found:
         return
-    message = ("The data holds NaN or infinite values (" + "; ".join(found) + "). A loss over them is NaN. "
-               "Clean them, or pass `TrainSettings(nonfinite='allow')` if the model handles them.")
+    message = (
+        "The data holds NaN or infinite values (" + "; ".join(found) + "). A loss over them is NaN. "
+        "Clean them, or pass `TrainSettings(nonfinite='allow')` if the model handles them."
+    )
     if policy == "error":
         raise DataError(message)
     warnings.warn(message, RuntimeWarning, stacklevel=4)
@@ -80,9 +84,17 @@ class Trainable:
         >>> again = rm.RayModel.from_checkpoint(result.checkpoint.path)
     """
 
-    def __init__(self, model: "Model", settings: TrainSettings | Mapping[str, Any] | None = None, *,
-                 data: Any, callbacks: Sequence[Any] = (), resume_from: str | None = None, hub: Any = None,
-                 info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: Model,
+        settings: TrainSettings | Mapping[str, Any] | None = None,
+        *,
+        data: Any,
+        callbacks: Sequence[Any] = (),
+        resume_from: str | None = None,
+        hub: Any = None,
+        info: dict[str, Any] | None = None,
+    ) -> None:
         """``callbacks`` (Ray Train ``UserCallback`` objects on the driver side), ``resume_from``
         (a checkpoint to continue from), ``hub`` and ``info`` are how a Tune trial runs its training."""
         self.model = model
@@ -117,8 +129,9 @@ class Trainable:
         runtime.ensure_ray(self.settings.verbose)
         printer = None
         if self.settings.progress:
-            printer = ProgressPrinter(None, type(self.model).__name__, self.settings.num_epochs,
-                                      self.model.backend.epoch_unit)
+            printer = ProgressPrinter(
+                None, type(self.model).__name__, self.settings.num_epochs, self.model.backend.epoch_unit
+            )
         trainer, hub = self._trainer(printer)
         try:
             result = _fit(trainer, printer)
@@ -131,8 +144,11 @@ class Trainable:
         """Run the training loop in this process, placed by ``session`` (one worker): the same
         ``WorkerRun`` lifecycle as on a Ray Train worker, without a worker group. A Tune trial
         with one worker trains this way, in the trial itself."""
-        loop_config = {"payload": worker_payload(self.model, self.settings, self._info),
-                       "data": self.spec.for_workers(), "hub": None}
+        loop_config = {
+            "payload": worker_payload(self.model, self.settings, self._info),
+            "data": self.spec.for_workers(),
+            "hub": None,
+        }
         return WorkerRun(loop_config, session=session).run()
 
     def _trainer(self, printer: ProgressPrinter | None) -> tuple[Any, Any]:
@@ -142,8 +158,11 @@ class Trainable:
         gathers = settings.num_workers > 1 and not backend.native_collective
         hub = self._hub or (start_hub() if gathers or printer is not None else None)
         # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
-        loop_config = {"payload": worker_payload(self.model, settings, self._info), "data": self.spec.for_workers(),
-                       "hub": hub}
+        loop_config = {
+            "payload": worker_payload(self.model, settings, self._info),
+            "data": self.spec.for_workers(),
+            "hub": hub,
+        }
         keep_best = settings.keep_checkpoints is not None and settings.metric is not None
         callbacks = list(self._ray_callbacks)
         if printer is not None:
@@ -161,17 +180,25 @@ class Trainable:
             callbacks=callbacks,
             logging_config=LoggingConfig("INFO" if settings.verbose else "WARNING"),
         )
-        scaling = ScalingConfig(num_workers=settings.num_workers, use_gpu=settings.use_gpu,
-                                resources_per_worker=settings.resources_per_worker)
-        trainer = backend.make_trainer(run_worker, train_loop_config=loop_config, scaling_config=scaling,
-                                       run_config=run_config, datasets=self.spec.ray_datasets)
+        scaling = ScalingConfig(
+            num_workers=settings.num_workers,
+            use_gpu=settings.use_gpu,
+            resources_per_worker=settings.resources_per_worker,
+        )
+        trainer = backend.make_trainer(
+            run_worker,
+            train_loop_config=loop_config,
+            scaling_config=scaling,
+            run_config=run_config,
+            datasets=self.spec.ray_datasets,
+        )
         return trainer, hub
 
     def __repr__(self) -> str:
         return f"Trainable({type(self.model).__name__}, num_workers={self.settings.num_workers}, name={self.name!r})"
 
 
-def worker_payload(model: "Model", settings: TrainSettings, info: dict[str, Any]) -> bytes:
+def worker_payload(model: Model, settings: TrainSettings, info: dict[str, Any]) -> bytes:
     """What every worker's ``WorkerRun`` unpacks: the class by value, config, settings, the run's
     name and folder, and the instance's current weights when it has any."""
     payload = {
@@ -206,8 +233,9 @@ def _root_message(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
 
-def _collect(model: "Model", settings: TrainSettings, result: Any, name: str, root: str,
-             load_result: bool) -> TrainResult:
+def _collect(
+    model: Model, settings: TrainSettings, result: Any, name: str, root: str, load_result: bool
+) -> TrainResult:
     """The run's ``TrainResult``; its locations keep the storage's scheme (``s3://...``), which
     Ray's ``Result`` drops (``Checkpoint.path`` is a path on its filesystem)."""
     returned = result.return_value or {}
@@ -237,14 +265,17 @@ def _best_checkpoint(result: Any, metric: str, mode: str, history: list[dict[str
     scored = [(c, m) for c, m in (result.best_checkpoints or []) if metric in m]
     if not scored:
         reported = sorted({k for row in history for k in row})
-        warnings.warn(f"`metric={metric!r}` was never reported, so there is no best checkpoint. "
-                      f"Reported metrics: {reported}.", UserWarning, stacklevel=4)
+        warnings.warn(
+            f"`metric={metric!r}` was never reported, so there is no best checkpoint. Reported metrics: {reported}.",
+            UserWarning,
+            stacklevel=4,
+        )
         return None
     pick = min if mode == "min" else max
     return pick(scored, key=lambda cm: cm[1][metric])[0].path
 
 
-def initial_state(model: "Model") -> dict[str, bytes] | None:
+def initial_state(model: Model) -> dict[str, bytes] | None:
     """Files of the instance's current state, when it has weights to start from (a run's workers,
     or a job's runner, load them before the first epoch)."""
     if not model.is_setup:
@@ -253,5 +284,3 @@ def initial_state(model: "Model") -> dict[str, bytes] | None:
         state = model.backend.get_state(model)
         model.backend.write_state(model, state, staging)
         return {p.relative_to(staging).as_posix(): p.read_bytes() for p in staging.rglob("*") if p.is_file()}
-
-

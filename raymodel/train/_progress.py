@@ -47,8 +47,9 @@ class BatchProgress:
         if now - self.last < BATCH_EVERY_S and batch_idx + 1 != total:
             return
         self.last = now
-        self.hub.push.remote({"_progress": True, "epoch": epoch, "batch": batch_idx + 1, "total": total,
-                              "loss": _loss(outputs)})
+        self.hub.push.remote(
+            {"_progress": True, "epoch": epoch, "batch": batch_idx + 1, "total": total, "loss": _loss(outputs)}
+        )
 
 
 def _loss(outputs: Any) -> float | None:
@@ -80,7 +81,7 @@ class ProgressPrinter:
 
         return ProgressCallback(self.hub)
 
-    def __enter__(self) -> "ProgressPrinter":
+    def __enter__(self) -> ProgressPrinter:
         self._start = time.monotonic()
         self._thread.start()
         return self
@@ -115,8 +116,14 @@ class ProgressPrinter:
         from tqdm.auto import tqdm
 
         if self._epochs is None:
-            self._epochs = tqdm(total=self.total, desc=f"[{self.label}] {self.unit}s", unit=self.unit,
-                                position=0, file=self.stream, dynamic_ncols=True)
+            self._epochs = tqdm(
+                total=self.total,
+                desc=f"[{self.label}] {self.unit}s",
+                unit=self.unit,
+                position=0,
+                file=self.stream,
+                dynamic_ncols=True,
+            )
 
     def _batch(self, row: dict[str, Any]) -> None:
         from tqdm.auto import tqdm
@@ -125,8 +132,15 @@ class ProgressPrinter:
         if self._batches is None or self._batches.desc != f"{self.unit} {row['epoch']}":
             if self._batches is not None:
                 self._batches.close()
-            self._batches = tqdm(total=row.get("total"), desc=f"{self.unit} {row['epoch']}", unit="batch",
-                                 position=1, leave=False, file=self.stream, dynamic_ncols=True)
+            self._batches = tqdm(
+                total=row.get("total"),
+                desc=f"{self.unit} {row['epoch']}",
+                unit="batch",
+                position=1,
+                leave=False,
+                file=self.stream,
+                dynamic_ncols=True,
+            )
         self._batches.update(row["batch"] - self._batches.n)
         if row.get("loss") is not None:
             self._batches.set_postfix(loss=f"{row['loss']:.4f}", refresh=True)

@@ -105,10 +105,16 @@ class WorkerRun:
         self.initial_state: dict[str, bytes] | None = payload.get("initial_state")
         self.data = loop_config["data"]
         self.collective = Collective(loop_config.get("hub"), self.rank, self.world, self.session.broadcast)
-        self.context = RunContext(rank=self.rank, world_size=self.world, local_rank=self.session.local_rank,
-                                  num_epochs=int(self.settings.num_epochs), name=self.info.get("name", ""),
-                                  storage_path=self.info.get("path", ""), trial_id=self.info.get("trial_id"),
-                                  settings=self.settings)
+        self.context = RunContext(
+            rank=self.rank,
+            world_size=self.world,
+            local_rank=self.session.local_rank,
+            num_epochs=int(self.settings.num_epochs),
+            name=self.info.get("name", ""),
+            storage_path=self.info.get("path", ""),
+            trial_id=self.info.get("trial_id"),
+            settings=self.settings,
+        )
         self.model.context = self.context
         self.callbacks = list(self.settings.callbacks)
         self.hooks = HookRunner(self.model, self.callbacks, self.context)
@@ -231,8 +237,10 @@ class WorkerRun:
 
     def _enter(self, phase: str) -> None:
         if phase not in _NEXT.get(self._phase, ()):
-            raise RuntimeError(f"The {self.backend.name} backend moved from `{self._phase}` to `{phase}`; "
-                               "a WorkerLoop must follow WorkerRun's phase order.")
+            raise RuntimeError(
+                f"The {self.backend.name} backend moved from `{self._phase}` to `{phase}`; "
+                "a WorkerLoop must follow WorkerRun's phase order."
+            )
         self._phase = phase
 
     # ----------------------------------------------------- async/sync bridge
@@ -283,8 +291,10 @@ class WorkerRun:
             await self.hooks.call("on_load_checkpoint", state)
             return
         if self.info.get("resume_from"):
-            raise CheckpointError(f"Cannot resume from `{self.info['resume_from']}`: it is not a complete "
-                                  "checkpoint any more (was it deleted, e.g. by `keep_checkpoints`?).")
+            raise CheckpointError(
+                f"Cannot resume from `{self.info['resume_from']}`: it is not a complete "
+                "checkpoint any more (was it deleted, e.g. by `keep_checkpoints`?)."
+            )
         if self.initial_state:
             state = ckpt.state_from_files(self.model, self.initial_state)
             self.backend.set_state(self.model, state)
@@ -314,14 +324,22 @@ class WorkerRun:
         if resume_from and not found:
             yield resume_from, _opener(resume_from)
 
-    async def _write_checkpoint(self, epoch: int, state: dict[str, Any], row: dict[str, Any],
-                                rngs: list[Any]) -> str:
+    async def _write_checkpoint(self, epoch: int, state: dict[str, Any], row: dict[str, Any], rngs: list[Any]) -> str:
         await self.hooks.call("on_save_checkpoint", state)
         directory = self._checkpoint_dir(epoch)
         run_state = {"callbacks": [(type(cb).__qualname__, cb.state_dict()) for cb in self.callbacks], "rng": rngs}
-        ckpt.write(self.model, directory, state, run_state=run_state, extra={
-            "epoch": epoch, "metrics": row, "history": self.history, "run": self.info,
-        })
+        ckpt.write(
+            self.model,
+            directory,
+            state,
+            run_state=run_state,
+            extra={
+                "epoch": epoch,
+                "metrics": row,
+                "history": self.history,
+                "run": self.info,
+            },
+        )
         return directory
 
     @property

@@ -123,8 +123,10 @@ class TrainSettings(SettingsBase):
         if self.grad_clip_norm is not None and self.grad_clip_value is not None:
             problems.append("Set one of `grad_clip_norm` and `grad_clip_value`, not both.")
         if self.precision == "16-mixed" and self.use_gpu is False:
-            problems.append("`precision='16-mixed'` needs a GPU (`use_gpu=True`): float16 autocast with a gradient "
-                            "scaler is a GPU feature. On CPU use `precision='bf16-mixed'`.")
+            problems.append(
+                "`precision='16-mixed'` needs a GPU (`use_gpu=True`): float16 autocast with a gradient "
+                "scaler is a GPU feature. On CPU use `precision='bf16-mixed'`."
+            )
         if isinstance(self.storage_path, str) and not self.storage_path.strip():
             problems.append("`storage_path` must not be empty (leave it out for `$RAYMODEL_HOME/runs`).")
         if not isinstance(self.callbacks, tuple):

@@ -26,7 +26,20 @@ from raymodel.tune._result import TuneResult
 from raymodel.tune._settings import TuneSettings
 
 __all__ = [
-    "Tunable", "TuneSettings", "TuneResult",
-    "choice", "grid_search", "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn",
-    "quniform", "randint", "randn", "sample_from", "uniform",
+    "Tunable",
+    "TuneSettings",
+    "TuneResult",
+    "choice",
+    "grid_search",
+    "lograndint",
+    "loguniform",
+    "qlograndint",
+    "qloguniform",
+    "qrandint",
+    "qrandn",
+    "quniform",
+    "randint",
+    "randn",
+    "sample_from",
+    "uniform",
 ]

@@ -8,12 +8,12 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
-from raymodel._internal import runtime, serialization, storage
-from raymodel.exceptions import SettingsError, TuneError
-from raymodel.train import prepare
 from ray.tune import Callback
 from ray.tune.search import SearchAlgorithm
 
+from raymodel._internal import runtime, serialization, storage
+from raymodel.exceptions import SettingsError, TuneError
+from raymodel.train import prepare
 from raymodel.tune._progress import TrialPrinter, summary_table
 from raymodel.tune._result import TuneResult
 from raymodel.tune._settings import TuneSettings
@@ -22,9 +22,24 @@ from raymodel.tune._trial import PLACEMENT_FIELDS, TRAIN_PREFIX, resources_of, t
 if TYPE_CHECKING:
     from raymodel.contract import Model
 
-_TUNE_KEYS = ("training_iteration", "checkpoint_path", "time_this_iter_s", "time_total_s", "timestamp",
-              "trial_id", "date", "pid", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
-              "done", "config", "experiment_tag", "checkpoint_dir_name")
+_TUNE_KEYS = (
+    "training_iteration",
+    "checkpoint_path",
+    "time_this_iter_s",
+    "time_total_s",
+    "timestamp",
+    "trial_id",
+    "date",
+    "pid",
+    "hostname",
+    "node_ip",
+    "time_since_restore",
+    "iterations_since_restore",
+    "done",
+    "config",
+    "experiment_tag",
+    "checkpoint_dir_name",
+)
 
 
 class Tunable:
@@ -54,12 +69,20 @@ class Tunable:
         >>> tuner.fit()
     """
 
-    def __init__(self, model: "Model", space: Mapping[str, Any] | None = None, *, settings: Any = None,
-                 data: Any, resume: bool = False) -> None:
+    def __init__(
+        self,
+        model: Model,
+        space: Mapping[str, Any] | None = None,
+        *,
+        settings: Any = None,
+        data: Any,
+        resume: bool = False,
+    ) -> None:
         self.model = model
         self.settings = settings = TuneSettings.coerce(settings)
-        train_settings = dataclasses.replace(settings.train, num_epochs=settings.max_epochs, progress=False,
-                                             verbose=settings.verbose)
+        train_settings = dataclasses.replace(
+            settings.train, num_epochs=settings.max_epochs, progress=False, verbose=settings.verbose
+        )
         self.train_settings, self.spec = prepare(model, train_settings, data)
         space = model.hyperparameter_space() if space is None else space
         if not isinstance(space, Mapping):
@@ -87,9 +110,11 @@ class Tunable:
         runtime.ensure_ray(self.settings.verbose)
         from ray import tune
 
-        payload = serialization.dumps({"class": type(self.model), "train": self.train_settings,
-                                       "storage": self.storage}, type(self.model),
-                                      *self.train_settings.callbacks)
+        payload = serialization.dumps(
+            {"class": type(self.model), "train": self.train_settings, "storage": self.storage},
+            type(self.model),
+            *self.train_settings.callbacks,
+        )
         trainable = tune.with_parameters(trial, payload=payload, data=self.spec.for_workers())
         # One worker: the trial trains in its own process and holds that worker's resources.
         base = {name: getattr(self.train_settings, name) for name in PLACEMENT_FIELDS}
@@ -104,26 +129,44 @@ class Tunable:
         param_space = {**self.model.config, **self.space}
         callbacks = [self._guard, *settings.callbacks]
         if settings.progress:
-            grid = math.prod(len(v["grid_search"]) for v in self.space.values()
-                             if isinstance(v, dict) and "grid_search" in v)
-            callbacks.insert(0, TrialPrinter(type(self.model).__name__, list(self.space), self.metric,
-                                             settings.max_epochs, total=settings.num_samples * grid))
+            grid = math.prod(
+                len(v["grid_search"]) for v in self.space.values() if isinstance(v, dict) and "grid_search" in v
+            )
+            callbacks.insert(
+                0,
+                TrialPrinter(
+                    type(self.model).__name__,
+                    list(self.space),
+                    self.metric,
+                    settings.max_epochs,
+                    total=settings.num_samples * grid,
+                ),
+            )
         if self.resume:
-            return tune.Tuner.restore(self.path, trainable=trainable, param_space=param_space,
-                                      resume_unfinished=True, resume_errored=True)
+            return tune.Tuner.restore(
+                self.path, trainable=trainable, param_space=param_space, resume_unfinished=True, resume_errored=True
+            )
         at_once = settings.max_concurrent_trials or _fits_at_once(self.train_settings)
         search_alg = _searcher(settings, at_once)
         tune_config = tune.TuneConfig(
-            metric=self.metric, mode=settings.mode, num_samples=settings.num_samples,
-            scheduler=_scheduler(settings, self.space), search_alg=search_alg,
+            metric=self.metric,
+            mode=settings.mode,
+            num_samples=settings.num_samples,
+            scheduler=_scheduler(settings, self.space),
+            search_alg=search_alg,
             # Tune limits a `Searcher`'s concurrency itself but ignores the limit for a
             # `SearchAlgorithm` (such as the default generator, which takes it directly).
             max_concurrent_trials=None if isinstance(search_alg, SearchAlgorithm) else at_once,
             time_budget_s=settings.time_budget_s,
             reuse_actors=True,
         )
-        run_config = tune.RunConfig(name=self.name, storage_path=self.storage, callbacks=callbacks,
-                                    verbose=1 if settings.verbose else 0, stop=self.stop)
+        run_config = tune.RunConfig(
+            name=self.name,
+            storage_path=self.storage,
+            callbacks=callbacks,
+            verbose=1 if settings.verbose else 0,
+            stop=self.stop,
+        )
         return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
 
     def fit(self) -> TuneResult:
@@ -131,9 +174,12 @@ class Tunable:
         results = _fit(self.as_tuner(), self._guard)
         result = _collect(results, self.metric, self.settings, list(self.space), self.path, self.storage)
         if self.settings.progress:
-            print(f"[{type(self.model).__name__}] {result.num_trials} trials; best {self.metric} "
-                  f"{result.best_metrics.get(self.metric, float('nan')):.4f}:\n"
-                  + summary_table(result.trials, list(self.space), self.metric, self.settings.mode), flush=True)
+            print(
+                f"[{type(self.model).__name__}] {result.num_trials} trials; best {self.metric} "
+                f"{result.best_metrics.get(self.metric, float('nan')):.4f}:\n"
+                + summary_table(result.trials, list(self.space), self.metric, self.settings.mode),
+                flush=True,
+            )
         _load_best(self.model, result)
         return result
 
@@ -151,13 +197,18 @@ def _check_train_keys(space: Mapping[str, Any]) -> None:
     from raymodel.train import TrainSettings
 
     fields = [f.name for f in dc.fields(TrainSettings) if f.name not in _FIXED_TRAIN_FIELDS]
-    bad = [k for k in space if isinstance(k, str) and k.startswith(TRAIN_PREFIX) and k[len(TRAIN_PREFIX):] not in fields]
+    bad = [
+        k for k in space if isinstance(k, str) and k.startswith(TRAIN_PREFIX) and k[len(TRAIN_PREFIX) :] not in fields
+    ]
     if bad:
-        raise SettingsError(f"{bad[0]!r} names no tunable training setting; a `train.` key is one of: "
-                            + ", ".join(f"`train.{f}`" for f in fields) + ".")
+        raise SettingsError(
+            f"{bad[0]!r} names no tunable training setting; a `train.` key is one of: "
+            + ", ".join(f"`train.{f}`" for f in fields)
+            + "."
+        )
 
 
-def _fit(tuner: Any, guard: "MetricGuard") -> Any:
+def _fit(tuner: Any, guard: MetricGuard) -> Any:
     """``tuner.fit()``, with a missing metric reported by name instead of Tune's result dump."""
     previous = os.environ.get("TUNE_DISABLE_STRICT_METRIC_CHECKING")
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # MetricGuard checks instead
@@ -181,42 +232,57 @@ class MetricGuard(Callback):
         self.metric = metric
         self.reported: list[str] | None = None
 
-    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
-                        **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
+    ) -> None:
         if self.metric not in result:
             self.reported = sorted(k for k in result if k not in _TUNE_KEYS and not k.startswith("config"))
             raise self.error()
 
     def error(self) -> TuneError:
-        return TuneError(f"No trial reported `{self.metric}`. The model reports: {self.reported}. "
-                         f"Set `TuneSettings(metric=...)` to one of those.")
+        return TuneError(
+            f"No trial reported `{self.metric}`. The model reports: {self.reported}. "
+            f"Set `TuneSettings(metric=...)` to one of those."
+        )
 
 
 def _check_experiment_path(path: str, name: str, resume: bool, named: bool) -> None:
     from ray import tune
 
     if resume and not tune.Tuner.can_restore(path):
-        raise TuneError(f"Nothing to resume at `{path}`: no experiment of that name was started there. "
-                        "Pass the `name` (and `storage_path`) of the interrupted experiment.")
+        raise TuneError(
+            f"Nothing to resume at `{path}`: no experiment of that name was started there. "
+            "Pass the `name` (and `storage_path`) of the interrupted experiment."
+        )
     if not resume and named and storage.exists(path):
-        raise SettingsError(f"An experiment named `{name}` already exists at `{path}`. Continue it with "
-                            "`resume=True`, or choose another `name`.")
+        raise SettingsError(
+            f"An experiment named `{name}` already exists at `{path}`. Continue it with "
+            "`resume=True`, or choose another `name`."
+        )
 
 
 def _scheduler(settings: TuneSettings, space: dict[str, Any]) -> Any:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
 
     if settings.scheduler == "asha":
-        return ASHAScheduler(time_attr="epoch", max_t=settings.max_epochs,
-                             grace_period=settings.grace_period, reduction_factor=settings.reduction_factor)
+        return ASHAScheduler(
+            time_attr="epoch",
+            max_t=settings.max_epochs,
+            grace_period=settings.grace_period,
+            reduction_factor=settings.reduction_factor,
+        )
     if settings.scheduler == "fifo":
         return FIFOScheduler()
     if settings.scheduler == "pbt":
         # An exploiting trial continues from the donor's checkpoint with a mutation of the space. Synchronous:
         # trials wait for each other at each perturbation, so a population that does not all fit at once,
         # or whose trials start at different times, still exploits.
-        return PopulationBasedTraining(time_attr="epoch", perturbation_interval=settings.perturbation_interval,
-                                       hyperparam_mutations=space, synch=True)
+        return PopulationBasedTraining(
+            time_attr="epoch",
+            perturbation_interval=settings.perturbation_interval,
+            hyperparam_mutations=space,
+            synch=True,
+        )
     return settings.scheduler
 
 
@@ -240,8 +306,9 @@ def _fits_at_once(train_settings: Any) -> int:
     return max(1, math.floor(cpus / per_trial + 1e-9))
 
 
-def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list[str], path: str,
-             root: str) -> TuneResult:
+def _collect(
+    results: Any, metric: str, settings: TuneSettings, space_keys: list[str], path: str, root: str
+) -> TuneResult:
     """The experiment's ``TuneResult``, from Tune's results (no file is read: trials may have run
     on other nodes); locations keep the storage's scheme, which Ray's ``Result.path`` drops."""
     rows, reported, curves = [], set(), {}
@@ -251,14 +318,17 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
         # Our own epoch count: a trial resumed from its Train checkpoint restarts Tune's iteration count.
         epochs = int(metrics.get("epoch", metrics.get("training_iteration", 0)))
         planned = int((r.config or {}).get(f"{TRAIN_PREFIX}num_epochs", settings.max_epochs))
-        row = {"trial_id": metrics.get("trial_id") or os.path.basename(r.path),
-               **{f"config/{k}": (r.config or {}).get(k) for k in space_keys},
-               **{k: v for k, v in metrics.items() if k not in _TUNE_KEYS and not k.startswith("config")},
-               "epochs": epochs,
-               "stopped_early": r.error is None and epochs < planned,
-               "status": "ERROR" if r.error is not None else "TERMINATED",
-               "checkpoint": metrics.get("checkpoint_path"),
-               "path": storage.rebase(root, r.path), "error": None if r.error is None else str(r.error).strip().splitlines()[-1]}
+        row = {
+            "trial_id": metrics.get("trial_id") or os.path.basename(r.path),
+            **{f"config/{k}": (r.config or {}).get(k) for k in space_keys},
+            **{k: v for k, v in metrics.items() if k not in _TUNE_KEYS and not k.startswith("config")},
+            "epochs": epochs,
+            "stopped_early": r.error is None and epochs < planned,
+            "status": "ERROR" if r.error is not None else "TERMINATED",
+            "checkpoint": metrics.get("checkpoint_path"),
+            "path": storage.rebase(root, r.path),
+            "error": None if r.error is None else str(r.error).strip().splitlines()[-1],
+        }
         rows.append(row)
         curves[row["trial_id"]] = _curve(r, metric)
     ok = [r for r in rows if isinstance(r.get(metric), (int, float)) and not math.isnan(r[metric])]
@@ -266,15 +336,27 @@ def _collect(results: Any, metric: str, settings: TuneSettings, space_keys: list
         errors = [r["error"] for r in rows if r["error"]]
         if errors:
             raise TuneError(f"All {len(rows)} trials failed; the first error: {errors[0]}")
-        raise TuneError(f"No trial reported `{metric}`. The model reports: {sorted(reported) or 'nothing'}. "
-                        f"Set `TuneSettings(metric=...)` to one of those.")
+        raise TuneError(
+            f"No trial reported `{metric}`. The model reports: {sorted(reported) or 'nothing'}. "
+            f"Set `TuneSettings(metric=...)` to one of those."
+        )
     best = (min if settings.mode == "min" else max)(ok, key=lambda r: r[metric])
     best_result = next(r for r in results if storage.rebase(root, r.path) == best["path"])
-    best_metrics = {k: v for k, v in (best_result.metrics or {}).items()
-                    if k not in _TUNE_KEYS and not k.startswith("config")}
-    return TuneResult(best_config=dict(best_result.config), best_metrics=best_metrics,
-                      best_checkpoint=best["checkpoint"], num_trials=len(rows), path=path, metric=metric,
-                      mode=settings.mode, trials=rows, best_trial_id=best["trial_id"], curves=curves)
+    best_metrics = {
+        k: v for k, v in (best_result.metrics or {}).items() if k not in _TUNE_KEYS and not k.startswith("config")
+    }
+    return TuneResult(
+        best_config=dict(best_result.config),
+        best_metrics=best_metrics,
+        best_checkpoint=best["checkpoint"],
+        num_trials=len(rows),
+        path=path,
+        metric=metric,
+        mode=settings.mode,
+        trials=rows,
+        best_trial_id=best["trial_id"],
+        curves=curves,
+    )
 
 
 def _curve(result: Any, metric: str) -> list[list[float]]:
@@ -286,7 +368,7 @@ def _curve(result: Any, metric: str) -> list[list[float]]:
     return [[e, by_epoch[e]] for e in sorted(by_epoch)]
 
 
-def _load_best(model: "Model", result: TuneResult) -> None:
+def _load_best(model: Model, result: TuneResult) -> None:
     """The instance takes the best trial's config (without its ``train.`` settings) and weights."""
     model.config = {k: v for k, v in result.best_config.items() if not k.startswith(TRAIN_PREFIX)}
     model._is_setup = False

@@ -13,8 +13,9 @@ from raymodel.train._progress import is_terminal
 class TrialPrinter(Callback):
     """Runs on the driver inside Tune's loop; prints when a trial ends."""
 
-    def __init__(self, label: str, space_keys: list[str], metric: str, max_epochs: int,
-                 total: int | None = None) -> None:
+    def __init__(
+        self, label: str, space_keys: list[str], metric: str, max_epochs: int, total: int | None = None
+    ) -> None:
         # No stream is kept: Tune pickles its callbacks with the experiment state (and drops the bar).
         self.label, self.space_keys, self.metric, self.max_epochs = label, space_keys, metric, max_epochs
         self.done, self.total = 0, total
@@ -47,16 +48,24 @@ class TrialPrinter(Callback):
             status = "stopped early"
         else:
             status = "completed"
-        line = (f"[{self.label}] trial {self.done} {trial.trial_id}  {config}  {self.metric} {shown}  "
-                f"epochs {epochs}/{self.max_epochs}  {status}")
+        line = (
+            f"[{self.label}] trial {self.done} {trial.trial_id}  {config}  {self.metric} {shown}  "
+            f"epochs {epochs}/{self.max_epochs}  {status}"
+        )
         if not is_terminal(sys.stdout):
             print(line, file=sys.stdout, flush=True)
             return
         if self._bar is None:  # in a terminal: a bar of finished trials under the trial lines
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=self.total, desc=f"[{self.label}] trials", unit="trial", file=sys.stdout,
-                             dynamic_ncols=True, initial=self.done - 1)
+            self._bar = tqdm(
+                total=self.total,
+                desc=f"[{self.label}] trials",
+                unit="trial",
+                file=sys.stdout,
+                dynamic_ncols=True,
+                initial=self.done - 1,
+            )
         self._bar.write(line, file=sys.stdout)
         self._bar.update(1)
 
@@ -66,11 +75,21 @@ def _short(value: Any) -> str:
 
 
 def summary_table(rows: list[dict[str, Any]], space_keys: list[str], metric: str, mode: str, top: int = 5) -> str:
-    ranked = sorted((r for r in rows if isinstance(r.get(metric), (int, float))),
-                    key=lambda r: r[metric], reverse=mode == "max")[:top]
+    ranked = sorted(
+        (r for r in rows if isinstance(r.get(metric), (int, float))), key=lambda r: r[metric], reverse=mode == "max"
+    )[:top]
     headers = ["rank", "trial", *space_keys, metric, "epochs", "stopped early"]
-    body = [[str(i + 1), r["trial_id"], *(_short(r.get(f"config/{k}")) for k in space_keys), f"{r[metric]:.4f}",
-             str(r["epochs"]), "yes" if r["stopped_early"] else "no"] for i, r in enumerate(ranked)]
+    body = [
+        [
+            str(i + 1),
+            r["trial_id"],
+            *(_short(r.get(f"config/{k}")) for k in space_keys),
+            f"{r[metric]:.4f}",
+            str(r["epochs"]),
+            "yes" if r["stopped_early"] else "no",
+        ]
+        for i, r in enumerate(ranked)
+    ]
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in body]

@@ -53,5 +53,4 @@ class TuneResult:
     def __repr__(self) -> str:
         value = self.best_metrics.get(self.metric)
         shown = f"{value:.4g}" if isinstance(value, float) else value
-        return (f"TuneResult(best {self.metric}={shown}, best_config={self.best_config!r}, "
-                f"num_trials={self.num_trials})")
+        return f"TuneResult(best {self.metric}={shown}, best_config={self.best_config!r}, num_trials={self.num_trials})"

@@ -91,18 +91,26 @@ class TuneSettings(SettingsBase):
         if isinstance(self.scheduler, str):
             problems += collect(check_choice("scheduler", self.scheduler, ("asha", "fifo", "pbt")))
         elif not _is_tune_scheduler(self.scheduler):
-            problems.append(f"`scheduler` must be 'asha', 'fifo', 'pbt' or a Ray Tune scheduler object "
-                            f"(got {self.scheduler!r}).")
+            problems.append(
+                f"`scheduler` must be 'asha', 'fifo', 'pbt' or a Ray Tune scheduler object (got {self.scheduler!r})."
+            )
         if self.search_alg is not None and not _is_tune_searcher(self.search_alg):
-            problems.append(f"`search_alg` must be a Ray Tune `Searcher` or `SearchAlgorithm` (got {self.search_alg!r}).")
-        if (isinstance(self.scheduler, str) and self.scheduler == "asha" and isinstance(self.grace_period, int)
-                and isinstance(self.max_epochs, int) and self.grace_period > self.max_epochs):
+            problems.append(
+                f"`search_alg` must be a Ray Tune `Searcher` or `SearchAlgorithm` (got {self.search_alg!r})."
+            )
+        if (
+            isinstance(self.scheduler, str)
+            and self.scheduler == "asha"
+            and isinstance(self.grace_period, int)
+            and isinstance(self.max_epochs, int)
+            and self.grace_period > self.max_epochs
+        ):
             problems.append(f"`grace_period` ({self.grace_period}) must be <= `max_epochs` ({self.max_epochs}).")
         if not isinstance(self.callbacks, tuple):
             problems.append(f"`callbacks` must be a list of `ray.tune.Callback` (got {self.callbacks!r}).")
         try:
             object.__setattr__(self, "train", TrainSettings.coerce(self.train))
-        except Exception as exc:  # name the nested field
+        except Exception as exc:  # noqa: BLE001 - any error of the nested settings, named by its field
             problems.append(f"`train`: {exc}")
         return problems
 

@@ -53,8 +53,9 @@ def trial(config: dict[str, Any], payload: bytes, data: Any) -> None:
     resume_from = _pointed(given) if given is not None else None
     # A restarted trial starts a new training run beside the old one, from the checkpoint Tune handed back.
     name = "train" if resume_from is None else f"train-{os.urandom(3).hex()}"
-    settings = dataclasses.replace(settings, name=name, storage_path=trial_dir(context, unpacked.get("storage")),
-                                   progress=False)
+    settings = dataclasses.replace(
+        settings, name=name, storage_path=trial_dir(context, unpacked.get("storage")), progress=False
+    )
     info = {"experiment": context.get_experiment_name(), "trial_id": context.get_trial_id()}
     if runs_in_trial(settings, data):
         trainable = Trainable(model, settings, data=data, resume_from=resume_from, info=info)
@@ -65,7 +66,7 @@ def trial(config: dict[str, Any], payload: bytes, data: Any) -> None:
 
 def trial_settings(train: Any, config: dict[str, Any]) -> Any:
     """The trial's ``TrainSettings``: the experiment's, with the trial's ``train.<field>`` values."""
-    overrides = {k[len(TRAIN_PREFIX):]: v for k, v in config.items() if k.startswith(TRAIN_PREFIX)}
+    overrides = {k[len(TRAIN_PREFIX) :]: v for k, v in config.items() if k.startswith(TRAIN_PREFIX)}
     return dataclasses.replace(train, **overrides)
 
 
@@ -78,8 +79,7 @@ def runs_in_trial(settings: Any, data: Any) -> bool:
 PLACEMENT_FIELDS = ("num_workers", "resources_per_worker", "use_gpu")
 
 
-def trial_resources(num_workers: int, resources_per_worker: dict[str, float] | None,
-                    use_gpu: bool) -> dict[str, float]:
+def trial_resources(num_workers: int, resources_per_worker: dict[str, float] | None, use_gpu: bool) -> dict[str, float]:
     """What a trial holds: its one worker's resources, or a sliver when a worker group does the work."""
     if num_workers > 1:
         return {"CPU": 0.01}  # the trial only drives the run; the worker group holds the resources
@@ -138,7 +138,7 @@ class TrialSession:
             os.replace(staged, target)
         if self.keep:
             done = sorted(n for n in locations.listdir(self.run_path) if epoch_of(n) is not None)
-            for old in done[:-self.keep]:
+            for old in done[: -self.keep]:
                 locations.delete(locations.join(self.run_path, old))
         return target
 
@@ -161,8 +161,9 @@ def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | N
     hub = start_hub()
     try:
         relay = ProgressCallback(hub, wait=True, root=settings.storage_path)
-        trainable = Trainable(model, settings, data=data, callbacks=[relay], hub=hub, resume_from=resume_from,
-                              info=info)
+        trainable = Trainable(
+            model, settings, data=data, callbacks=[relay], hub=hub, resume_from=resume_from, info=info
+        )
         outcome: dict[str, Any] = {}
         runner = threading.Thread(target=_fit, args=(trainable, outcome), name="raymodel-trial", daemon=True)
         runner.start()

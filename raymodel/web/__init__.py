@@ -60,8 +60,11 @@ def dashboard(port: int = DEFAULT_PORT, host: str = "127.0.0.1", token: str | No
 def run(port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
     """``raymodel dashboard``: serve until interrupted (the URL is printed once it answers)."""
     url = dashboard(port, host)
-    print(f"raymodel dashboard: {url}\n"
-          f"  (the token in the URL is needed to stop jobs; the rest is read-only. Ctrl-C ends it.)", flush=True)
+    print(
+        f"raymodel dashboard: {url}\n"
+        f"  (the token in the URL is needed to stop jobs; the rest is read-only. Ctrl-C ends it.)",
+        flush=True,
+    )
     while True:
         time.sleep(3600)
 
@@ -79,8 +82,10 @@ def _server(host: str, port: int, token: str) -> Any:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise SettingsError(f"The dashboard cannot listen on {host}:{port}: {exc.strerror or exc}. "
-                                f"Pass another port (`--port` / `port=`).") from exc
+            raise SettingsError(
+                f"The dashboard cannot listen on {host}:{port}: {exc.strerror or exc}. "
+                f"Pass another port (`--port` / `port=`)."
+            ) from exc
     config = uvicorn.Config(create_app(token), host=host, port=port, log_level="warning", access_log=False)
     return uvicorn.Server(config)  # in a background thread it leaves signals alone
 

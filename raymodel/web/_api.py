@@ -45,8 +45,14 @@ def job(job_id: str) -> dict[str, Any] | None:
         return None
     record["history"] = ray.get(server.rows.remote(job_id, 0))[0]
     record["resources"] = jobs_module.held([record])[job_id]
-    record["metrics"] = sorted({k for row in record["history"] for k, v in row.items()
-                                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch"})
+    record["metrics"] = sorted(
+        {
+            k
+            for row in record["history"]
+            for k, v in row.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch"
+        }
+    )
     if record["kind"] == "tune":
         record["trials"], record["best_trial_id"] = _trials(record)
     return _clean(record)
@@ -65,9 +71,18 @@ def models() -> list[dict[str, Any]]:
         for record in sorted(registry.list(key), key=lambda r: r.version, reverse=True):
             lineage = dict(record.lineage)
             made_by = lineage.get("run_path") or lineage.get("experiment_path")
-            versions.append({"version": record.version, "aliases": record.aliases, "created": record.created,
-                             "metrics": record.metrics, "lineage": lineage, "model_class": record.model_class,
-                             "backend": record.backend, "job": by_path.get(made_by)})
+            versions.append(
+                {
+                    "version": record.version,
+                    "aliases": record.aliases,
+                    "created": record.created,
+                    "metrics": record.metrics,
+                    "lineage": lineage,
+                    "model_class": record.model_class,
+                    "backend": record.backend,
+                    "job": by_path.get(made_by),
+                }
+            )
         out.append({"key": key, "versions": versions})
     return _clean(out)
 
@@ -86,11 +101,21 @@ def routes() -> list[dict[str, Any]]:
     out = []
     for name, app in serve.status().applications.items():
         deployments = {d: str(getattr(s.status, "value", s.status)) for d, s in app.deployments.items()}
-        replicas = sum(int(n) for s in app.deployments.values() for state, n in s.replica_states.items()
-                       if str(getattr(state, "value", state)) == "RUNNING")
-        entry = {"name": name, "route": None, "status": str(getattr(app.status, "value", app.status)),
-                 "healthy": all(v == "HEALTHY" for v in deployments.values()) and bool(deployments),
-                 "deployments": deployments, "replicas": replicas, "stats": None}
+        replicas = sum(
+            int(n)
+            for s in app.deployments.values()
+            for state, n in s.replica_states.items()
+            if str(getattr(state, "value", state)) == "RUNNING"
+        )
+        entry = {
+            "name": name,
+            "route": None,
+            "status": str(getattr(app.status, "value", app.status)),
+            "healthy": all(v == "HEALTHY" for v in deployments.values()) and bool(deployments),
+            "deployments": deployments,
+            "replicas": replicas,
+            "stats": None,
+        }
         try:
             entry["stats"] = serve.get_app_handle(name).stats.remote().result(timeout_s=3)
             entry["route"] = entry["stats"]["route"]
@@ -110,8 +135,11 @@ def resources() -> dict[str, Any]:
         if name in total:
             have, left = float(total[name]), float(free.get(name, 0.0))
             cluster[name] = {"total": have, "used": have - left, "free": left}
-    running = [{"id": r["id"], "kind": r["kind"], "resources": r["resources"]}
-               for r in _safe(jobs, []) if r["status"] == "RUNNING"]
+    running = [
+        {"id": r["id"], "kind": r["kind"], "resources": r["resources"]}
+        for r in _safe(jobs, [])
+        if r["status"] == "RUNNING"
+    ]
     return _clean({"cluster": cluster, "jobs": running, "nodes": len([n for n in ray.nodes() if n["Alive"]])})
 
 
@@ -134,8 +162,16 @@ def _trials(record: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
         epochs = max((r.get("epoch", 0) for r in mine), default=0)
         status = info.get("status", "RUNNING")
         value = mine[-1].get(metric) if mine else None
-        trials.append({"trial_id": trial_id, "config": info.get("config", {}), "status": status, "epochs": epochs,
-                       "metric": value, "stopped_early": status == "TERMINATED" and bool(planned) and epochs < planned})
+        trials.append(
+            {
+                "trial_id": trial_id,
+                "config": info.get("config", {}),
+                "status": status,
+                "epochs": epochs,
+                "metric": value,
+                "stopped_early": status == "TERMINATED" and bool(planned) and epochs < planned,
+            }
+        )
     result = record.get("result") or {}
     best = result.get("best_trial_id") or None
     if best is None:

@@ -42,8 +42,10 @@ def create_app(token: str) -> Any:
     def stop(request: Request) -> Any:
         given = request.headers.get("x-raymodel-token") or request.query_params.get("token") or ""
         if not secrets.compare_digest(given.encode(), token.encode()):
-            return JSONResponse({"error": "Stopping a job needs the dashboard's token: open the URL it printed "
-                                          "at start (…/?token=…)."}, status_code=401)
+            return JSONResponse(
+                {"error": "Stopping a job needs the dashboard's token: open the URL it printed at start (…/?token=…)."},
+                status_code=401,
+            )
         from raymodel import jobs
 
         job_id = request.path_params["job_id"]
