@@ -5,21 +5,33 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test tools benchmark clean
+.PHONY: install demo test lint docs tools benchmark clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[all,test]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[all,test,lint,docs]"
 	touch $(STAMP)
 
 demo: install
 	PYTHONUNBUFFERED=1 $(BIN)/python examples/demo.py
 
-test: install tools
+# The full check, as CI runs it: lint (style and the import layers), the manual, then the suite.
+test: install tools lint docs
 	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -ra --durations=15 tests
+
+# ruff (lint and format check) and import-linter (the layers of DESIGN.md section 2, in pyproject.toml).
+LINTED := raymodel tests examples benchmarks
+lint: install
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/lint-imports
+
+# The manual in docs/ (MkDocs Material + mkdocstrings); --strict: a broken link or reference fails.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 
 # System tools the tests drive: Debian's chromium (the dashboard's browser test, headless) and wrk
 # (an outside HTTP load generator for the serving tests and benchmarks). Installed here when missing
@@ -38,4 +50,4 @@ benchmark: install tools
 	PYTHONUNBUFFERED=1 $(BIN)/python benchmarks/train_overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -104,7 +104,7 @@ def resolve_ingress(choice: str | None = None) -> str:
 
 
 def serve_env(ingress: str) -> dict[str, str]:
-    """The environment Ray Serve reads when its processes start, for ``ingress`` (README: "Where the
+    """The environment Ray Serve reads when its processes start, for ``ingress`` (docs/performance.md: "Where the
     time goes"). ``"haproxy"``: Serve's HAProxy listens on the HTTP port and forwards each request
     straight to a replica's own HTTP server (no Python proxy, no actor call); ``"proxy"``: Serve's
     Python proxy actor, one actor call per request. Both run the replica's code on its main event
@@ -128,7 +128,7 @@ def serve_env(ingress: str) -> dict[str, str]:
             "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
             # HAProxy sends one log line per request to the node's HAProxyManager actor, which parses it in
             # Python to count the request: 85-100 us of CPU per request, and HAProxy's own log writing
-            # another 30-40 (2 cores, README). Off, each replica counts the requests it answers itself
+            # another 30-40 (2 cores, docs/performance.md). Off, each replica counts the requests it answers itself
             # (Serve's direct-ingress metrics); lost are counts of answers HAProxy gave on its own.
             "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
             # Ray's 4 threads are more than a small machine's cores, where HAProxy shares them with replicas.

@@ -62,7 +62,7 @@ class Backend:
     #: Name of the "epoch" unit in progress output.
     epoch_unit: ClassVar[str] = "epoch"
     #: How this backend calls hooks, where it differs from "yes": hook name -> note.
-    #: A note starting with "no" means the hook is never called (the README's table reads this).
+    #: A note starting with "no" means the hook is never called (the docs' hook table reads this).
     hook_notes: ClassVar[Mapping[str, str]] = {}
     #: True when the worker loop gathers across workers with the framework's own collective
     #: (:meth:`WorkerLoop.all_gather`); otherwise the run's hub actor carries the values.

@@ -20,7 +20,7 @@ from raymodel._internal.settings import (
 class ServeSettings(SettingsBase):
     """How to run ``model.serve(route)``. Keyword-only; a plain dict is accepted too.
 
-    Args:
+    Attributes:
         num_replicas: Replicas of the model, or ``"auto"`` to autoscale between
             ``min_replicas`` and ``max_replicas``.
         min_replicas, max_replicas: Autoscaling bounds (``num_replicas="auto"``).

@@ -29,7 +29,7 @@ MAX_SEED = 2**32 - 1
 class TrainSettings(SettingsBase):
     """How to run ``model.train()``. Keyword-only; a plain dict is accepted too.
 
-    Args:
+    Attributes:
         num_workers: Ray Train workers (one model replica each, DDP for torch).
             ``0`` runs the loop in this process (Ray Train's local mode), for debugging.
         num_epochs: Epochs (boosting rounds for tree backends). Counted from 1.

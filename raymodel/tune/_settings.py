@@ -22,7 +22,7 @@ from raymodel.train._settings import MAX_SEED
 class TuneSettings(SettingsBase):
     """How to run ``model.tune()``. Keyword-only; a plain dict is accepted too.
 
-    Args:
+    Attributes:
         num_samples: Trials to run (each samples the space once; a
             ``grid_search`` multiplies them, as in Ray Tune).
         metric: The metric to optimize; default ``"val_loss"`` when the data has

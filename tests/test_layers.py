@@ -1,0 +1,114 @@
+"""The layers of DESIGN.md section 2, as the import-linter contracts in pyproject.toml state them:
+they hold on the code, they fail on an upward import (inside a function or under TYPE_CHECKING too),
+and no import circle remains in raymodel/ (counted with grimp, lazy and TYPE_CHECKING imports included)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the copy's raymodel, not the installed one
+    return subprocess.run(
+        [LINT_IMPORTS, "--config", str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_contracts_hold_on_the_code():
+    result = _lint(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 kept, 0 broken" in result.stdout
+
+
+BREAKS = {
+    "an upward import inside a function": (
+        "raymodel/_internal/storage.py",
+        "\n\ndef _reaches_up():\n    from raymodel.model import RayModel\n\n    return RayModel\n",
+        "raymodel._internal.storage -> raymodel.model",
+    ),
+    "an upward import under TYPE_CHECKING": (
+        "raymodel/train/_result.py",
+        "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from raymodel.tune import TuneResult\n",
+        "raymodel.train._result -> raymodel.tune",
+    ),
+    "a plug-in importing another": (
+        "raymodel/backends/xgboost.py",
+        "\n\ndef _borrow():\n    from raymodel.backends import lightgbm\n\n    return lightgbm\n",
+        "raymodel.backends.xgboost -> raymodel.backends.lightgbm",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BREAKS))
+def test_the_contracts_fail_on(case, tmp_path):
+    module, added, chain = BREAKS[case]
+    shutil.copytree(ROOT / "raymodel", tmp_path / "raymodel", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / module
+    target.write_text(target.read_text() + added)
+    result = _lint(tmp_path)
+    assert result.returncode != 0, result.stdout
+    assert "1 broken" in result.stdout, result.stdout
+    assert chain in result.stdout, result.stdout
+
+
+def test_no_import_circle_in_raymodel():
+    graph = grimp.build_graph("raymodel", include_external_packages=False, exclude_type_checking_imports=False)
+    circles = [c for c in _strongly_connected(graph) if len(c) > 1]
+    assert not circles, f"import circles: {circles}"
+
+
+def _strongly_connected(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Tarjan's algorithm over the module graph (iterative: no recursion limit)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for start in sorted(graph.modules):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.find_modules_directly_imported_by(start))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(component)
+    return components
