@@ -11,8 +11,6 @@ import math
 import time
 from typing import Any
 
-DONE = ("SUCCEEDED", "FAILED", "STOPPED")
-
 
 def jobs() -> list[dict[str, Any]]:
     """Every job, newest first: status, kind, model, times, progress, what it holds now."""
@@ -60,8 +58,7 @@ def job(job_id: str) -> dict[str, Any] | None:
 
 def models() -> list[dict[str, Any]]:
     """Registry keys, each with its versions (aliases, metrics, lineage, the job that made it)."""
-    from raymodel.registry import Registry
-    from raymodel.registry._registry import default_uri
+    from raymodel.registry import Registry, default_uri
 
     registry = Registry(default_uri())
     by_path = {r["result_path"]: r["id"] for r in _safe(jobs, []) if r.get("result_path")}
