@@ -112,3 +112,17 @@ def _strongly_connected(graph: grimp.ImportGraph) -> list[list[str]]:
                         break
                 components.append(component)
     return components
+
+
+def test_a_plug_in_written_against_the_old_path_still_imports_with_a_warning():
+    code = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    from raymodel.backends.base import Backend, WorkerLoop\n"
+        "import raymodel.contract as c\n"
+        "assert Backend is c.Backend and WorkerLoop is c.WorkerLoop\n"
+        "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "moved to `raymodel.contract`" in out.stdout
