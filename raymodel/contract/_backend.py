@@ -8,6 +8,10 @@ A backend is two small classes:
 * :class:`WorkerLoop` (train worker): build what training needs, run one
   epoch, evaluate, and get/set the training state.
 
+Beside them, the two protocols (PEP 544) that the layers below the plug-ins
+type against: :class:`Model` (a model, as the drivers use it) and :class:`Run`
+(a training run, as a worker loop sees it).
+
 ``WorkerRun`` (``train/_run.py``) owns the lifecycle around them for every
 backend: setup hooks, resuming, the epoch loop, validation hooks, reporting,
 checkpointing, stopping; a loop sees it through the :class:`~raymodel.contract.Run`
@@ -335,7 +339,7 @@ class Run(Protocol):
     lifecycle (the hook order, checkpoints, reports, the stop vote).
     """
 
-    model: Any  # the Model being trained
+    model: Model
     settings: Any  # the run's TrainSettings
     splits: dict[str, Any]
     rank: int
