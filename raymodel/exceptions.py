@@ -1,4 +1,4 @@
-"""The errors raymodel raises. Every one of them is a :class:`RayModelError`."""
+"""The errors raymodel raises. Every one of them is a ``RayModelError``."""
 
 from __future__ import annotations
 

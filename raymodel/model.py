@@ -85,7 +85,7 @@ class RayModel(ModelHooks):
         return self.backend.batch_output(self, output)
 
     def hyperparameter_space(self) -> dict[str, Any]:
-        """The default search space of :meth:`tune`: ``{config key: rm.tune.<sampler>}``."""
+        """The default search space of ``tune``: ``{config key: rm.tune.<sampler>}``."""
         return {}
 
     def __call__(self, x: Any) -> Any:
@@ -153,18 +153,18 @@ class RayModel(ModelHooks):
         """Train on Ray Train workers; afterwards this instance holds the trained weights.
 
         With ``wait=False`` the run is a job of the training server: an
-        :class:`~raymodel.jobs.Job` is returned at once (``stream()``, ``stop()``,
+        ``Job`` is returned at once (``stream()``, ``stop()``,
         ``wait()``), and the run goes on without the calling process.
 
         Args:
-            settings: A :class:`~raymodel.TrainSettings` or a dict of its fields.
+            settings: A ``TrainSettings`` or a dict of its fields.
             data: ``rm.data.from_numpy(...)``, ``rm.data.from_pandas(...)``, a dict
                 ``{"train": ..., "valid": ...}``, a torch ``Dataset``, a
                 ``ray.data`` Dataset, or an object with ``setup(config)``
                 returning such a dict.
 
         Returns:
-            A :class:`~raymodel.TrainResult` (metrics, history, checkpoints, path).
+            A ``TrainResult`` (metrics, history, checkpoints, path).
 
         Raises:
             SettingsError: a bad setting, before any Ray resource is taken.
@@ -195,15 +195,15 @@ class RayModel(ModelHooks):
     ) -> TuneResult:
         """Search hyperparameters with Ray Tune (ASHA by default); each trial is a ``train()`` run.
 
-        With ``wait=False`` the experiment is a job of the training server (see :meth:`train`).
+        With ``wait=False`` the experiment is a job of the training server (see ``train``).
 
         Afterwards this instance holds the best trial's config and weights.
 
         Args:
             space: ``{config key: rm.tune.<sampler>}`` merged over ``self.config``;
-                ``None`` uses :meth:`hyperparameter_space`.
-            settings: A :class:`~raymodel.TuneSettings` or a dict of its fields.
-            data: As for :meth:`train`.
+                ``None`` uses ``hyperparameter_space``.
+            settings: A ``TuneSettings`` or a dict of its fields.
+            data: As for ``train``.
             resume: Continue an interrupted experiment of the same ``settings.name``.
 
         Example:
@@ -241,10 +241,10 @@ class RayModel(ModelHooks):
                 DataFrame, or the location (path or URI) of Parquet or CSV files.
             **options: ``batch_size``, ``concurrency``, ``num_cpus``, ``num_gpus``,
                 ``feature_columns``, ``keep_columns``, ``preserve_order``: see
-                :func:`raymodel.predict_batch`.
+                ``raymodel.predict_batch``.
 
         Returns:
-            :class:`~raymodel.predict.Predictions`, a ``ray.data.Dataset`` of the
+            ``Predictions``, a ``ray.data.Dataset`` of the
             output columns, rows in the input's order.
 
         Example:

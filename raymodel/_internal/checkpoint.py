@@ -136,7 +136,7 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
-    """The manifest of a checkpoint folder, after a schema check; :class:`CheckpointError` otherwise."""
+    """The manifest of a checkpoint folder, after a schema check; ``CheckpointError`` otherwise."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not directory.is_dir():
@@ -196,7 +196,7 @@ def _schema_problem(manifest: Any) -> str | None:
 def verify(directory: str | Path, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check the folder against its manifest, failing closed: every file present must be listed
     (with ``class.pkl`` and the state files among them) and match its sha256; raise
-    :class:`ChecksumError` otherwise. Nothing is unpickled before this passes."""
+    ``ChecksumError`` otherwise. Nothing is unpickled before this passes."""
     directory = Path(directory)
     manifest = manifest or read_manifest(directory)
     listed = manifest["files"]
@@ -225,7 +225,7 @@ def verify(directory: str | Path, manifest: dict[str, Any] | None = None) -> dic
 
 
 def read_state(model: Any, directory: str | Path) -> dict[str, Any]:
-    """The state a checkpoint holds: the backend's entries and any added by a hook (call after :func:`verify`)."""
+    """The state a checkpoint holds: the backend's entries and any added by a hook (call after ``verify``)."""
     state_dir = Path(directory) / STATE_DIR
     state = model.backend.read_state(model, state_dir)
     if (state_dir / EXTRA_FILE).is_file():
@@ -282,7 +282,7 @@ def load_model(path: str | os.PathLike[str], config: dict[str, Any] | None = Non
 
 
 def load_class(directory: str | Path, manifest: dict[str, Any]) -> tuple[type, dict[str, Any]]:
-    """Unpickle the model class and config (call only after :func:`verify`)."""
+    """Unpickle the model class and config (call only after ``verify``)."""
     with open(Path(directory) / CLASS_FILE, "rb") as fh:
         payload = serialization.loads(fh.read())
     return payload["class"], payload["config"]

@@ -9,7 +9,7 @@ from raymodel.exceptions import MissingDependencyError
 
 
 def require(module: str, extra: str) -> ModuleType:
-    """Import ``module`` or raise :class:`MissingDependencyError` naming ``extra``."""
+    """Import ``module`` or raise ``MissingDependencyError`` naming ``extra``."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:

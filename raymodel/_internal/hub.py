@@ -1,6 +1,6 @@
 """``RunHub``: one small actor per training run, between its workers and its driver.
 
-* Workers gather small values from every rank through it (:class:`Collective`):
+* Workers gather small values from every rank through it (``Collective``):
   the ``should_stop`` vote, metric sums, each rank's RNG state. Frameworks
   without a collective of their own (LightGBM, scikit-learn, Keras outside its
   strategy) get one this way, and every backend uses the same one.
@@ -22,7 +22,7 @@ from typing import Any
 
 
 class RunHub:
-    """The actor class (wrapped with ``ray.remote`` by :func:`start_hub`)."""
+    """The actor class (wrapped with ``ray.remote`` by ``start_hub``)."""
 
     def __init__(self) -> None:
         self._rounds: dict[tuple[str, int], dict[str, Any]] = {}
@@ -52,7 +52,7 @@ class RunHub:
         self._new_row.set()
 
     async def deliver(self, row: dict[str, Any]) -> None:
-        """Push ``row`` and return once the reader acknowledged it (:meth:`ack`)."""
+        """Push ``row`` and return once the reader acknowledged it (``ack``)."""
         self._next_id += 1
         done = self._waiting[self._next_id] = asyncio.Event()
         self.push({**row, "_row_id": self._next_id})

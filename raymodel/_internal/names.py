@@ -29,7 +29,7 @@ def name_problem(value: Any, what: str) -> str | None:
 
 
 def key(value: Any) -> str:
-    """A registry key, or :class:`RegistryError`."""
+    """A registry key, or ``RegistryError``."""
     problem = name_problem(value, "A registry key")
     if problem:
         raise RegistryError(problem)
@@ -37,7 +37,7 @@ def key(value: Any) -> str:
 
 
 def alias(value: Any) -> str:
-    """A registry alias (a name that is not a number), or :class:`RegistryError`."""
+    """A registry alias (a name that is not a number), or ``RegistryError``."""
     problem = name_problem(value, "An alias")
     if problem is None and value.isdigit():
         problem = f"An alias cannot be a number (got {value!r}); numbers are versions."
@@ -47,7 +47,7 @@ def alias(value: Any) -> str:
 
 
 def version(value: Any) -> int | str | None:
-    """``None`` (the newest), a version number (an int or digits), or an alias; else :class:`RegistryError`."""
+    """``None`` (the newest), a version number (an int or digits), or an alias; else ``RegistryError``."""
     if value is None:
         return None
     if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,12}", value):

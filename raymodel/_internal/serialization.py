@@ -6,7 +6,7 @@ pickled by reference and fail to import on a worker or in another process; we
 register its module for by-value pickling while we dump. raymodel itself, Ray,
 numpy and every registered backend's framework modules are always pickled by
 reference: the backend table (``raymodel/contract/_table.py``) hands them to
-:func:`pickle_by_reference` when a backend registers.
+``pickle_by_reference`` when a backend registers.
 """
 
 from __future__ import annotations

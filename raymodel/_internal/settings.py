@@ -4,7 +4,7 @@ Each verb has one settings class (``TrainSettings``, ``TuneSettings``,
 ``ServeSettings``). They share the machinery here: unknown keys get a
 "did you mean" suggestion, every bad value is named with what is allowed, and
 all problems (unknown keys and bad values alike) are reported together in one
-:class:`SettingsError`, before any Ray resource is taken. Settings objects
+``SettingsError``, before any Ray resource is taken. Settings objects
 are frozen; the verbs check them again when they use them, so a dict inside
 one that was changed after construction is caught too.
 """
@@ -56,7 +56,7 @@ def _raise(owner: str, problems: list[str]) -> None:
 
 
 class SettingsBase:
-    """Base of the settings classes: :meth:`coerce` accepts an instance, a dict or ``None``."""
+    """Base of the settings classes: ``coerce`` accepts an instance, a dict or ``None``."""
 
     @classmethod
     def coerce(cls: type[S], value: Any) -> S:

@@ -37,7 +37,7 @@ def owned_name(kind: str) -> str:
 
 @contextlib.contextmanager
 def tempdir(kind: str, parent: Path | None = None) -> Iterator[Path]:
-    """A fresh folder under ``parent`` (default :func:`root`), removed when the block ends."""
+    """A fresh folder under ``parent`` (default ``root``), removed when the block ends."""
     parent = root() if parent is None else parent
     collect(parent, kind)
     path = parent / owned_name(kind)

@@ -1,5 +1,5 @@
 """The built-in framework plug-ins. Each registers its model base class in the backend table
-(:mod:`raymodel.contract`) when its module is imported, and imports its framework only when used.
+(``raymodel.contract``) when its module is imported, and imports its framework only when used.
 
 | class | trains on |
 | --- | --- |

@@ -2,7 +2,7 @@
 
 Keras runs in a thread (``asyncio.to_thread``); its batch callbacks reach the
 run's event loop through ``run.sync``. Rows follow raymodel's one sharding
-policy (:func:`raymodel.data.worker_rows`): the training permutation is drawn
+policy (``raymodel.data.worker_rows``): the training permutation is drawn
 per epoch from the seed, so a resumed run sees the same order as an
 uninterrupted one.
 """

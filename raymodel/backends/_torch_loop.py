@@ -247,7 +247,7 @@ class TorchLoop(WorkerLoop):
 
 class ShardSampler(torch.utils.data.Sampler):
     """A torch ``Sampler`` over this worker's rows, by raymodel's one sharding policy
-    (:func:`raymodel.data.worker_rows`); ``set_epoch`` reshuffles."""
+    (``raymodel.data.worker_rows``); ``set_epoch`` reshuffles."""
 
     def __init__(self, n: int, rank: int, world: int, *, train: bool, shuffle: bool, seed: int) -> None:
         self.n, self.rank, self.world, self.train, self.shuffle, self.seed = n, rank, world, train, shuffle, seed

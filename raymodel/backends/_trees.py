@@ -22,7 +22,7 @@ from raymodel.exceptions import DataError, ModelDefinitionError
 class TreeBackend(Backend):
     """What XGBoost and LightGBM share: ``self.params`` in, ``self.booster`` out.
 
-    A subclass says how the framework loads a booster (:meth:`load_booster`;
+    A subclass says how the framework loads a booster (``load_booster``;
     saving is ``booster.save_model`` in both) and how it predicts.
     """
 

@@ -1,4 +1,4 @@
-"""Moved: the backend contract is :mod:`raymodel.contract` (``from raymodel.contract import Backend,
+"""Moved: the backend contract is ``raymodel.contract`` (``from raymodel.contract import Backend,
 WorkerLoop``). This module keeps plug-ins written against the old path working, with a warning."""
 
 import warnings

@@ -6,7 +6,7 @@ data-parallel tree learner and builds its ``Dataset`` from its own shard;
 each epoch is one ``Booster.update``. LightGBM evaluates each worker's rows,
 and raymodel averages the metrics over workers weighted by rows (exact for
 mean metrics such as logloss and error). A checkpoint holds the booster in
-LightGBM's own text format. Hooks: see :mod:`raymodel.backends._trees`.
+LightGBM's own text format. Hooks: see ``raymodel.backends._trees``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """PyTorch: ``RayTorchModel`` on Ray Train's ``TorchTrainer`` with DDP.
 
-Hooks: every hook of :mod:`raymodel.hooks`, in the documented order. An
+Hooks: every hook of ``raymodel.hooks``, in the documented order. An
 epoch is one pass over the worker's shard of the training split.
 """
 

@@ -3,7 +3,7 @@
 Training is really distributed: Ray Train starts XGBoost's collective
 (tracker and communicator) and each worker builds its ``DMatrix`` from its own
 shard of the rows; each epoch is one ``Booster.update``. A checkpoint holds
-the booster in XGBoost's own JSON format. Hooks: see :mod:`raymodel.backends._trees`.
+the booster in XGBoost's own JSON format. Hooks: see ``raymodel.backends._trees``.
 """
 
 from __future__ import annotations

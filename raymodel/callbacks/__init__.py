@@ -2,7 +2,7 @@
 
 Pass them in ``TrainSettings(callbacks=[...])`` (for tuning, in the trials'
 ``TuneSettings(train={"callbacks": [...]})``); they run on every training
-worker, like any :class:`raymodel.Callback`.
+worker, like any ``raymodel.Callback``.
 """
 
 from __future__ import annotations

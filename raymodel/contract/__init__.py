@@ -1,11 +1,11 @@
 """The backend contract: what every driver needs to know of a backend, and nothing above it.
 
-* :class:`Backend` and :class:`WorkerLoop`: the seam a framework plug-in fills in
+* ``Backend`` and ``WorkerLoop``: the seam a framework plug-in fills in
   (``raymodel/backends/`` holds the built-in ones);
-* the backend table (:func:`register`, :func:`model_classes`, :func:`backends`),
+* the backend table (``register``, ``model_classes``, ``backends``),
   which plug-ins push themselves into when their model base class is defined;
-* the protocols the layers below the plug-ins type against: :class:`Model`
-  (a model, for the drivers) and :class:`Run` (a training run, for a worker loop);
+* the protocols the layers below the plug-ins type against: ``Model``
+  (a model, for the drivers) and ``Run`` (a training run, for a worker loop);
 * the array helpers the backends' defaults and the serving path share.
 
 Example (a plug-in, in its own module):

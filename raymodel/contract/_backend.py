@@ -2,19 +2,19 @@
 
 A backend is two small classes:
 
-* :class:`Backend` (driver and worker): the facts about the framework
+* ``Backend`` (driver and worker): the facts about the framework
   (name, imports, packages, extra, Ray trainer, accepted data, hooks called),
   the model's state (the framework's own save/load) and inference defaults;
-* :class:`WorkerLoop` (train worker): build what training needs, run one
+* ``WorkerLoop`` (train worker): build what training needs, run one
   epoch, evaluate, and get/set the training state.
 
 Beside them, the two protocols (PEP 544) that the layers below the plug-ins
-type against: :class:`Model` (a model, as the drivers use it) and :class:`Run`
+type against: ``Model`` (a model, as the drivers use it) and ``Run``
 (a training run, as a worker loop sees it).
 
 ``WorkerRun`` (``train/_run.py``) owns the lifecycle around them for every
 backend: setup hooks, resuming, the epoch loop, validation hooks, reporting,
-checkpointing, stopping; a loop sees it through the :class:`~raymodel.contract.Run`
+checkpointing, stopping; a loop sees it through the ``Run``
 protocol. Adding a framework is one module in ``raymodel/backends/``: a
 ``Backend``, a ``WorkerLoop`` and a model base class; the drivers in
 ``train/``, ``tune/`` and ``serve/`` never ask which backend they hold.
@@ -59,7 +59,7 @@ class Backend:
     packages: ClassVar[tuple[str, ...]] = ()
     #: The Ray Train V2 trainer class, as ``"module.Class"``.
     trainer: ClassVar[str] = "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer"
-    #: The data forms this backend trains on (a subset of :data:`DATA_KINDS`).
+    #: The data forms this backend trains on (a subset of ``DATA_KINDS``).
     accepts: ClassVar[tuple[str, ...]] = ("arrays",)
     #: Methods a user's subclass must define (checked before any Ray resource is taken).
     required_methods: ClassVar[tuple[str, ...]] = ("setup",)
@@ -69,12 +69,12 @@ class Backend:
     #: A note starting with "no" means the hook is never called (the docs' hook table reads this).
     hook_notes: ClassVar[Mapping[str, str]] = {}
     #: True when the worker loop gathers across workers with the framework's own collective
-    #: (:meth:`WorkerLoop.all_gather`); otherwise the run's hub actor carries the values.
+    #: (``WorkerLoop.all_gather``); otherwise the run's hub actor carries the values.
     native_collective: ClassVar[bool] = False
     #: True when ``TrainSettings.precision``, ``accumulate_grad_batches`` and the gradient clips
     #: apply (a loop of optimizer steps: torch, Lightning).
     gradient_steps: ClassVar[bool] = False
-    #: Keys of the state dict that :meth:`write_state` writes itself; any other entry
+    #: Keys of the state dict that ``write_state`` writes itself; any other entry
     #: (added in ``on_save_checkpoint``) is saved beside them by the checkpoint format.
     state_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -89,7 +89,7 @@ class Backend:
         return not self.hook_notes.get(hook, "yes").startswith("no")
 
     def validate_model(self, model: Model) -> None:
-        """Raise :class:`ModelDefinitionError` if the model lacks a required method."""
+        """Raise ``ModelDefinitionError`` if the model lacks a required method."""
         base = next(k for k in reversed(type(model).__mro__) if "backend" in vars(k))  # e.g. RayTorchModel
         missing = [m for m in self.required_methods if getattr(type(model), m, None) is getattr(base, m, None)]
         if missing:
@@ -100,7 +100,7 @@ class Backend:
             )
 
     def validate_data(self, data: DataSpec) -> None:
-        """Raise ``DataError`` when a split's form is not in :attr:`accepts` or its shape is wrong.
+        """Raise ``DataError`` when a split's form is not in ``accepts`` or its shape is wrong.
 
         Runs on the driver before Ray is touched, and on each worker for the
         splits a data module returns.
@@ -121,7 +121,7 @@ class Backend:
 
     # ------------------------------------------------------------- training
     def worker_loop(self, run: Run) -> WorkerLoop:
-        """The :class:`WorkerLoop` that trains this backend's model on a worker."""
+        """The ``WorkerLoop`` that trains this backend's model on a worker."""
         raise NotImplementedError("The 'worker_loop' method must be implemented.")
 
     def make_trainer(
@@ -133,7 +133,7 @@ class Backend:
         run_config: Any,
         datasets: dict[str, Any] | None,
     ) -> Any:
-        """Build the Ray Train V2 trainer named by :attr:`trainer`, not yet fit."""
+        """Build the Ray Train V2 trainer named by ``trainer``, not yet fit."""
         module, _, cls_name = self.trainer.rpartition(".")
         trainer_cls = getattr(importlib.import_module(module), cls_name)
         return trainer_cls(
@@ -149,15 +149,15 @@ class Backend:
         """Called with what the user's ``setup`` returned (Lightning returns a module)."""
 
     def get_state(self, model: Model) -> dict[str, Any]:
-        """The model's state as a dict of :attr:`state_keys` (``on_save_checkpoint`` may add entries)."""
+        """The model's state as a dict of ``state_keys`` (``on_save_checkpoint`` may add entries)."""
         raise NotImplementedError("The 'get_state' method must be implemented.")
 
     def write_state(self, model: Model, state: dict[str, Any], directory: Path) -> None:
-        """Write the :attr:`state_keys` entries of ``state`` into ``directory`` with the framework's own saver."""
+        """Write the ``state_keys`` entries of ``state`` into ``directory`` with the framework's own saver."""
         raise NotImplementedError("The 'write_state' method must be implemented.")
 
     def read_state(self, model: Model, directory: Path) -> dict[str, Any]:
-        """Read what :meth:`write_state` wrote (the model is already set up)."""
+        """Read what ``write_state`` wrote (the model is already set up)."""
         raise NotImplementedError("The 'read_state' method must be implemented.")
 
     def set_state(self, model: Model, state: dict[str, Any]) -> None:
@@ -212,7 +212,7 @@ class WorkerLoop:
     A loop never calls the epoch-level hooks itself: ``WorkerRun`` does, in
     the one documented order. A loop calls only the batch hooks, through
     ``run.before_batch`` / ``run.after_batch``. A framework with its own fit
-    loop (Lightning) overrides :meth:`run_epochs` and calls ``run.begin_epoch``,
+    loop (Lightning) overrides ``run_epochs`` and calls ``run.begin_epoch``,
     ``run.begin_validation``, ``run.end_validation`` and ``run.end_epoch`` from
     that framework's callback points instead.
     """
@@ -269,7 +269,7 @@ class WorkerLoop:
         return self.model.backend.get_state(self.model)
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`get_state`'s state on every worker (after :meth:`build`)."""
+        """Restore ``get_state``'s state on every worker (after ``build``)."""
         self.model.backend.set_state(self.model, state)
 
     def all_gather(self, value: Any) -> list[Any]:
@@ -281,7 +281,7 @@ class WorkerLoop:
         return None
 
     def set_rng_state(self, state: Any) -> None:
-        """Restore what :meth:`rng_state` returned."""
+        """Restore what ``rng_state`` returned."""
 
 
 # ---------------------------------------------------------------- protocols
@@ -296,7 +296,7 @@ T = TypeVar("T")
 class Model(Protocol):
     """A raymodel model, as the drivers use it: ``RayModel`` and every backend's subclass.
 
-    It also has every hook of :class:`raymodel.hooks.ModelHooks` (``before_fit``, ...).
+    It also has every hook of ``raymodel.hooks.ModelHooks`` (``before_fit``, ...).
     """
 
     #: The framework seam of the model's backend.

@@ -2,7 +2,7 @@
 
 A backend's model base class (``RayTorchModel``, ...) pushes itself into the
 table when its class is created (``RayModel.__init_subclass__`` calls
-:func:`register`), with its ``Backend`` object, which carries the facts: name,
+``register``), with its ``Backend`` object, which carries the facts: name,
 framework modules and packages, extra, Ray trainer, accepted data, hooks
 called. Nothing here asks which plug-ins exist: the built-in ones register
 because ``raymodel/backends/__init__.py`` imports them (``import raymodel``
@@ -12,7 +12,7 @@ registers the same way when its class is defined.
 What reads the table:
 
 * ``raymodel.__getattr__``: the lazy names ``rm.RayTorchModel``, ...;
-* the docs' hook table (:func:`hook_table`).
+* the docs' hook table (``hook_table``).
 
 What the table tells on registration: ``_internal.serialization`` (a
 backend's framework modules are pickled by reference, never by value).

@@ -54,7 +54,7 @@ def from_numpy(X: Any, y: Any = None, valid_fraction: float = 0.2, seed: int = 0
         seed: Seed of the shuffle that picks the validation rows.
 
     Returns:
-        A :class:`DataSpec` with ``train`` (and ``valid``) splits.
+        A ``DataSpec`` with ``train`` (and ``valid``) splits.
     """
     if not isinstance(valid_fraction, (int, float)) or isinstance(valid_fraction, bool) or not 0 <= valid_fraction < 1:
         raise DataError(f"`valid_fraction` must be a number in [0, 1) (got {valid_fraction!r}).")
@@ -76,7 +76,7 @@ def from_numpy(X: Any, y: Any = None, valid_fraction: float = 0.2, seed: int = 0
 def from_pandas(
     df: Any, label: str | None = None, valid_fraction: float = 0.2, seed: int = 0, features: Sequence[str] | None = None
 ) -> DataSpec:
-    """Like :func:`from_numpy`, from a DataFrame: ``label`` is the target column.
+    """Like ``from_numpy``, from a DataFrame: ``label`` is the target column.
 
     Args:
         df: A pandas DataFrame with numeric columns.

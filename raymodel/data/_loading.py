@@ -51,7 +51,7 @@ def worker_batches(iterable: Iterable[Any], rank: int, world: int, *, train: boo
 
 
 async def aworker_batches(iterable: Any, rank: int, world: int, *, train: bool) -> AsyncIterator[Any]:
-    """:func:`worker_batches` for an async iterable."""
+    """``worker_batches`` for an async iterable."""
     if train:
         async for batch in around_robin(iterable, rank, world):
             yield batch
@@ -82,7 +82,7 @@ def round_robin(iterable: Iterable[Any], rank: int, world: int) -> Iterator[Any]
 
 
 async def around_robin(iterable: Any, rank: int, world: int) -> AsyncIterator[Any]:
-    """:func:`round_robin` for an async iterable."""
+    """``round_robin`` for an async iterable."""
     i, mine = 0, None
     async for batch in iterable:
         if world == 1:

@@ -1,7 +1,7 @@
 """The forms a data split can take, and turning user data into them.
 
 ``resolve(data)`` runs on the driver and checks everything it can before Ray
-is touched; the resulting :class:`DataSpec` is shipped to the workers, where
+is touched; the resulting ``DataSpec`` is shipped to the workers, where
 ``DataSpec.materialize(config)`` gives each backend a dict of splits.
 """
 
@@ -120,7 +120,7 @@ def kind_of(split: Any) -> str:
 
 
 def resolve(data: Any) -> DataSpec:
-    """Check ``data`` and turn it into a :class:`DataSpec`, or raise :class:`DataError`."""
+    """Check ``data`` and turn it into a ``DataSpec``, or raise ``DataError``."""
     if data is None:
         raise DataError(
             "No data given: pass `data=`, e.g. `data=rm.data.from_numpy(X, y)` or "

@@ -1,4 +1,4 @@
-"""When things happen: the hook list, the :class:`Callback` base, and the dispatcher."""
+"""When things happen: the hook list, the ``Callback`` base, and the dispatcher."""
 
 from raymodel.hooks._context import RunContext
 from raymodel.hooks._hooks import (

@@ -1,6 +1,6 @@
 """The hooks: one list, one order, declared once as documented no-ops.
 
-A model overrides any of them; a :class:`Callback` passed in
+A model overrides any of them; a ``Callback`` passed in
 ``TrainSettings(callbacks=[...])`` receives the same training calls (its
 ``self.model`` is the model instance it observes). Any hook may be
 ``async def``.
@@ -182,11 +182,11 @@ class Callback(TrainingHooks):
     """Receives the training hooks of a run; pass instances in ``TrainSettings(callbacks=...)``.
 
     A callback is pickled and runs on every train worker; ``self.model`` is the
-    model instance of that worker and ``self.context`` the :class:`RunContext`
+    model instance of that worker and ``self.context`` the ``RunContext``
     (rank, epoch, ``should_stop``, ...). Override any ``before_*`` / ``after_*`` /
     ``on_*_checkpoint`` method; ``async def`` works too. A callback that keeps
-    state across epochs returns it from :meth:`state_dict`: it is saved in every
-    checkpoint and handed back to :meth:`load_state_dict` when a run resumes.
+    state across epochs returns it from ``state_dict``: it is saved in every
+    checkpoint and handed back to ``load_state_dict`` when a run resumes.
 
     Example:
         >>> class PrintLoss(rm.Callback):
@@ -202,4 +202,4 @@ class Callback(TrainingHooks):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned, when a run resumes from a checkpoint."""
+        """Restore what ``state_dict`` returned, when a run resumes from a checkpoint."""

@@ -34,7 +34,7 @@ class HookRunner:
     """Calls one hook on the model, then on each callback, in order.
 
     Only overridden hooks are kept, so an unused hook costs one dict lookup on
-    the hot path. An exception in a hook is re-raised as :class:`HookError`
+    the hot path. An exception in a hook is re-raised as ``HookError``
     naming the hook and its owner, with the original as ``__cause__``.
     """
 

@@ -202,7 +202,7 @@ def list() -> _list[dict[str, Any]]:
 
 
 def get(job_id: str) -> Job:
-    """The job ``job_id``; :class:`JobNotFound` names the ids that exist when there is none."""
+    """The job ``job_id``; ``JobNotFound`` names the ids that exist when there is none."""
     import ray
 
     record = ray.get(server().get.remote(job_id))

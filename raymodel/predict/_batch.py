@@ -94,7 +94,7 @@ def predict_batch(
             ``$RAYMODEL_HOME/registry``).
 
     Returns:
-        :class:`Predictions`, a ``ray.data.Dataset`` whose rows follow the input's.
+        ``Predictions``, a ``ray.data.Dataset`` whose rows follow the input's.
 
     Raises:
         SettingsError: a bad option; DataError: data in no form it reads;

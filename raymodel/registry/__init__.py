@@ -1,7 +1,7 @@
 """A versioned, persistent model store: ``rm.registry.put/get/list``.
 
 The registry lives in storage (``$RAYMODEL_HOME/registry``, ``RAYMODEL_REGISTRY``,
-or any ``pyarrow.fs`` URI via :func:`open`), so every process and cluster node
+or any ``pyarrow.fs`` URI via ``open``), so every process and cluster node
 that reaches the storage sees the same models. A version appears whole or not
 at all, and every file's sha256 is checked before anything is unpickled.
 
@@ -36,7 +36,7 @@ _list = list
 
 
 def open(uri: str | None = None) -> Registry:
-    """A registry at ``uri`` (a folder or ``s3://``, ``gs://``, ... URI); default: :func:`default_uri`."""
+    """A registry at ``uri`` (a folder or ``s3://``, ``gs://``, ... URI); default: ``default_uri``."""
     return Registry(uri or default_uri())
 
 

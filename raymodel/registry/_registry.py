@@ -54,7 +54,7 @@ class Registry:
     Guarantees: a version appears whole or not at all; version numbers only go
     up (a deleted number is never handed out again); a ``put`` with an alias
     publishes both or neither; every key, alias and version is checked by one
-    function (:mod:`raymodel._internal.names`) before any path is built; a
+    function (``raymodel._internal.names``) before any path is built; a
     corrupt record spoils only its own version.
     """
 

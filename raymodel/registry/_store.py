@@ -95,7 +95,7 @@ class Store:
             return fh.read().decode()
 
     def read_json(self, rel: str) -> Any:
-        """The parsed file; ``FileNotFoundError`` if absent, :class:`RegistryError` naming it if corrupt."""
+        """The parsed file; ``FileNotFoundError`` if absent, ``RegistryError`` naming it if corrupt."""
         try:
             text = self.read_text(rel)
         except FileNotFoundError:

@@ -50,7 +50,7 @@ class Servable:
             registry reference ``"digits@production"``, ``"digits:3"`` or
             ``"digits"`` (the newest version), or a ``ModelRef``.
         route: The URL path, e.g. ``"/digits"``.
-        settings: A :class:`~raymodel.ServeSettings` or a dict of its fields.
+        settings: A ``ServeSettings`` or a dict of its fields.
         registry: The registry of a reference (default: ``RAYMODEL_REGISTRY``
             or ``$RAYMODEL_HOME/registry``).
 

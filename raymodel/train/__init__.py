@@ -2,7 +2,7 @@
 
 ``Trainable`` (the driver) builds the backend's Ray trainer; ``WorkerRun`` (the
 worker) runs one run's lifecycle for every backend. Nothing here imports
-``raymodel.tune``; each Tune trial fits a :class:`Trainable`.
+``raymodel.tune``; each Tune trial fits a ``Trainable``.
 """
 
 from raymodel.train._driver import Trainable, initial_state, prepare

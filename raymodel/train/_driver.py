@@ -74,7 +74,7 @@ class Trainable:
 
     Args:
         model: A model instance (its current weights, if set up, are the starting point).
-        settings: A :class:`~raymodel.TrainSettings` or a dict of its fields.
+        settings: A ``TrainSettings`` or a dict of its fields.
         data: As for ``model.train``.
 
     Example:

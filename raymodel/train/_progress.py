@@ -37,7 +37,7 @@ def is_terminal(stream: Any) -> bool:
 
 class BatchProgress:
     """On rank 0: sends ``{"_progress": True, "epoch", "batch", "total", "loss"}`` to the hub, at
-    most every :data:`BATCH_EVERY_S` seconds (a fire-and-forget call: training never waits)."""
+    most every ``BATCH_EVERY_S`` seconds (a fire-and-forget call: training never waits)."""
 
     def __init__(self, hub: Any) -> None:
         self.hub, self.last = hub, 0.0

@@ -1,20 +1,20 @@
 """``WorkerRun``: the lifecycle of a training run on one worker, the same for every backend.
 
-One place carries out the hook order of :mod:`raymodel.hooks`::
+One place carries out the hook order of ``raymodel.hooks``::
 
     setup hooks -> [restore the newest complete checkpoint, on_load_checkpoint]
     -> before_fit -> per epoch: before_epoch, (the backend's epoch), before_validation,
        (the backend's validation), after_validation, after_epoch, stop vote,
        [on_save_checkpoint], report -> after_fit
 
-The backend's :class:`~raymodel.backends.base.WorkerLoop` does the work inside
+The backend's ``WorkerLoop`` does the work inside
 each step; a framework with its own fit loop (Lightning) calls the same phase
 methods from that framework's callbacks, and a phase called out of order is
 an error, so every backend keeps the order by construction.
 
 Async hooks and steps run on the run's event loop; framework code that runs
 in a thread (Keras ``fit``, Lightning's ``Trainer``) reaches it through
-:meth:`WorkerRun.sync`, the one bridge between the two.
+``WorkerRun.sync``, the one bridge between the two.
 """
 
 from __future__ import annotations

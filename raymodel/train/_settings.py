@@ -47,7 +47,7 @@ class TrainSettings(SettingsBase):
         mode: ``"min"`` or ``"max"``: whether a lower or higher ``metric`` is better.
         shuffle: Reshuffle the training rows every epoch.
         seed: Seed for the shuffle and ``torch.manual_seed`` on every worker (0 to 2**32 - 1).
-        callbacks: :class:`raymodel.Callback` objects that receive every hook.
+        callbacks: ``raymodel.Callback`` objects that receive every hook.
         name: Run name (one folder name under ``storage_path``: letters, digits, ``_-.``);
             default: class name + time. A run started again under the same name
             resumes from that run's newest complete checkpoint (Ray Train's behaviour).

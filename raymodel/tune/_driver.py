@@ -57,7 +57,7 @@ class Tunable:
         model: The model whose class and config the trials start from.
         space: ``{config key: rm.tune.<sampler>}`` merged over ``model.config``;
             ``None`` uses ``model.hyperparameter_space()``.
-        settings: A :class:`~raymodel.TuneSettings` or a dict of its fields.
+        settings: A ``TuneSettings`` or a dict of its fields.
         data: As for ``model.train``.
         resume: Continue an interrupted experiment of the same ``settings.name``.
 

@@ -6,7 +6,7 @@ Tune calls Train: a trial runs the same ``WorkerRun`` lifecycle as
 * **one worker** (``num_workers`` 0 or 1, the default for tuning): in the
   trial's own process, which holds the worker's resources. No Ray Train
   worker group is started, so a trial costs its epochs, not a worker group's
-  start-up (:class:`TrialSession`);
+  start-up (``TrialSession``);
 * **several workers**: a Ray Train V2 worker group, as ``model.train()`` uses;
   its epochs reach the trial through the run's hub and are acknowledged once
   Tune has them, so training waits for Tune's decision before the next epoch.
