@@ -152,8 +152,10 @@ class RayModel(ModelHooks):
     ) -> TrainResult:
         """Train on Ray Train workers; afterwards this instance holds the trained weights.
 
-        With ``wait=False`` the run is a job of the training server: an
-        ``Job`` is returned at once (``stream()``, ``stop()``,
+        The run is a job of the training server, on a resident worker group
+        ("pool") that later runs reuse (``TrainSettings(pool=False)``: a one-off
+        Ray Train run). This call waits and prints each epoch; with
+        ``wait=False`` a ``Job`` is returned at once (``stream()``, ``stop()``,
         ``wait()``), and the run goes on without the calling process.
 
         Args:
@@ -176,12 +178,17 @@ class RayModel(ModelHooks):
             >>> result.metrics["val_acc"]
             0.97
         """
+        from raymodel.train import Trainable, TrainSettings
+
+        settings = TrainSettings.coerce(settings)
         if not wait:
             from raymodel.jobs import submit_train
 
             return submit_train(self, settings, data)
-        from raymodel.train import Trainable
+        if settings.pool and settings.num_workers > 0:
+            from raymodel.jobs import train_on_server
 
+            return train_on_server(self, settings, data)
         return Trainable(self, settings, data=data).fit()
 
     def tune(

@@ -13,6 +13,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from raymodel.exceptions import SettingsError
+
 _QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
 
 
@@ -162,8 +164,35 @@ def with_serve_env(environ: Mapping[str, str], ingress: str) -> dict[str, str]:
     return env
 
 
+#: The training server's actor name and Ray namespace (one server per cluster).
+SERVER_NAME, SERVER_NAMESPACE = "raymodel-job-server", "raymodel"
+
+
+def pool_idle_s() -> float:
+    """How long an idle pool of the training server lives (``rm.init(pool_idle_s=...)``; default 120 s)."""
+    return float(os.environ.get("RAYMODEL_POOL_IDLE_S", "120"))
+
+
+def make_room(needs: dict[str, float] | None = None) -> None:
+    """Before raymodel takes resources for other work (a route, ``predict_batch``, a Tune run, a one-off
+    training run): the training server ends its idle pools that stand in the way, and this returns once
+    their resources are back. ``needs=None``: every idle pool. Nothing happens without a server."""
+    import ray
+
+    try:
+        server = ray.get_actor(SERVER_NAME, namespace=SERVER_NAMESPACE)
+    except ValueError:
+        return
+    ray.get(server.make_room.remote(needs))
+
+
 def init(
-    address: str | None = None, *, verbose: bool = False, serve_ingress: str | None = None, **ray_init_kwargs: Any
+    address: str | None = None,
+    *,
+    verbose: bool = False,
+    serve_ingress: str | None = None,
+    pool_idle_s: float | None = None,
+    **ray_init_kwargs: Any,
 ) -> None:
     """Start a local Ray instance, or join a cluster, unless Ray is already running.
 
@@ -178,6 +207,9 @@ def init(
         serve_ingress: How HTTP reaches a served model on an instance started here:
             ``"haproxy"`` (default, or ``RAYMODEL_SERVE_INGRESS``) or ``"proxy"``
             (Serve's Python proxy). A cluster joined keeps what it was started with.
+        pool_idle_s: How long an idle pool (a resident worker group of the
+            training server) lives before it ends and gives its resources back
+            (default 120 s; also ``RAYMODEL_POOL_IDLE_S``).
         **ray_init_kwargs: Passed to ``ray.init`` (e.g. ``num_cpus=2``).
 
     Example:
@@ -188,7 +220,12 @@ def init(
 
     quiet(verbose)
     ingress = resolve_ingress(serve_ingress)  # a bad name fails before Ray starts
+    if pool_idle_s is not None:
+        if isinstance(pool_idle_s, bool) or not isinstance(pool_idle_s, (int, float)) or pool_idle_s < 0:
+            raise SettingsError(f"`pool_idle_s` must be a number of seconds >= 0 (got {pool_idle_s!r}).")
+        os.environ["RAYMODEL_POOL_IDLE_S"] = str(float(pool_idle_s))
     if ray.is_initialized():
+        _tell_server_idle_s(pool_idle_s)
         return
     # Train V2's controller collects each `ray.train.report` when it polls the
     # workers (every 2 s by default), and a worker's next report waits for
@@ -214,6 +251,20 @@ def init(
     kwargs.update(ray_init_kwargs)
     ray.init(**kwargs)
     quiet(verbose)
+    _tell_server_idle_s(pool_idle_s)
+
+
+def _tell_server_idle_s(seconds: float | None) -> None:
+    """A training server already running (a joined cluster's) takes the new ``pool_idle_s``."""
+    if seconds is None:
+        return
+    import ray
+
+    try:
+        server = ray.get_actor(SERVER_NAME, namespace=SERVER_NAMESPACE)
+    except ValueError:
+        return
+    ray.get(server.set_pool_idle_s.remote(float(seconds)))
 
 
 class _BelowWarning(logging.Filter):

@@ -27,9 +27,7 @@ class KerasLoop(WorkerLoop):
     def __init__(self, run: Run) -> None:
         super().__init__(run)
         # On Ray Train workers (TF_CONFIG set by Ray): the multi-worker strategy; in a Tune trial: the default.
-        self.strategy = (
-            tf.distribute.MultiWorkerMirroredStrategy() if run.session.on_ray_train else tf.distribute.get_strategy()
-        )
+        self.strategy = _multi_worker_strategy(run) if run.session.on_ray_train else tf.distribute.get_strategy()
         self.valid: Any = None
         self.bridge: Any = None
 
@@ -102,3 +100,16 @@ class _BatchHooks(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if self.run.hooks.has("after_batch") or self.run.progress is not None:
             self.run.sync(self.run.after_batch(batch, dict(logs or {})))
+
+
+_STRATEGY: list[Any] = []
+
+
+def _multi_worker_strategy(run: Run) -> Any:
+    """The worker's ``MultiWorkerMirroredStrategy``: TensorFlow sets up its collective once per
+    process, so the jobs of a pool (same workers, same ``TF_CONFIG``) share the first one."""
+    if not getattr(run.session, "pooled", False):
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if not _STRATEGY:
+        _STRATEGY.append(tf.distribute.MultiWorkerMirroredStrategy())
+    return _STRATEGY[0]

@@ -101,9 +101,7 @@ class LightningLoop(TorchLoop):
         if isinstance(split, Batches):
             return _Reiterable(lambda: worker_batches(split.iterable, rank, world, train=train))
         if isinstance(split, RayDataset):
-            import ray.train
-
-            shard = ray.train.get_dataset_shard(split.key)
+            shard = split.shard(self.run.rank)
             return _Reiterable(lambda: iter(shard.iter_torch_batches(batch_size=s.batch_size)))
         raise TypeError(f"Unsupported split {type(split).__name__}")
 

@@ -32,6 +32,32 @@ class TorchBackend(Backend):
 
         return TorchLoop(run)
 
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[None]:
+        """torch's process-wide settings as they were before the job; accelerator memory freed after it."""
+        import torch
+
+        saved = (
+            torch.get_num_threads(),
+            torch.get_default_dtype(),
+            torch.is_grad_enabled(),
+            torch.is_anomaly_enabled(),
+            torch.are_deterministic_algorithms_enabled(),
+            torch.random.get_rng_state(),
+        )
+        try:
+            yield
+        finally:
+            threads, dtype, grad, anomaly, deterministic, rng = saved
+            torch.set_num_threads(threads)
+            torch.set_default_dtype(dtype)
+            torch.set_grad_enabled(grad)
+            torch.autograd.set_detect_anomaly(anomaly)
+            torch.use_deterministic_algorithms(deterministic)
+            torch.random.set_rng_state(rng)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
     # ---------------------------------------------------------------- state
     @staticmethod
     def modules(model: Model) -> dict[str, torch.nn.Module]:

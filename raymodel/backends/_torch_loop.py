@@ -217,9 +217,7 @@ class TorchLoop(WorkerLoop):
             sampler.set_epoch(epoch)
             return DataLoader(split.dataset, batch_size=s.batch_size, sampler=sampler)
         if isinstance(split, RayDataset):
-            import ray.train
-
-            return ray.train.get_dataset_shard(split.key).iter_torch_batches(batch_size=s.batch_size)
+            return split.shard(rank).iter_torch_batches(batch_size=s.batch_size)
         if isinstance(split, Batches):
             return worker_batches(split.iterable, rank, world, train=train)
         raise TypeError(f"Unsupported split {type(split).__name__}")

@@ -69,10 +69,29 @@ class LightGBMLoop(TreeLoop):
     def ready(self) -> None:
         params = {"verbosity": -1, **self.model.params}
         if self.run.world > 1:
+            params = {"tree_learner": "data_parallel", "pre_partition": True, **params, **self._network()}
+        self.params, self.booster = params, None
+
+    def _network(self) -> dict[str, Any]:
+        """Ray Train's network parameters; on a pool, a fresh port per job (the previous job's
+        listening socket may linger), gathered from every rank."""
+        if not getattr(self.run.session, "pooled", False):
             from ray.train.lightgbm import get_network_params
 
-            params = {"tree_learner": "data_parallel", "pre_partition": True, **params, **get_network_params()}
-        self.params, self.booster = params, None
+            return get_network_params()
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        machines = self.run.all_gather(f"{ray.util.get_node_ip_address()}:{port}")
+        return {"machines": ",".join(machines), "local_listen_port": port, "num_machines": len(machines)}
+
+    def close(self) -> None:
+        if self.booster is not None and self.run.world > 1:
+            self.booster.free_network()  # the next job on this worker joins a network of its own
 
     def boost(self, epoch: int) -> Any:
         import lightgbm

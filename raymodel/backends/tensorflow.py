@@ -16,10 +16,11 @@ with the same optimizer state.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -64,6 +65,16 @@ class TensorflowBackend(Backend):
         from raymodel.backends._keras_loop import KerasLoop
 
         return KerasLoop(run)
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[None]:
+        """Keras' global state (its graph, layer name counters) cleared after each job on a pool."""
+        try:
+            yield
+        finally:
+            import tensorflow as tf
+
+            tf.keras.backend.clear_session()
 
     def make_trainer(
         self,

@@ -84,6 +84,13 @@ class Backend:
         for module in self.imports:
             require(module, self.extra)
 
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[None]:
+        """Around each job on a pool's worker: restore the framework's process-wide settings a job may
+        change (threads, default dtype, grad mode, ...) and free what it held, so the next job starts
+        as on a fresh worker. A backend whose framework has such globals extends this."""
+        yield
+
     def calls(self, hook: str) -> bool:
         """Whether this backend ever calls ``hook`` during training."""
         return not self.hook_notes.get(hook, "yes").startswith("no")
@@ -272,6 +279,10 @@ class WorkerLoop:
         """Restore ``get_state``'s state on every worker (after ``build``)."""
         self.model.backend.set_state(self.model, state)
 
+    def close(self) -> None:
+        """After the run on this worker, done or failed: release what must not outlive it (a
+        framework's network, say), so a pool's next job on this worker starts clean."""
+
     def all_gather(self, value: Any) -> list[Any]:
         """The framework's own all-gather of a small Python value (with ``Backend.native_collective``)."""
         raise NotImplementedError("The 'all_gather' method must be implemented with `native_collective = True`.")
@@ -367,6 +378,10 @@ class Run(Protocol):
     async def end_validation(self, metrics: dict[str, Any]) -> dict[str, float]: ...
 
     async def end_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool: ...
+
+    def all_gather(self, value: Any) -> list[Any]:
+        """Every worker's ``value`` (small, picklable), by rank: a collective, every worker calls it."""
+        ...
 
     def mean_over_workers(self, sums: dict[str, tuple[float, int]]) -> dict[str, float]:
         """``{name: (sum, count)}`` of this worker -> ``{name: mean}`` over every worker."""

@@ -56,10 +56,25 @@ class Batches:
 
 @dataclasses.dataclass
 class RayDataset:
-    """A ``ray.data`` Dataset, handed to the trainer and read with ``get_dataset_shard``."""
+    """A ``ray.data`` Dataset, handed to the trainer and read with ``get_dataset_shard``.
+
+    On a pool of the training server the run was not started with the job's
+    datasets: the job splits each one for the workers itself (``streaming_split``,
+    equal shards, as Ray Train's ``DataConfig`` does) and ``shards`` holds one
+    iterator per rank.
+    """
 
     key: str
     dataset: Any = None  # kept on the driver only
+    shards: list[Any] | None = None
+
+    def shard(self, rank: int) -> Any:
+        """This worker's ``DataIterator``."""
+        if self.shards is not None:
+            return self.shards[rank]
+        import ray.train
+
+        return ray.train.get_dataset_shard(self.key)
 
 
 @dataclasses.dataclass

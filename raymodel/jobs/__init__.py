@@ -20,7 +20,7 @@ from raymodel._internal import runtime, serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
 from raymodel.jobs._names import DONE, NAME, NAMESPACE
 
-__all__ = ["Job", "list", "get", "held", "server"]
+__all__ = ["Job", "list", "get", "held", "server", "pools", "release_pools", "Pool"]
 
 _list = list
 
@@ -40,7 +40,7 @@ def server(start: bool = True) -> Any:
             return None
         return JobServerActor.options(
             name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, max_concurrency=256
-        ).remote(runtime.home())
+        ).remote(runtime.home(), runtime.pool_idle_s())
 
 
 class JobNotFound(RayModelError):
@@ -142,6 +142,69 @@ class Stream:
                 return
 
 
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """A resident worker group of the training server (``rm.jobs.pools()``).
+
+    Attributes:
+        id: The pool's id (its Ray Train run's name).
+        key: What its workers are: backend, number of workers, resources of each.
+        backend: The backend whose trainer runs it (``"torch"``, ...).
+        num_workers: Its workers.
+        resources: What it holds in all (e.g. ``{"CPU": 2.0}``).
+        state: ``"busy"`` (running a job), ``"idle"`` or ``"ending"``.
+        jobs_run: Jobs it has run.
+        idle_since: When it became idle (a Unix time), ``None`` while busy.
+        job: The job it runs now, if any.
+        started: When it was started (a Unix time).
+    """
+
+    id: str
+    key: str
+    backend: str
+    num_workers: int
+    resources: dict[str, float]
+    state: str
+    jobs_run: int
+    idle_since: float | None
+    job: str | None
+    started: float
+
+
+def pools() -> _list[Pool]:
+    """The training server's pools, oldest first (``[]`` when no server runs)."""
+    import ray
+
+    handle = server(start=False)
+    if handle is None:
+        return []
+    return [_as_pool(p) for p in ray.get(handle.pools_info.remote())]
+
+
+def _as_pool(info: dict[str, Any]) -> Pool:
+    state = "busy" if info["state"] == "starting" else info["state"]
+    return Pool(
+        id=info["id"],
+        key=info["key"],
+        backend=info["backend"],
+        num_workers=info["num_workers"],
+        resources=dict(info["needs"]),
+        state=state,
+        jobs_run=info["jobs_run"],
+        idle_since=info["idle_since"],
+        job=info["job"],
+        started=info["started"],
+    )
+
+
+def release_pools() -> _list[str]:
+    """End every idle pool now and return once their resources are back; the ids of those ended."""
+    import ray
+
+    handle = server(start=False)
+    return [] if handle is None else ray.get(handle.release_pools.remote())
+
+
 def held(records: _list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """What each job holds now: the bundles of its placement groups that Ray's state API shows
     CREATED (one query for all the records; ``{}`` for a job that is not running)."""
@@ -215,22 +278,95 @@ def get(job_id: str) -> Job:
     return Job(record)
 
 
-def submit_train(model: Any, settings: Any, data: Any) -> Job:
-    """``model.train(..., wait=False)``: every check first (as ``train()``), then the job is queued."""
+def submit_train(model: Any, settings: Any, data: Any, *, hub: Any = None, deliver: bool = False) -> Job:
+    """``model.train(..., wait=False)``: every check first (as ``train()``), then the job is queued.
+
+    ``hub``: a blocking caller's (its progress output, or a Tune trial's rows, which with
+    ``deliver`` wait for the trial's answer)."""
     from raymodel.train import initial_state, prepare, worker_resources
 
     settings, spec = prepare(model, settings, data)
 
     workers = max(settings.num_workers, 1)
-    needs = {k: v * workers for k, v in worker_resources(settings.resources_per_worker, settings.use_gpu).items()}
+    per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
+    needs = {k: v * workers for k, v in per_worker.items()}
     payload = {
         "class": type(model),
         "config": dict(model.config),
         "settings": settings,
         "data": spec,
         "state": initial_state(model),
+        "deliver": deliver,
     }
-    return _submit("train", model, payload, needs, settings, settings.num_epochs)
+    more: dict[str, Any] = {"hub": hub}
+    if settings.pool and settings.num_workers > 0:
+        from raymodel.jobs._pool import pool_key
+
+        backend = model.backend
+        more["pool"] = {
+            "key": pool_key(backend.name, settings.num_workers, per_worker),
+            "backend": serialization.dumps(backend, type(backend)),
+            "backend_name": backend.name,
+            "num_workers": settings.num_workers,
+            "per_worker": per_worker,
+            "use_gpu": settings.use_gpu,
+        }
+    return _submit("train", model, payload, needs, settings, settings.num_epochs, **more)
+
+
+def train_on_server(model: Any, settings: Any, data: Any) -> Any:
+    """``model.train(settings, data=...)``: a job of the training server on a pool, waited for, with
+    the same output as a one-off run (bars in a terminal, a line per epoch elsewhere); the instance
+    holds the trained weights afterwards."""
+    from raymodel._internal.hub import start_hub, stop_hub
+    from raymodel.train import TrainResult
+    from raymodel.train._progress import ProgressPrinter
+    from raymodel.train._settings import TrainSettings
+
+    settings = TrainSettings.coerce(settings)
+    runtime.ensure_ray(settings.verbose)
+    hub = start_hub() if settings.progress else None
+    printer = None
+    if hub is not None:
+        printer = ProgressPrinter(hub, type(model).__name__, settings.num_epochs, model.backend.epoch_unit)
+    try:
+        job = submit_train(model, settings, data, hub=hub)
+        try:
+            record = _await(job, printer)
+        except KeyboardInterrupt:
+            job.stop()  # the current epoch ends, a checkpoint is written
+            raise
+    finally:
+        stop_hub(hub)
+    if record["status"] == "FAILED":
+        raise TrainingError(record["error"])
+    result = TrainResult(**record["result"])
+    if result.checkpoint is not None:
+        model.load_weights(result.checkpoint)
+    return result
+
+
+def _await(job: Job, printer: Any) -> dict[str, Any]:
+    """Wait for ``job`` to end; while it waits for resources, say what for (once per reason)."""
+    said = None
+    started = time.monotonic()
+    with printer if printer is not None else _nothing():
+        while True:
+            record = job._record(until_done=1.0)
+            if record["status"] in DONE:
+                return record
+            reason = record.get("reason") if record["status"] == "PENDING" else None
+            if printer is not None and reason and reason != said and time.monotonic() - started > 1.0:
+                print(f"[{printer.label}] waiting: {reason}", file=printer.stream, flush=True)
+                said = reason
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) -> Job:
@@ -284,4 +420,6 @@ def _submit(
         **more,
     }
     record = ray.get(server().submit.remote(kind, blob, info))
+    if record["status"] == "FAILED" and more.get("hub") is not None:
+        raise TrainingError(record["error"])  # a blocking call: it can never run here
     return Job(record)

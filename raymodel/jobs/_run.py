@@ -14,28 +14,35 @@ from raymodel.hooks import Callback
 from raymodel.jobs._names import NAME, NAMESPACE
 
 
-def run_job(runner: Any, kind: str, payload: bytes) -> dict[str, Any]:
+def run_job(runner: Any, kind: str, payload: bytes, pool: Any = None, hub: Any = None) -> dict[str, Any]:
+    """The job's outcome: ``{"result": ...}`` or ``{"error": ..., "traceback": ...}``, and for a job on a
+    pool whether the pool can take the next job (``pool_ok``)."""
     job = serialization.loads(payload)
     server = ray.get_actor(NAME, namespace=NAMESPACE)
-    me = ray.get_runtime_context().current_actor
     model = job["class"](config=job["config"])
     _restore_state(model, job.get("state"))
     if kind == "train":
         from raymodel.train import Trainable
-        from raymodel.train._callbacks import JobRows
 
+        settings = job["settings"]
         settings = dataclasses.replace(
-            job["settings"],
-            progress=False,
-            callbacks=[*job["settings"].callbacks, JobControl(server, me, runner.job_id)],
+            settings,
+            progress=settings.progress and hub is not None,  # a blocking call shows it, through its hub
+            callbacks=[*settings.callbacks, JobControl(server, runner.job_id)],
         )
-        result = Trainable(model, settings, data=job["data"], callbacks=[JobRows(server, runner.job_id)]).fit()
+        trainable = Trainable(model, settings, data=job["data"], callbacks=[_job_rows(server, runner.job_id)])
+        if pool is not None:
+            outcome = trainable.run_on_pool(pool, runner.job_id, server, hub=hub, deliver=job.get("deliver", False))
+            if "result" in outcome:
+                outcome["result"] = dataclasses.asdict(outcome["result"])
+            return outcome
+        result = trainable.fit(load_result=False)
     else:
         from raymodel.tune import Tunable
 
         _RUNNERS[runner.job_id] = runner
         train = job["settings"].train  # each trial's workers tell the server where they run
-        train = dataclasses.replace(train, callbacks=[*train.callbacks, JobControl(server, me, runner.job_id)])
+        train = dataclasses.replace(train, callbacks=[*train.callbacks, JobControl(server, runner.job_id)])
         settings = dataclasses.replace(
             job["settings"],
             progress=False,
@@ -45,7 +52,13 @@ def run_job(runner: Any, kind: str, payload: bytes) -> dict[str, Any]:
         tunable = Tunable(model, job["space"], settings=settings, data=job["data"], resume=job["resume"])
         tunable.stop = JobStopper(runner.job_id)
         result = tunable.fit()
-    return dataclasses.asdict(result)
+    return {"result": dataclasses.asdict(result)}
+
+
+def _job_rows(server: Any, job_id: str) -> Any:
+    from raymodel.train._callbacks import JobRows
+
+    return JobRows(server, job_id)
 
 
 def _restore_state(model: Any, files: dict[str, bytes] | None) -> None:
@@ -61,8 +74,8 @@ class JobControl(Callback):
     group it runs in (``Job.resources`` asks Ray's state API what those hold), and ends the run at
     the end of an epoch once the job is stopped (the stop vote; a checkpoint is written)."""
 
-    def __init__(self, server: Any, runner: Any, job_id: str) -> None:
-        self.server, self.runner, self.job_id = server, runner, job_id
+    def __init__(self, server: Any, job_id: str) -> None:
+        self.server, self.job_id = server, job_id
 
     def before_fit(self) -> None:
         group = ray.get_runtime_context().get_placement_group_id()
@@ -70,7 +83,7 @@ class JobControl(Callback):
             self.server.hold.remote(self.job_id, group)
 
     def after_epoch(self, epoch: int, metrics: dict[str, Any]) -> None:
-        if self.context.rank == 0 and ray.get(self.runner.stopping.remote()):
+        if self.context.rank == 0 and ray.get(self.server.stopping.remote(self.job_id)):
             self.context.should_stop = True
 
 

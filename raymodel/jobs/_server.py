@@ -1,12 +1,16 @@
 """The training server: a detached, named Ray actor that owns the job records and runs each job.
 
 Each job runs in its own ``JobRunner`` actor (no resources of its own; the
-run's workers or trials hold them), which calls the blocking verb
-(``Trainable.fit`` or ``Tunable.fit``) exactly as ``model.train()`` and
-``model.tune()`` do, and pushes every epoch row to the server. The server
-starts a PENDING job once the cluster's free resources fit what it needs,
-keeps each record under ``$RAYMODEL_HOME/jobs/<id>.json`` (any storage URI),
-and on start marks every job a previous server left unfinished as FAILED.
+run's workers or trials hold them). A training job runs on a pool (a resident
+worker group, ``jobs/_pool.py``) that fits what its workers need: an idle one,
+or a new one when the cluster's free resources allow; ``pool=False`` jobs and
+tune jobs call the blocking verb (``Trainable.fit`` or ``Tunable.fit``) as
+``model.train()`` and ``model.tune()`` do. Either way every epoch row reaches
+the server. A PENDING job waits, FIFO, with the reason. An idle pool ends after
+``pool_idle_s``, at once when a job or anything else (Ray reports pending
+demand) needs its resources, or on ``release_pools``. The server keeps each
+record under ``$RAYMODEL_HOME/jobs/<id>.json`` (any storage URI), and on start
+marks every job a previous server left unfinished as FAILED.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from raymodel._internal import runtime, storage
 from raymodel.jobs._names import ACTIVE, NAMESPACE
 
 _LOG_LINES = 200
+#: An idle pool ends after this many seconds (``rm.init(pool_idle_s=...)``).
+DEFAULT_POOL_IDLE_S = 120.0
 
 
 def jobs_root() -> str:
@@ -40,14 +46,20 @@ def fits(needs: dict[str, float], free: dict[str, float]) -> str | None:
 
 
 class JobServer:
-    """Job records, a FIFO queue, and one runner actor per running job."""
+    """Job records, a FIFO queue, pools, and one runner actor per running job."""
 
-    def __init__(self, home: str) -> None:
+    def __init__(self, home: str, pool_idle_s: float = DEFAULT_POOL_IDLE_S) -> None:
         os.environ["RAYMODEL_HOME"] = home  # records and runs go where the first client's home is
+        self.pool_idle_s = float(pool_idle_s)
         self.records: dict[str, dict[str, Any]] = {}
         self.payloads: dict[str, bytes] = {}
+        self.extras: dict[str, dict[str, Any]] = {}  # per job: its pool's spec, its hub
         self.runners: dict[str, Any] = {}
         self.done_refs: dict[Any, str] = {}
+        self.pools: dict[str, dict[str, Any]] = {}
+        self.pool_actors: dict[str, Any] = {}
+        self.pool_refs: dict[Any, str] = {}  # each pool's end
+        self._demand_checked = 0.0
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a row, a status: wakes the clients' long polls
         self.spare: Any = _new_runner()
@@ -80,10 +92,13 @@ class JobServer:
             "metric": info.get("metric"),
             "mode": info.get("mode"),
         }
+        if info.get("pool"):
+            record["pool_key"] = info["pool"]["key"]
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         never = fits(needs, total)
         with self.lock:
             self.records[job_id] = record
+            self.extras[job_id] = {"pool": info.get("pool"), "hub": info.get("hub")}
             if never is not None:
                 self._finish(
                     job_id,
@@ -143,6 +158,41 @@ class JobServer:
                 self.runners[job_id].stop.remote()
             return record["status"]
 
+    def stopping(self, job_id: str) -> bool:
+        """Whether the job was asked to stop (its workers ask at each epoch's end)."""
+        with self.lock:
+            return bool(self.records.get(job_id, {}).get("stopping"))
+
+    # ---------------------------------------------------------------- pools
+    def pools_info(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [dict(p) for p in sorted(self.pools.values(), key=lambda p: p["started"])]
+
+    def release_pools(self, timeout: float = 120.0) -> list[str]:
+        """End every idle pool and wait until each has ended (its resources are back)."""
+        with self.changed:
+            ending = [p["id"] for p in self.pools.values() if p["state"] in ("idle", "ending")]
+            for pool_id in ending:
+                self._end_pool(pool_id, "released")
+            self.changed.wait_for(lambda: not any(i in self.pools for i in ending), timeout=timeout)
+            return ending
+
+    def make_room(self, needs: dict[str, float] | None, timeout: float = 120.0) -> list[str]:
+        """Before other work takes resources: end the idle pools in its way (every idle pool when
+        ``needs`` is ``None``), and wait until they have ended."""
+        with self.lock:
+            idle = [p for p in self.pools.values() if p["state"] == "idle"]
+            if not idle:
+                return []
+            if needs is not None:
+                available = {k: float(v) for k, v in ray.available_resources().items()}
+                if fits(needs, available) is None:
+                    return []
+        return self.release_pools(timeout)
+
+    def set_pool_idle_s(self, seconds: float) -> None:
+        self.pool_idle_s = float(seconds)
+
     # ---------------------------------------------------------- from runners
     def push(self, job_id: str, rows: list[dict[str, Any]]) -> None:
         with self.lock:
@@ -176,6 +226,7 @@ class JobServer:
         while True:
             try:
                 self._reap(timeout=0.25)
+                self._expire_pools()
                 self._schedule()
             except Exception:  # noqa: BLE001 - the loop must outlive any one failure
                 traceback.print_exc()
@@ -190,55 +241,166 @@ class JobServer:
                 return
             total = {k: float(v) for k, v in ray.cluster_resources().items()}
             available = {k: float(v) for k, v in ray.available_resources().items()}
-            held = {}
-            for r in self.records.values():  # started jobs whose workers may not hold their share yet
-                if r["status"] == "RUNNING":
-                    for k, v in r["needs"].items():
-                        held[k] = held.get(k, 0.0) + v
+            held: dict[str, float] = {}
+            committed = [r["needs"] for r in self.records.values() if r["status"] == "RUNNING" and not r.get("pool_id")]
+            committed += [p["needs"] for p in self.pools.values()]  # a pool holds its share, busy or not
+            for needs in committed:  # started work whose workers may not hold their share yet
+                for k, v in needs.items():
+                    held[k] = held.get(k, 0.0) + v
             free = {k: min(available.get(k, 0.0), total[k] - held.get(k, 0.0)) for k in total}
             for record in pending:
+                key = record.get("pool_key")
+                idle = [p for p in self.pools.values() if p["state"] == "idle" and p["key"] == key] if key else []
+                if idle:
+                    self._launch(record, idle[0]["id"])
+                    continue
                 reason = fits(record["needs"], free)
-                if reason is not None:
+                if reason is None:
+                    for k, v in record["needs"].items():
+                        free[k] = free.get(k, 0.0) - v
+                    self._launch(record, self._start_pool(record) if key else None)
+                    continue
+                others = [p for p in self.pools.values() if p["state"] in ("idle", "ending")]
+                freed = dict(free)
+                for pool in others:
+                    for k, v in pool["needs"].items():
+                        freed[k] = freed.get(k, 0.0) + v
+                if others and fits(record["needs"], freed) is None:
+                    for pool in others:
+                        self._end_pool(pool["id"], f"its resources are needed by {record['id']}")
+                    record["reason"] = "waiting for idle pools to end"
+                else:
                     record["reason"] = reason
-                    break  # first in, first out: a small job does not overtake a waiting big one
-                for k, v in record["needs"].items():
-                    free[k] = free.get(k, 0.0) - v
-                self._launch(record)
+                break  # first in, first out: a small job does not overtake a waiting big one
 
-    def _launch(self, record: dict[str, Any]) -> None:
+    def _launch(self, record: dict[str, Any], pool_id: str | None = None) -> None:
         job_id = record["id"]
         runner, self.spare = self.spare or _new_runner(), None  # a warm process: no start-up, imports done
         self.runners[job_id] = runner
-        self.done_refs[runner.run.remote(job_id, record["kind"], self.payloads.pop(job_id))] = job_id
+        pool = None
+        if pool_id is not None:
+            pool = self.pool_actors[pool_id]
+            self.pools[pool_id].update(state="busy", job=job_id, idle_since=None)
+            record["pool_id"] = pool_id
+        hub = self.extras.get(job_id, {}).get("hub")
+        ref = runner.run.remote(job_id, record["kind"], self.payloads.pop(job_id), pool, hub)
+        self.done_refs[ref] = job_id
         record.update(status="RUNNING", reason=None, started=time.time())
-        self._log(job_id, "started")
+        self._log(job_id, "started" + (f" on pool {pool_id}" if pool_id else ""))
         self._save(job_id)
         self.changed.notify_all()
 
+    def _start_pool(self, record: dict[str, Any]) -> str:
+        from raymodel.jobs._pool import PoolActor
+
+        spec = self.extras[record["id"]]["pool"]
+        pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"
+        actor = (
+            ray.remote(num_cpus=0)(PoolActor)
+            .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id)
+            .remote(pool_id, spec["backend"], spec["num_workers"], spec["per_worker"], spec["use_gpu"])
+        )
+        actor.start.remote()
+        self.pool_actors[pool_id] = actor
+        self.pool_refs[actor.wait_ended.remote()] = pool_id
+        self.pools[pool_id] = {
+            "id": pool_id,
+            "key": spec["key"],
+            "backend": spec["backend_name"],
+            "num_workers": spec["num_workers"],
+            "needs": dict(record["needs"]),
+            "state": "starting",
+            "jobs_run": 0,
+            "started": time.time(),
+            "idle_since": None,
+            "job": record["id"],
+        }
+        self._log(record["id"], f"starting pool {pool_id} ({spec['key']})")
+        return pool_id
+
+    def _end_pool(self, pool_id: str, why: str) -> None:
+        pool = self.pools.get(pool_id)
+        if pool is None or pool["state"] == "ending":
+            return
+        pool.update(state="ending", ended_because=why)
+        self.pool_actors[pool_id].end.remote()
+        self.changed.notify_all()
+
+    def _expire_pools(self) -> None:
+        """Idle pools past ``pool_idle_s``, and idle pools whose resources something else waits for."""
+        now = time.time()
+        with self.lock:
+            idle = [p for p in self.pools.values() if p["state"] == "idle"]
+            for pool in idle:
+                if now - pool["idle_since"] >= self.pool_idle_s:
+                    self._end_pool(pool["id"], f"idle for {self.pool_idle_s:g} s")
+            idle = [p for p in idle if p["state"] == "idle"]
+        if idle and time.monotonic() - self._demand_checked >= 1.0:
+            self._demand_checked = time.monotonic()
+            demands = pending_demand()
+            if not demands:
+                return
+            with self.lock:
+                available = {k: float(v) for k, v in ray.available_resources().items()}
+                for pool in idle:
+                    if pool["state"] != "idle":
+                        continue
+                    room = {
+                        k: available.get(k, 0.0) + pool["needs"].get(k, 0.0)
+                        for k in set(available) | set(pool["needs"])
+                    }
+                    if any(fits(bundle, room) is None for bundle in demands):
+                        self._end_pool(pool["id"], "other work waits for its resources")
+
     def _reap(self, timeout: float) -> None:
-        refs = list(self.done_refs)
+        refs = list(self.done_refs) + list(self.pool_refs)
         if not refs:
             time.sleep(timeout)
             return
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         for ref in ready:
+            if ref in self.pool_refs:
+                self._pool_ended(self.pool_refs.pop(ref), ref)
+                continue
             job_id = self.done_refs.pop(ref)
             try:
                 outcome = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - the runner itself died
                 outcome = {"error": f"The job's runner died: {exc}"}
             with self.lock:
-                stopped = self.records[job_id].get("stopping")
+                record = self.records[job_id]
+                stopped = record.get("stopping")
                 if outcome.get("error"):
                     self._finish(job_id, "FAILED", error=outcome["error"], detail=outcome.get("traceback"))
                 else:
                     self._finish(job_id, "STOPPED" if stopped else "SUCCEEDED", result=outcome["result"])
+                pool = self.pools.get(record.get("pool_id") or "")
+                if pool is not None and pool["state"] == "busy":
+                    if outcome.get("pool_ok", True):
+                        pool.update(state="idle", job=None, idle_since=time.time(), jobs_run=pool["jobs_run"] + 1)
+                    else:
+                        pool["jobs_run"] += 1
+                        self._end_pool(pool["id"], "a job left it unusable")
                 runner = self.runners.pop(job_id, None)
+                self.extras.pop(job_id, None)
             if runner is not None:
                 with self.lock:  # the finished job's process waits for the next job (its imports done)
                     runner, self.spare = (runner, None) if self.spare is not None else (None, runner)
                 if runner is not None:
                     ray.kill(runner)
+
+    def _pool_ended(self, pool_id: str, ref: Any) -> None:
+        try:
+            why = ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - the pool's process died
+            why = f"its process died: {exc}"
+        with self.changed:
+            self.pools.pop(pool_id, None)
+            actor = self.pool_actors.pop(pool_id, None)
+            self.changed.notify_all()
+        if actor is not None:
+            ray.kill(actor)
+        print(f"pool {pool_id} ended: {why}", flush=True)
 
     def _finish(
         self, job_id: str, status: str, result: Any = None, error: str | None = None, detail: str | None = None
@@ -281,6 +443,19 @@ class JobServer:
                 )
 
 
+def pending_demand() -> list[dict[str, float]]:
+    """The resource bundles Ray reports that tasks, actors and placement groups wait for."""
+    try:
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        demand = get_cluster_status(ray.get_runtime_context().gcs_address).resource_demands
+    except Exception:  # noqa: BLE001 - no demand known is no reason to release anything
+        return []
+    bundles = [b.bundle for d in demand.ray_task_actor_demand for b in d.bundles_by_count]
+    bundles += [b.bundle for d in demand.placement_group_demand for b in d.bundles_by_count]
+    return [{k: float(v) for k, v in bundle.items()} for bundle in bundles]
+
+
 def _show(resources: dict[str, float], only: dict[str, float] | None = None) -> str:
     keys = sorted(only or resources)
     return ", ".join(f"{resources.get(k, 0.0):g} {k}" for k in keys) or "nothing"
@@ -308,13 +483,13 @@ class JobRunner:
         import raymodel.train._driver
         import raymodel.tune  # noqa: F401
 
-    def run(self, job_id: str, kind: str, payload: bytes) -> dict[str, Any]:
+    def run(self, job_id: str, kind: str, payload: bytes, pool: Any = None, hub: Any = None) -> dict[str, Any]:
         from raymodel.jobs._run import run_job
 
         self.job_id = job_id
         self.stop_event.clear()
         try:
-            return {"result": run_job(self, kind, payload)}
+            return run_job(self, kind, payload, pool, hub)
         except BaseException as exc:  # noqa: BLE001 - reported as the job's error
             return {"error": str(exc) or type(exc).__name__, "traceback": traceback.format_exc()}
 

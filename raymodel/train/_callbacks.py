@@ -46,3 +46,20 @@ class JobRows(UserCallback):
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         if metrics:
             self.server.push.remote(self.job_id, [{k: v for k, v in metrics[0].items()}])
+
+
+class PoolFailures(UserCallback):
+    """On a pool's Train controller: tells the pool which workers failed, before Ray Train restarts them."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, BaseException]) -> None:
+        import ray
+
+        ray.get(self.pool.failure.remote({rank: _failure_text(e) for rank, e in worker_exceptions.items()}))
+
+
+def _failure_text(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[-1] if text else ''}"

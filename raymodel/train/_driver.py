@@ -10,7 +10,7 @@ from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import runtime, serialization, storage, tmp
 from raymodel._internal.hub import start_hub, stop_hub
 from raymodel.data import resolve
-from raymodel.data._splits import nonfinite
+from raymodel.data._splits import RayDataset, nonfinite
 from raymodel.exceptions import DataError, HookError, SettingsError, TrainingError
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
@@ -140,6 +140,65 @@ class Trainable:
                 stop_hub(hub)
         return _collect(self.model, self.settings, result, self.name, self.storage, load_result)
 
+    def run_on_pool(
+        self, pool: Any, job_id: str, server: Any, *, hub: Any = None, deliver: bool = False
+    ) -> dict[str, Any]:
+        """Run as job ``job_id`` on a pool of the training server (``raymodel.jobs._pool``): the same
+        loop config as a one-off run, each ``ray.data`` Dataset split here for the pool's workers.
+
+        Returns ``{"result": TrainResult}`` or ``{"error": ..., "traceback": ...}``, with ``pool_ok``:
+        whether the pool can take another job.
+        """
+        import ray
+
+        settings = self.settings
+        data = self.spec.for_workers()
+        for name, split in self.spec.splits.items():
+            if isinstance(split, RayDataset):  # Ray Train's DataConfig would do this for a run it started
+                shards = split.dataset.streaming_split(max(settings.num_workers, 1), equal=True)
+                data.splits[name] = RayDataset(split.key, shards=shards)
+        spec = {
+            "loop_config": {"payload": worker_payload(self.model, settings, self._info), "data": data, "hub": hub},
+            "server": server,
+            "path": self.path,
+            "max_failures": settings.max_failures,
+            "keep_checkpoints": settings.keep_checkpoints,
+            "metric": settings.metric,
+            "mode": settings.mode,
+            "deliver": deliver,
+            "model_class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
+        }
+        outcome = ray.get(pool.run_job.remote({"id": job_id, "spec": spec}))
+        if outcome.get("error"):
+            return outcome
+        history = list(outcome["result"].get("history", []))
+        return {"result": self._collect_stored(history), "pool_ok": outcome.get("pool_ok", True)}
+
+    def _collect_stored(self, history: list[dict[str, Any]]) -> TrainResult:
+        """The ``TrainResult`` of a run on a pool, from its storage: the newest checkpoint, and the best
+        by ``metric`` among the ones kept (what Ray's ``Result`` gives for a one-off run)."""
+        settings, path = self.settings, self.path
+        epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
+        location = {e: storage.join(path, f"checkpoint_epoch_{e:06d}") for e in epochs}
+        best = None
+        if settings.metric is not None:
+            rows = {int(r.get("epoch", 0)): r for r in history}
+            scored = [e for e in epochs if settings.metric in rows.get(e, {})]
+            if scored:
+                pick = min if settings.mode == "min" else max
+                best = location[pick(scored, key=lambda e: float(rows[e][settings.metric]))]
+            else:
+                _never_reported(settings.metric, history)
+        return TrainResult(
+            metrics=dict(history[-1]) if history else {},
+            history=history,
+            checkpoint=location[epochs[-1]] if epochs else None,
+            best_checkpoint=best,
+            path=path,
+            config=dict(self.model.config),
+            name=self.name,
+        )
+
     def run_here(self, session: Any) -> dict[str, Any]:
         """Run the training loop in this process, placed by ``session`` (one worker): the same
         ``WorkerRun`` lifecycle as on a Ray Train worker, without a worker group. A Tune trial
@@ -264,15 +323,19 @@ def _collect(
 def _best_checkpoint(result: Any, metric: str, mode: str, history: list[dict[str, Any]]) -> str | None:
     scored = [(c, m) for c, m in (result.best_checkpoints or []) if metric in m]
     if not scored:
-        reported = sorted({k for row in history for k in row})
-        warnings.warn(
-            f"`metric={metric!r}` was never reported, so there is no best checkpoint. Reported metrics: {reported}.",
-            UserWarning,
-            stacklevel=4,
-        )
+        _never_reported(metric, history)
         return None
     pick = min if mode == "min" else max
     return pick(scored, key=lambda cm: cm[1][metric])[0].path
+
+
+def _never_reported(metric: str, history: list[dict[str, Any]]) -> None:
+    reported = sorted({k for row in history for k in row})
+    warnings.warn(
+        f"`metric={metric!r}` was never reported, so there is no best checkpoint. Reported metrics: {reported}.",
+        UserWarning,
+        stacklevel=5,
+    )
 
 
 def initial_state(model: Model) -> dict[str, bytes] | None:

@@ -104,7 +104,8 @@ class WorkerRun:
         self.info: dict[str, Any] = payload.get("info", {})
         self.initial_state: dict[str, bytes] | None = payload.get("initial_state")
         self.data = loop_config["data"]
-        self.collective = Collective(loop_config.get("hub"), self.rank, self.world, self.session.broadcast)
+        gather_hub = loop_config.get("gather_hub") or loop_config.get("hub")  # a pool's own, or the run's
+        self.collective = Collective(gather_hub, self.rank, self.world, self.session.broadcast)
         self.context = RunContext(
             rank=self.rank,
             world_size=self.world,
@@ -142,6 +143,12 @@ class WorkerRun:
         """The whole run on this worker; returns ``{"metrics": ..., "history": ...}``."""
         self.loop = asyncio.get_running_loop()
         self.worker = self.backend.worker_loop(self)
+        try:
+            return await self._fit()
+        finally:
+            self.worker.close()
+
+    async def _fit(self) -> dict[str, Any]:
         if self.backend.native_collective:
             self.collective.native = self.worker.all_gather
         seed = int(self.settings.seed)
@@ -250,6 +257,10 @@ class WorkerRun:
         return asyncio.run_coroutine_threadsafe(_wrap(awaitable), self.loop).result()
 
     # ----------------------------------------------------------- reduction
+    def all_gather(self, value: Any) -> list[Any]:
+        """Every worker's ``value``, by rank (a collective: every worker calls it)."""
+        return self.collective.all_gather(value)
+
     def mean_over_workers(self, sums: dict[str, tuple[float, int]]) -> dict[str, float]:
         """``{name: (sum, count)}`` of this worker -> the mean over every worker's counts."""
         totals: dict[str, list[float]] = {}

@@ -67,6 +67,9 @@ class TrainSettings(SettingsBase):
         grad_clip_norm: Clip the gradients' total 2-norm to this before each step.
         grad_clip_value: Clip each gradient element to ``[-value, value]`` before
             each step (one of the two clips at a time). Torch and Lightning.
+        pool: Run on a resident worker group ("pool") of the training server
+            (default): the workers' start-up is paid once per pool, not per run.
+            ``False`` runs a one-off Ray Train run from this process.
     """
 
     num_workers: int = 1
@@ -91,6 +94,7 @@ class TrainSettings(SettingsBase):
     accumulate_grad_batches: int = 1
     grad_clip_norm: float | None = None
     grad_clip_value: float | None = None
+    pool: bool = True
 
     def _validate(self) -> list[str]:
         from raymodel.hooks import Callback
@@ -113,6 +117,7 @@ class TrainSettings(SettingsBase):
             check_type("storage_path", self.storage_path, (str,), "a path or URI string", allow_none=True),
             check_type("verbose", self.verbose, (bool,), "True or False"),
             check_type("progress", self.progress, (bool,), "True or False"),
+            check_type("pool", self.pool, (bool,), "True or False"),
             check_resources("resources_per_worker", self.resources_per_worker),
             check_choice("nonfinite", self.nonfinite, ("warn", "error", "allow")),
             check_choice("precision", self.precision, PRECISIONS),

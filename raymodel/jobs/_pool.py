@@ -1,0 +1,375 @@
+"""Pools: resident worker groups of the training server, which run jobs one after another.
+
+A pool is one long-lived Ray Train V2 run of the backend's own trainer
+(``TorchTrainer``, ``XGBoostTrainer``, ...), started by a ``PoolActor``. Its
+``train_loop_per_worker`` (``pool_worker``) takes the pool's jobs one at a time
+and runs each through the same ``WorkerRun`` lifecycle as a one-off run, placed
+by a ``PoolSession``: checkpoints go to the job's own storage (rank 0 uploads
+them, a manifest last, and applies ``keep_checkpoints``), rows go to the
+server (and to the job's hub, for a blocking call's progress or a Tune trial),
+and the newest complete checkpoint in the job's storage is where a restarted
+worker group resumes.
+
+Faults: a worker that dies makes Ray Train restart the pool's worker group
+(the pool's ``FailureConfig`` retries forever); the new workers take the same
+job again and resume it, until the job's own ``max_failures`` is spent. An
+exception in user code fails that job alone: every rank leaves it, and the
+pool takes the next one. A rank that does not come back within
+``_REJOIN_S`` (stuck in a collective its peers left) makes the pool unusable:
+it ends, and the next job starts a new one.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from raymodel._internal import checkpoint as ckpt
+from raymodel._internal import serialization, storage
+from raymodel._internal.hub import start_hub, stop_hub
+
+#: How long every rank has to leave a failed job before the pool counts as broken.
+_REJOIN_S = 20.0
+
+
+def pool_key(backend: str, num_workers: int, resources: dict[str, float]) -> str:
+    """What a job's workers need, as one string: jobs with the same key share a pool."""
+    shown = ",".join(f"{k}={v:g}" for k, v in sorted(resources.items()))
+    return f"{backend}/{num_workers}x[{shown}]"
+
+
+class PoolActor:
+    """Starts a pool's Ray Train run and hands its workers one job at a time."""
+
+    def __init__(self, pool_id: str, backend: bytes, num_workers: int, per_worker: dict[str, float], use_gpu: bool):
+        self.pool_id = pool_id
+        self.backend = serialization.loads(backend)
+        self.num_workers, self.per_worker, self.use_gpu = num_workers, per_worker, use_gpu
+        self.cond = threading.Condition()
+        self.job: dict[str, Any] | None = None
+        self.seq = 0
+        self.ending = False
+        self.ended: str | None = None  # why the run ended, once it has
+        self.broken: str | None = None
+        self.waiting: set[int] = set()  # ranks waiting in `take` for a job
+        self.gather_hub: Any = None
+        self.thread = threading.Thread(target=self._fit, name="raymodel-pool", daemon=True)
+        self.started = threading.Event()
+
+    def start(self) -> None:
+        self.gather_hub = start_hub()  # the ranks' gathers, for frameworks without a collective of their own
+        self.thread.start()
+        self.started.set()
+
+    # ------------------------------------------------------------ the run
+    def _fit(self) -> None:
+        import ray
+        from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+
+        from raymodel.train._callbacks import PoolFailures
+
+        me = ray.get_runtime_context().current_actor
+        resources = {k: v for k, v in self.per_worker.items() if k != "GPU"}
+        try:
+            trainer = self.backend.make_trainer(
+                pool_worker,
+                train_loop_config={"pool": me, "gather_hub": self.gather_hub},
+                scaling_config=ScalingConfig(
+                    num_workers=self.num_workers, use_gpu=self.use_gpu, resources_per_worker=resources or None
+                ),
+                run_config=RunConfig(
+                    name=self.pool_id,
+                    storage_path=os.path.join(os.environ.get("RAYMODEL_HOME", "/tmp"), "pools"),
+                    failure_config=FailureConfig(max_failures=-1),  # each job counts its own
+                    callbacks=[PoolFailures(me)],
+                    logging_config=LoggingConfig("WARNING"),
+                ),
+                datasets=None,
+            )
+            trainer.fit()
+            why = "ended"
+        except BaseException as exc:  # noqa: BLE001 - whatever ended the run ends the pool
+            why = f"the pool's worker group failed: {type(exc).__name__}: {exc}"
+        with self.cond:
+            self.ended = why
+            if self.job is not None and self.job.get("outcome") is None:
+                self.job["outcome"] = {"error": f"Training failed: {why}", "pool_ok": False}
+            self.cond.notify_all()
+
+    def wait_ended(self) -> str:
+        """Returns when the pool's run has ended (the server is waiting on this from the start)."""
+        self.started.wait()
+        self.thread.join()
+        stop_hub(self.gather_hub)
+        return self.ended or "ended"
+
+    def end(self) -> None:
+        """End the pool once it is idle: its workers return, Ray Train releases their resources."""
+        with self.cond:
+            self.ending = True
+            self.cond.notify_all()
+
+    # --------------------------------------------------- from the job runner
+    def run_job(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Run ``job`` on the workers and wait: ``{"result": rank 0's, "pool_ok": ...}`` or ``{"error": ...}``."""
+        with self.cond:
+            if self.ended or self.broken or self.ending:
+                return {"error": f"Training failed: the pool ended ({self.ended or self.broken})", "pool_ok": False}
+            self.seq += 1
+            self.job = {
+                **job,
+                "seq": self.seq,
+                "attempt": 0,
+                "finished": {},
+                "taken": set(),
+                "outcome": None,
+                "started": time.monotonic(),
+            }
+            current = self.job
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: current["outcome"] is not None)
+            outcome = current["outcome"]
+            if outcome.get("error") and self.ended is None:
+                # Every rank must leave the failed job (a rank stuck in a collective makes the pool unusable).
+                back = self.cond.wait_for(lambda: len(self.waiting) == self.num_workers, timeout=_REJOIN_S)
+                if not back:
+                    self.broken = "a worker did not leave the failed job"
+                    outcome = {**outcome, "pool_ok": False}
+            self.job = None
+            return {**outcome, "pool_ok": outcome.get("pool_ok", True) and not self.broken and not self.ended}
+
+    # ------------------------------------------------------- from the workers
+    def take(self, rank: int, last_seq: int) -> dict[str, Any] | None:
+        """The job for ``rank`` (the current one, again, after a restart); ``None``: the pool ends."""
+        with self.cond:
+            self.waiting.add(rank)
+            self.cond.notify_all()
+            try:
+                while True:
+                    job = self.job
+                    if job is not None and job["outcome"] is None and job["seq"] >= last_seq:
+                        if job["seq"] > last_seq or rank not in job["finished"]:
+                            job["taken"].add(rank)
+                            return {k: job[k] for k in ("id", "seq", "spec", "attempt")}
+                    if self.ending or self.broken:
+                        return None
+                    self.cond.wait(timeout=5.0)
+            finally:
+                self.waiting.discard(rank)
+
+    def finished(self, seq: int, attempt: int, rank: int, outcome: dict[str, Any]) -> None:
+        with self.cond:
+            job = self.job
+            if job is None or job["seq"] != seq or job["attempt"] != attempt or job["outcome"] is not None:
+                return  # an attempt the pool already gave up on
+            job["finished"][rank] = outcome
+            errors = sorted((r, o) for r, o in job["finished"].items() if o.get("error"))
+            if errors:
+                rank, first = errors[0]
+                job["outcome"] = {"error": first["error"], "traceback": first.get("traceback"), "pool_ok": True}
+            elif len(job["finished"]) == self.num_workers:
+                job["outcome"] = {"result": job["finished"][0]["result"]}
+            self.cond.notify_all()
+
+    def failure(self, errors: dict[int, str]) -> None:
+        """Ray Train saw workers fail (it restarts the group): the job resumes, or fails past its ``max_failures``."""
+        with self.cond:
+            job = self.job
+            if job is None or job["outcome"] is not None:
+                return
+            job["attempt"] += 1
+            job["finished"] = {}
+            allowed = int(job["spec"].get("max_failures", 0))
+            if allowed != -1 and job["attempt"] > allowed:
+                rank, error = sorted(errors.items())[0]
+                job["outcome"] = {
+                    "error": f"Training failed on the Ray workers: worker {rank}: {error}",
+                    "pool_ok": True,
+                }
+            self.cond.notify_all()
+
+    def state(self) -> dict[str, Any]:
+        with self.cond:
+            return {
+                "job": None if self.job is None else self.job["id"],
+                "waiting": len(self.waiting),
+                "ended": self.ended,
+                "broken": self.broken,
+            }
+
+
+def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """``train_loop_per_worker`` of a pool: take a job, run it, say how it went, take the next."""
+    import ray
+    import ray.train
+
+    pool = config["pool"]
+    rank = ray.train.get_context().get_world_rank()
+    last = 0
+    while True:
+        job = ray.get(pool.take.remote(rank, last))
+        if job is None:
+            return {}
+        last = job["seq"]
+        outcome = run_on_worker(job, config.get("gather_hub"))
+        ray.get(pool.finished.remote(job["seq"], job["attempt"], rank, outcome))
+
+
+def run_on_worker(job: dict[str, Any], gather_hub: Any) -> dict[str, Any]:
+    """One job on this worker, isolated from the jobs before and after it."""
+    from raymodel.train import WorkerRun
+
+    spec = job["spec"]
+    _forget_classes()  # the job's classes come fresh from its payload: no state of an earlier job's
+    try:
+        model_cls, backend = _job_classes(spec)
+        with backend.isolated():
+            loop_config = {**spec["loop_config"], "gather_hub": gather_hub}
+            run = WorkerRun(loop_config, session=PoolSession(spec, job["id"]))
+            return {"result": run.run()}
+    except BaseException as exc:  # noqa: BLE001 - the job's error, reported; the worker takes the next job
+        return {"error": _describe(exc, spec), "traceback": traceback.format_exc()}
+    finally:
+        gc.collect()
+
+
+def _job_classes(spec: dict[str, Any]) -> tuple[type, Any]:
+    """The job's model class, unpickled here: a class that cannot be names what is missing."""
+    payload = serialization.loads(spec["loop_config"]["payload"])
+    try:
+        cls, _ = serialization.loads(payload["model"])
+    except Exception as exc:
+        raise _ClassError(
+            f"The model class `{spec['model_class']}` cannot be loaded on the pool's workers: "
+            f"{type(exc).__name__}: {exc}. Install what it needs on every node (or define it in an "
+            "importable module)."
+        ) from exc
+    return cls, cls.backend
+
+
+class _ClassError(Exception):
+    pass
+
+
+def _describe(exc: BaseException, spec: dict[str, Any]) -> str:
+    rank = "?"
+    try:
+        import ray.train
+
+        rank = str(ray.train.get_context().get_world_rank())
+    except Exception:  # noqa: BLE001 - only for the message
+        pass
+    if isinstance(exc, _ClassError):
+        return str(exc)
+    return f"Training failed on the Ray workers: worker {rank}: {type(exc).__name__}: {exc}"
+
+
+def _forget_classes() -> None:
+    """cloudpickle reuses a class it unpickled before (by its tracker id): a second job of the same class
+    would see what the first one set on it (class attributes, its module's globals). Forget them."""
+    import cloudpickle.cloudpickle as cp
+
+    for name in ("_DYNAMIC_CLASS_TRACKER_BY_ID", "_DYNAMIC_CLASS_TRACKER_BY_CLASS"):
+        tracker = getattr(cp, name, None)
+        if tracker is not None:
+            with cp._DYNAMIC_CLASS_TRACKER_LOCK:
+                tracker.clear()
+
+
+class PoolSession:
+    """Where a job on a pool runs: a worker of the pool's Ray Train run (see ``TrainSession``).
+
+    Ray Train is not told of the job's reports: rank 0 writes each checkpoint to
+    the job's storage, keeps ``keep_checkpoints`` of them, and sends each row to
+    the server and to the job's hub.
+    """
+
+    on_ray_train = True
+    pooled = True
+
+    def __init__(self, spec: dict[str, Any], job_id: str) -> None:
+        import ray.train
+
+        context = ray.train.get_context()
+        self.rank: int = context.get_world_rank()
+        self.world: int = context.get_world_size()
+        self.local_rank: int = context.get_local_rank()
+        self.job_id, self.spec = job_id, spec
+        self.server, self.hub = spec.get("server"), spec["loop_config"].get("hub")
+        self.history: dict[int, dict[str, Any]] = {}
+
+    def latest_checkpoint(self) -> Any:
+        return None  # the job's storage decides (``WorkerRun._resume_candidates``)
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, name: str) -> None:
+        if self.rank != 0:
+            return
+        row = dict(metrics)
+        self.history[int(row.get("epoch", 0))] = row
+        path = self.spec["path"]
+        if checkpoint_dir is not None:
+            location = storage.join(path, name)
+            _store(checkpoint_dir, location)
+            prune(path, self.spec.get("keep_checkpoints"), self.spec.get("metric"), self.spec.get("mode"), self.history)
+            row["checkpoint_path"] = location
+        if self.server is not None:
+            self.server.push.remote(self.job_id, [{k: v for k, v in row.items() if k != "checkpoint_path"}])
+        if self.hub is not None:
+            import ray
+
+            # Waited for: an async actor may run calls out of order. A Tune trial (``deliver``) also
+            # waits for its answer (ASHA's stop, PBT's exploit) before the next epoch.
+            ray.get(self.hub.deliver.remote(row) if self.spec.get("deliver") else self.hub.push.remote(row))
+
+    def broadcast(self, value: Any) -> Any:
+        from ray.train.collective import broadcast_from_rank_zero
+
+        return broadcast_from_rank_zero(value)
+
+    def barrier(self) -> None:
+        from ray.train.collective import barrier
+
+        barrier()
+
+
+def _store(directory: str, location: str) -> None:
+    """Copy a checkpoint to the job's storage, its manifest last (a local folder appears whole, by rename)."""
+    if storage.is_uri(location):
+        storage.upload(directory, location, last=ckpt.MANIFEST)
+        return
+    target = Path(location)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(directory, staged)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staged, target)
+
+
+def prune(path: str, keep: int | None, metric: str | None, mode: str | None, history: dict[int, dict[str, Any]]):
+    """Keep the ``keep`` best checkpoints by ``metric`` (the newest without one) and always the newest,
+    as Ray Train's ``CheckpointConfig`` does for a one-off run."""
+    if keep is None:
+        return
+    epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
+    if len(epochs) <= keep:
+        return
+    newest = epochs[-1]
+    if metric is not None:
+        scored = [e for e in epochs if metric in history.get(e, {})]
+        sign = 1.0 if mode == "max" else -1.0
+        ranked = sorted(scored, key=lambda e: sign * float(history[e][metric]), reverse=True)
+        ranked += [e for e in reversed(epochs) if e not in scored]
+    else:
+        ranked = list(reversed(epochs))
+    kept = set(ranked[:keep]) | {newest}
+    for epoch in epochs:
+        if epoch not in kept:
+            storage.delete(storage.join(path, f"checkpoint_epoch_{epoch:06d}"))
