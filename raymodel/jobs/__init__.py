@@ -318,32 +318,46 @@ def train_on_server(model: Any, settings: Any, data: Any) -> Any:
     """``model.train(settings, data=...)``: a job of the training server on a pool, waited for, with
     the same output as a one-off run (bars in a terminal, a line per epoch elsewhere); the instance
     holds the trained weights afterwards."""
-    from raymodel._internal.hub import start_hub, stop_hub
     from raymodel.train import TrainResult
     from raymodel.train._progress import ProgressPrinter
     from raymodel.train._settings import TrainSettings
 
     settings = TrainSettings.coerce(settings)
     runtime.ensure_ray(settings.verbose)
-    hub = start_hub() if settings.progress else None
+    hub = _progress_hub() if settings.progress else None
     printer = None
     if hub is not None:
         printer = ProgressPrinter(hub, type(model).__name__, settings.num_epochs, model.backend.epoch_unit)
+    job = submit_train(model, settings, data, hub=hub)
     try:
-        job = submit_train(model, settings, data, hub=hub)
-        try:
-            record = _await(job, printer)
-        except KeyboardInterrupt:
-            job.stop()  # the current epoch ends, a checkpoint is written
-            raise
-    finally:
-        stop_hub(hub)
+        record = _await(job, printer)
+    except KeyboardInterrupt:
+        job.stop()  # the current epoch ends, a checkpoint is written
+        raise
     if record["status"] == "FAILED":
         raise TrainingError(record["error"])
     result = TrainResult(**record["result"])
     if result.checkpoint is not None:
         model.load_weights(result.checkpoint)
     return result
+
+
+_HUBS: dict[Any, Any] = {}
+
+
+def _progress_hub() -> Any:
+    """This process's hub for the progress of its blocking runs (one at a time), started once: an
+    actor start costs about half a second, more than a small job's epochs."""
+    import ray
+
+    key = ray.get_runtime_context().get_job_id()
+    hub = _HUBS.get(key)
+    if hub is None:
+        from raymodel._internal.hub import start_hub
+
+        hub = _HUBS[key] = start_hub()
+    ray.get(hub.pop.remote(0.0))  # anything a run before this one left
+    return hub
 
 
 def _await(job: Job, printer: Any) -> dict[str, Any]:
