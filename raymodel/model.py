@@ -223,7 +223,12 @@ class RayModel(ModelHooks):
             return submit_tune(self, space, settings, data, resume)
         from raymodel.tune import Tunable
 
-        return Tunable(self, space, settings=settings, data=data, resume=resume).fit()
+        tunable = Tunable(self, space, settings=settings, data=data, resume=resume)
+        if tunable.train_settings.pool and (tunable.train_settings.num_workers > 1 or "train.num_workers" in tunable.space):
+            from raymodel.jobs import server
+
+            server()  # trials with several workers run as jobs of the training server, on pools
+        return tunable.fit()
 
     def serve(self, route: str = "/", *, settings: ServeSettings | Mapping[str, Any] | None = None) -> ServedModel:
         """Serve this instance's current weights over HTTP with Ray Serve.

@@ -166,6 +166,18 @@ def with_serve_env(environ: Mapping[str, str], ingress: str) -> dict[str, str]:
 
 #: The training server's actor name and Ray namespace (one server per cluster).
 SERVER_NAME, SERVER_NAMESPACE = "raymodel-job-server", "raymodel"
+#: A job that is not done, and the states a job ends in.
+JOB_ACTIVE, JOB_DONE = ("PENDING", "RUNNING"), ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def job_server() -> Any:
+    """The running training server's actor handle, or ``None`` (``raymodel.jobs.server`` starts one)."""
+    import ray
+
+    try:
+        return ray.get_actor(SERVER_NAME, namespace=SERVER_NAMESPACE)
+    except ValueError:
+        return None
 
 
 def pool_idle_s() -> float:
@@ -179,11 +191,9 @@ def make_room(needs: dict[str, float] | None = None) -> None:
     their resources are back. ``needs=None``: every idle pool. Nothing happens without a server."""
     import ray
 
-    try:
-        server = ray.get_actor(SERVER_NAME, namespace=SERVER_NAMESPACE)
-    except ValueError:
-        return
-    ray.get(server.make_room.remote(needs))
+    server = job_server()
+    if server is not None:
+        ray.get(server.make_room.remote(needs))
 
 
 def init(
@@ -260,11 +270,9 @@ def _tell_server_idle_s(seconds: float | None) -> None:
         return
     import ray
 
-    try:
-        server = ray.get_actor(SERVER_NAME, namespace=SERVER_NAMESPACE)
-    except ValueError:
-        return
-    ray.get(server.set_pool_idle_s.remote(float(seconds)))
+    server = job_server()
+    if server is not None:
+        ray.get(server.set_pool_idle_s.remote(float(seconds)))
 
 
 class _BelowWarning(logging.Filter):

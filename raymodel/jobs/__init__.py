@@ -278,40 +278,21 @@ def get(job_id: str) -> Job:
     return Job(record)
 
 
-def submit_train(model: Any, settings: Any, data: Any, *, hub: Any = None, deliver: bool = False) -> Job:
+def submit_train(model: Any, settings: Any, data: Any, *, hub: Any = None) -> Job:
     """``model.train(..., wait=False)``: every check first (as ``train()``), then the job is queued.
 
-    ``hub``: a blocking caller's (its progress output, or a Tune trial's rows, which with
-    ``deliver`` wait for the trial's answer)."""
-    from raymodel.train import initial_state, prepare, worker_resources
+    ``hub``: a blocking caller's, for its progress output."""
+    import ray
+
+    from raymodel.train import prepare
+    from raymodel.train._job import train_request
 
     settings, spec = prepare(model, settings, data)
-
-    workers = max(settings.num_workers, 1)
-    per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
-    needs = {k: v * workers for k, v in per_worker.items()}
-    payload = {
-        "class": type(model),
-        "config": dict(model.config),
-        "settings": settings,
-        "data": spec,
-        "state": initial_state(model),
-        "deliver": deliver,
-    }
-    more: dict[str, Any] = {"hub": hub}
-    if settings.pool and settings.num_workers > 0:
-        from raymodel.jobs._pool import pool_key
-
-        backend = model.backend
-        more["pool"] = {
-            "key": pool_key(backend.name, settings.num_workers, per_worker),
-            "backend": serialization.dumps(backend, type(backend)),
-            "backend_name": backend.name,
-            "num_workers": settings.num_workers,
-            "per_worker": per_worker,
-            "use_gpu": settings.use_gpu,
-        }
-    return _submit("train", model, payload, needs, settings, settings.num_epochs, **more)
+    blob, info = train_request(model, settings, spec, hub=hub)
+    record = ray.get(server().submit.remote("train", blob, info))
+    if record["status"] == "FAILED" and hub is not None:
+        raise TrainingError(record["error"])  # a blocking call: it can never run here
+    return Job(record)
 
 
 def train_on_server(model: Any, settings: Any, data: Any) -> Any:
@@ -392,7 +373,7 @@ def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) 
     tunable = Tunable(model, space, settings=settings, data=data, resume=resume)  # every check, no Ray yet
     ts = tunable.train_settings
     trial = trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS})
-    if ts.num_workers > 1:  # the trial's sliver and its worker group
+    if ts.num_workers > 1 and not ts.pool:  # the trial's sliver and its worker group (a pool's are its own jobs)
         for k, v in worker_resources(ts.resources_per_worker, ts.use_gpu).items():
             trial[k] = trial.get(k, 0.0) + v * ts.num_workers
     settings = dataclasses.replace(tunable.settings, name=tunable.name)
@@ -434,6 +415,4 @@ def _submit(
         **more,
     }
     record = ray.get(server().submit.remote(kind, blob, info))
-    if record["status"] == "FAILED" and more.get("hub") is not None:
-        raise TrainingError(record["error"])  # a blocking call: it can never run here
     return Job(record)

@@ -36,12 +36,8 @@ from raymodel._internal.hub import start_hub, stop_hub
 
 #: How long every rank has to leave a failed job before the pool counts as broken.
 _REJOIN_S = 20.0
-
-
-def pool_key(backend: str, num_workers: int, resources: dict[str, float]) -> str:
-    """What a job's workers need, as one string: jobs with the same key share a pool."""
-    shown = ",".join(f"{k}={v:g}" for k, v in sorted(resources.items()))
-    return f"{backend}/{num_workers}x[{shown}]"
+#: How long a worker's error waits for Ray Train to report a dead worker (the error's cause) first.
+_FAILURE_GRACE_S = 1.5
 
 
 class PoolActor:
@@ -122,41 +118,35 @@ class PoolActor:
             if self.ended or self.broken or self.ending:
                 return {"error": f"Training failed: the pool ended ({self.ended or self.broken})", "pool_ok": False}
             self.seq += 1
-            self.job = {
-                **job,
-                "seq": self.seq,
-                "attempt": 0,
-                "finished": {},
-                "taken": set(),
-                "outcome": None,
-                "started": time.monotonic(),
-            }
-            current = self.job
+            current = self.job = {**job, "seq": self.seq, "attempt": 0, "finished": {}, "error": None, "outcome": None}
             self.cond.notify_all()
-            self.cond.wait_for(lambda: current["outcome"] is not None)
+            while current["outcome"] is None:
+                self.cond.wait(timeout=0.2)
+                error = current["error"]
+                if error is not None and time.monotonic() - error["at"] >= _FAILURE_GRACE_S:
+                    current["outcome"] = error  # no worker died with it: the job's own error
             outcome = current["outcome"]
             if outcome.get("error") and self.ended is None:
                 # Every rank must leave the failed job (a rank stuck in a collective makes the pool unusable).
                 back = self.cond.wait_for(lambda: len(self.waiting) == self.num_workers, timeout=_REJOIN_S)
                 if not back:
                     self.broken = "a worker did not leave the failed job"
-                    outcome = {**outcome, "pool_ok": False}
             self.job = None
-            return {**outcome, "pool_ok": outcome.get("pool_ok", True) and not self.broken and not self.ended}
+            ok = outcome.get("pool_ok", True) and not self.broken and not self.ended
+            return {k: v for k, v in {**outcome, "pool_ok": ok}.items() if k != "at"}
 
     # ------------------------------------------------------- from the workers
     def take(self, rank: int, last_seq: int) -> dict[str, Any] | None:
-        """The job for ``rank`` (the current one, again, after a restart); ``None``: the pool ends."""
+        """The job for ``rank`` after job ``last_seq`` (a restarted worker, 0, takes the current one
+        again); ``None``: the pool ends."""
         with self.cond:
             self.waiting.add(rank)
             self.cond.notify_all()
             try:
                 while True:
                     job = self.job
-                    if job is not None and job["outcome"] is None and job["seq"] >= last_seq:
-                        if job["seq"] > last_seq or rank not in job["finished"]:
-                            job["taken"].add(rank)
-                            return {k: job[k] for k in ("id", "seq", "spec", "attempt")}
+                    if job is not None and job["outcome"] is None and job["seq"] > last_seq:
+                        return {k: job[k] for k in ("id", "seq", "spec", "attempt")}
                     if self.ending or self.broken:
                         return None
                     self.cond.wait(timeout=5.0)
@@ -169,11 +159,12 @@ class PoolActor:
             if job is None or job["seq"] != seq or job["attempt"] != attempt or job["outcome"] is not None:
                 return  # an attempt the pool already gave up on
             job["finished"][rank] = outcome
-            errors = sorted((r, o) for r, o in job["finished"].items() if o.get("error"))
-            if errors:
-                rank, first = errors[0]
-                job["outcome"] = {"error": first["error"], "traceback": first.get("traceback"), "pool_ok": True}
-            elif len(job["finished"]) == self.num_workers:
+            if outcome.get("error"):
+                # Decided after a grace: an error that a dying peer caused (a collective cut short) is the
+                # restart's business, not the job's. Ray Train reports the death within the grace.
+                if job["error"] is None or rank < job["error"]["rank"]:
+                    job["error"] = {**outcome, "rank": rank, "at": time.monotonic(), "pool_ok": True}
+            elif len(job["finished"]) == self.num_workers and job["error"] is None:
                 job["outcome"] = {"result": job["finished"][0]["result"]}
             self.cond.notify_all()
 
@@ -184,7 +175,7 @@ class PoolActor:
             if job is None or job["outcome"] is not None:
                 return
             job["attempt"] += 1
-            job["finished"] = {}
+            job["finished"], job["error"] = {}, None
             allowed = int(job["spec"].get("max_failures", 0))
             if allowed != -1 and job["attempt"] > allowed:
                 rank, error = sorted(errors.items())[0]
@@ -325,7 +316,12 @@ class PoolSession:
 
             # Waited for: an async actor may run calls out of order. A Tune trial (``deliver``) also
             # waits for its answer (ASHA's stop, PBT's exploit) before the next epoch.
-            ray.get(self.hub.deliver.remote(row) if self.spec.get("deliver") else self.hub.push.remote(row))
+            try:
+                ray.get(self.hub.deliver.remote(row) if self.spec.get("deliver") else self.hub.push.remote(row))
+            except ray.exceptions.RayActorError:  # its caller is gone (a trial Tune ended): stop the job
+                self.hub = None
+                if self.server is not None:
+                    self.server.stop.remote(self.job_id)
 
     def broadcast(self, value: Any) -> Any:
         from ray.train.collective import broadcast_from_rank_zero

@@ -14,10 +14,18 @@ from raymodel.hooks import Callback
 from raymodel.jobs._names import NAME, NAMESPACE
 
 
-def run_job(runner: Any, kind: str, payload: bytes, pool: Any = None, hub: Any = None) -> dict[str, Any]:
+def run_job(
+    runner: Any, kind: str, payload: bytes, pool: Any = None, hub: Any = None, model_class: str = "?"
+) -> dict[str, Any]:
     """The job's outcome: ``{"result": ...}`` or ``{"error": ..., "traceback": ...}``, and for a job on a
     pool whether the pool can take the next job (``pool_ok``)."""
-    job = serialization.loads(payload)
+    try:
+        job = serialization.loads(payload)
+    except Exception as exc:
+        raise RuntimeError(
+            f"The model class `{model_class}` cannot be loaded on the cluster: {type(exc).__name__}: {exc}. "
+            "Install what it needs on every node (or define it in an importable module)."
+        ) from exc
     server = ray.get_actor(NAME, namespace=NAMESPACE)
     model = job["class"](config=job["config"])
     _restore_state(model, job.get("state"))
@@ -30,7 +38,14 @@ def run_job(runner: Any, kind: str, payload: bytes, pool: Any = None, hub: Any =
             progress=settings.progress and hub is not None,  # a blocking call shows it, through its hub
             callbacks=[*settings.callbacks, JobControl(server, runner.job_id)],
         )
-        trainable = Trainable(model, settings, data=job["data"], callbacks=[_job_rows(server, runner.job_id)])
+        trainable = Trainable(
+            model,
+            settings,
+            data=job["data"],
+            callbacks=[_job_rows(server, runner.job_id)],
+            info=job.get("info"),
+            resume_from=job.get("resume_from"),
+        )
         if pool is not None:
             outcome = trainable.run_on_pool(pool, runner.job_id, server, hub=hub, deliver=job.get("deliver", False))
             if "result" in outcome:

@@ -283,7 +283,7 @@ class JobServer:
             self.pools[pool_id].update(state="busy", job=job_id, idle_since=None)
             record["pool_id"] = pool_id
         hub = self.extras.get(job_id, {}).get("hub")
-        ref = runner.run.remote(job_id, record["kind"], self.payloads.pop(job_id), pool, hub)
+        ref = runner.run.remote(job_id, record["kind"], self.payloads.pop(job_id), pool, hub, record["model_class"])
         self.done_refs[ref] = job_id
         record.update(status="RUNNING", reason=None, started=time.time())
         self._log(job_id, "started" + (f" on pool {pool_id}" if pool_id else ""))
@@ -483,13 +483,15 @@ class JobRunner:
         import raymodel.train._driver
         import raymodel.tune  # noqa: F401
 
-    def run(self, job_id: str, kind: str, payload: bytes, pool: Any = None, hub: Any = None) -> dict[str, Any]:
+    def run(
+        self, job_id: str, kind: str, payload: bytes, pool: Any = None, hub: Any = None, model_class: str = "?"
+    ) -> dict[str, Any]:
         from raymodel.jobs._run import run_job
 
         self.job_id = job_id
         self.stop_event.clear()
         try:
-            return run_job(self, kind, payload, pool, hub)
+            return run_job(self, kind, payload, pool, hub, model_class)
         except BaseException as exc:  # noqa: BLE001 - reported as the job's error
             return {"error": str(exc) or type(exc).__name__, "traceback": traceback.format_exc()}
 

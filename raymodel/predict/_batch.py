@@ -108,6 +108,7 @@ def predict_batch(
     reader = _reader_of(data)  # bad data fails here, before Ray or the model is touched
     source = _source_of(model_or_ref, registry)
     runtime.ensure_ray(False)
+    runtime.make_room()  # idle pools of the training server give their resources back first
     import ray.data
 
     from raymodel.predict._scorer import Scorer

@@ -138,6 +138,7 @@ class Servable:
         """Run the application on Ray Serve (starting Ray and Serve if needed); a rolling update
         when the route's application is already running."""
         runtime.ensure_ray(False)
+        runtime.make_room()  # idle pools of the training server give their resources back first
         from ray import serve
 
         app = self.as_application()

@@ -15,7 +15,7 @@ from raymodel.exceptions import DataError, HookError, SettingsError, TrainingErr
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
 from raymodel.train._run import WorkerRun, run_worker
-from raymodel.train._settings import TrainSettings
+from raymodel.train._settings import TrainSettings, worker_resources
 
 if TYPE_CHECKING:
     from raymodel.contract import Model
@@ -108,6 +108,12 @@ class Trainable:
         if resume_from is not None:
             self._info["resume_from"] = resume_from
 
+    @property
+    def needs(self) -> dict[str, float]:
+        """What the run's workers hold in all."""
+        per_worker = worker_resources(self.settings.resources_per_worker, self.settings.use_gpu)
+        return {k: v * max(self.settings.num_workers, 1) for k, v in per_worker.items()}
+
     def as_trainer(self) -> Any:
         """The native Ray Train V2 trainer for this model's backend, not yet fit.
 
@@ -127,6 +133,7 @@ class Trainable:
             TrainingError: the run failed on the workers (the message names the worker's exception).
         """
         runtime.ensure_ray(self.settings.verbose)
+        runtime.make_room(self.needs)  # idle pools of the training server in the way end first
         printer = None
         if self.settings.progress:
             printer = ProgressPrinter(

@@ -171,7 +171,11 @@ class Tunable:
 
     def fit(self) -> TuneResult:
         """Run the experiment; afterwards the model holds the best trial's config and weights."""
-        results = _fit(self.as_tuner(), self._guard)
+        tuner = self.as_tuner()
+        ts = self.train_settings
+        if ts.num_workers <= 1 or not ts.pool:  # trials that hold resources themselves: idle pools make room
+            runtime.make_room(trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS}))
+        results = _fit(tuner, self._guard)
         result = _collect(results, self.metric, self.settings, list(self.space), self.path, self.storage)
         if self.settings.progress:
             print(

@@ -154,6 +154,12 @@ def trial_dir(context: Any, root: str | None) -> str:
 
 
 def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | None, info: dict[str, Any]) -> None:
+    from raymodel._internal import runtime
+
+    server = runtime.job_server() if settings.pool else None
+    if server is not None:
+        _run_on_pool(server, model, settings, data, resume_from, info)
+        return
     from raymodel._internal.hub import start_hub, stop_hub
     from raymodel.train import Trainable
     from raymodel.train._callbacks import ProgressCallback
@@ -173,6 +179,39 @@ def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | N
         if "error" in outcome:
             raise outcome["error"]
     finally:
+        stop_hub(hub)
+
+
+def _run_on_pool(
+    server: Any, model: Any, settings: Any, data: Any, resume_from: str | None, info: dict[str, Any]
+) -> None:
+    """The trial's training as a job of the training server, on a pool: its rows come through the
+    trial's hub, each acknowledged once Tune has it; a trial that ends early stops its job."""
+    import ray
+
+    from raymodel._internal.hub import start_hub, stop_hub
+    from raymodel._internal.runtime import JOB_DONE
+    from raymodel.exceptions import TrainingError
+    from raymodel.train import prepare
+    from raymodel.train._job import train_request
+
+    settings, spec = prepare(model, settings, data)
+    hub = start_hub()
+    job_id, status = None, None
+    try:
+        blob, request = train_request(model, settings, spec, hub=hub, deliver=True, info=info, resume_from=resume_from)
+        record = ray.get(server.submit.remote("train", blob, request))
+        job_id, status = record["id"], record["status"]
+        while status not in JOB_DONE:
+            _relay(hub, timeout=0.5)
+            record = ray.get(server.get.remote(job_id))
+            status = record["status"]
+        _relay(hub, timeout=0.0)
+        if status == "FAILED":
+            raise TrainingError(record["error"])
+    finally:
+        if job_id is not None and status not in JOB_DONE:
+            server.stop.remote(job_id)  # Tune ended the trial (ASHA, the experiment's end)
         stop_hub(hub)
 
 
