@@ -1,4 +1,7 @@
-"""`model.train` vs a hand-written Ray Train `TorchTrainer` loop doing the same work.
+"""`model.train` (a one-off run: `pool=False`) vs a hand-written Ray Train `TorchTrainer` loop doing the same work.
+
+Both start a worker group per run; `benchmarks/small_jobs.py` measures runs on the training
+server's warm pools instead.
 
 Same model (the digits MLP), data, epochs, workers, batch size; both validate
 and checkpoint every epoch and report per-epoch metrics. The two alternate in
@@ -128,7 +131,9 @@ def main() -> None:
 
     X, y = load_digits(return_X_y=True)
     data = rm.data.from_numpy((X / 16.0).astype(np.float32), y, valid_fraction=0.2)
-    settings = rm.TrainSettings(num_workers=args.workers, num_epochs=args.epochs, batch_size=64, progress=False)
+    settings = rm.TrainSettings(
+        num_workers=args.workers, num_epochs=args.epochs, batch_size=64, progress=False, pool=False
+    )
     rm.init(num_cpus=max(2, args.workers))
     run_raymodel(data, settings)  # warm-up: worker processes import torch once
     print(f"{args.pairs} pairs, {args.workers} workers, {args.epochs} epochs, digits MLP")

@@ -224,7 +224,9 @@ class RayModel(ModelHooks):
         from raymodel.tune import Tunable
 
         tunable = Tunable(self, space, settings=settings, data=data, resume=resume)
-        if tunable.train_settings.pool and (tunable.train_settings.num_workers > 1 or "train.num_workers" in tunable.space):
+        if tunable.train_settings.pool and (
+            tunable.train_settings.num_workers > 1 or "train.num_workers" in tunable.space
+        ):
             from raymodel.jobs import server
 
             server()  # trials with several workers run as jobs of the training server, on pools

@@ -4,8 +4,9 @@ A backend joins it with one `Case` in a test module that calls `install(globals(
 (`test_backends.py` for the built-in five, `test_sixth_backend.py` for one defined in a test file).
 For each case:
 
-* train on 2 workers, recording every hook -> one history row per epoch, the case's accuracy,
-  and the exact hook order that the backend declares (`Backend.calls`);
+* train on 2 workers (the first job of a fresh pool), recording every hook -> one history row per
+  epoch, the case's accuracy, and the exact hook order that the backend declares (`Backend.calls`);
+* the same run again on that pool, after another job: the same history and model (rtol 1e-6);
 * resume, proven by fault injection: rank 1 exits its process for real at the start of epoch 3 of
   the first attempt (`max_failures=1`, `checkpoint_every=1`); the second attempt loads the
   checkpoint, begins at epoch 3, the history holds every epoch once, a callback's state went on
@@ -140,6 +141,7 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
     def trained(request, ray_session, tmp_path_factory):
         case = by_name[request.param]
         calls = tmp_path_factory.mktemp(f"hooks-{case.backend}")
+        rm.jobs.release_pools()  # this run is the first job of a fresh pool
         model, result, data = case.train(callbacks=[Recorder(str(calls))], progress=False)  # the case's epochs
         return case, model, result, data, calls
 
@@ -153,6 +155,26 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         for rank in (0, 1):
             assert collapsed(recorded(calls, rank)) == expected_hooks(model.backend, rank, epochs), f"rank {rank}"
         assert case.accuracy(model, data) >= case.min_accuracy
+
+    @pytest.mark.integration
+    def test_a_used_pool_trains_exactly_as_a_fresh_one(trained, tmp_path):
+        case, model, result, data, _ = trained
+        (pool,) = [p for p in rm.jobs.pools() if p.backend == model.backend.name]
+        case.train(seed=11, progress=False)  # another job in between, on the same workers
+        again_model, again, _ = case.train(callbacks=[Recorder(str(tmp_path))], progress=False)
+        (used,) = [p for p in rm.jobs.pools() if p.backend == model.backend.name]
+        assert used.id == pool.id and used.jobs_run == pool.jobs_run + 2, (pool, used)
+        assert [row["epoch"] for row in again.history] == [row["epoch"] for row in result.history]
+        for fresh_row, used_row in zip(result.history, again.history):
+            for key, value in fresh_row.items():
+                assert used_row[key] == pytest.approx(value, rel=1e-6, abs=0), (fresh_row["epoch"], key)
+        payload = case.payload(data.splits["valid"].x[:16])
+        np.testing.assert_allclose(
+            np.asarray(case.numbers(again_model.predict(payload)), dtype=float),
+            np.asarray(case.numbers(model.predict(payload)), dtype=float),
+            rtol=1e-6,
+            atol=0,
+        )
 
     @pytest.mark.integration
     def test_a_killed_worker_resumes_from_the_newest_checkpoint(trained, tmp_path):
@@ -236,6 +258,7 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
     namespace.update(
         trained=trained,
         test_train_history_hooks_and_accuracy=test_train_history_hooks_and_accuracy,
+        test_a_used_pool_trains_exactly_as_a_fresh_one=test_a_used_pool_trains_exactly_as_a_fresh_one,
         test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row=(
             test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row
         ),

@@ -69,6 +69,10 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
         assert row and '<span class="status RUNNING">' in row.group(1) and "<td>1 CPU</td>" in row.group(1)
         held = requests.get(f"{base}/api/resources", timeout=30).json()
         assert {"id": job.id, "kind": "train", "resources": {"CPU": 1.0}} in held["jobs"]
+        (pool,) = held["pools"]  # the job runs on a pool of the training server
+        assert (pool["state"], pool["job"], pool["workers"], pool["resources"]) == ("busy", job.id, 1, {"CPU": 1.0})
+        shown = _browser(browser, f"{base}/#/resources")
+        assert pool["id"] in shown and "torch/1x[CPU=1]" in shown and "busy:" in shown
         page = f"{base}/?token={token}#/jobs/{job.id}"
         first = _browser(browser, page)
         assert f'<span class="job-id">{job.id}</span> <span class="status RUNNING">' in first

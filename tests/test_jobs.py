@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -54,9 +55,15 @@ def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_
     assert [row["epoch"] for row in result.history] == list(range(1, len(result.history) + 1))
     again = rm.RayModel.from_checkpoint(result.checkpoint)
     assert isinstance(again, TinyNet)
-    assert _until(lambda: _free_cpus(ray_session) == baseline), "the job's CPUs were not given back"
     assert job.resources == {} and "stopped" in job.logs()
-    assert job.id in [r["id"] for r in rm.jobs.list()]
+    # Its pool stays, idle, for the next job that fits it, until it is released (or idle too long).
+    assert [(p.state, p.resources) for p in rm.jobs.pools()] == [("idle", {"CPU": 1.0})]
+    rm.jobs.release_pools()
+    assert rm.jobs.pools() == []
+    assert _until(lambda: _free_cpus(ray_session) == baseline), "the pool's CPUs were not given back"
+    listed = {j.id: j for j in rm.jobs.list()}
+    assert isinstance(listed[job.id], rm.jobs.Job) and listed[job.id].summary["status"] == "STOPPED"
+    assert listed[job.id].status == "STOPPED"
 
 
 @pytest.mark.integration
@@ -174,6 +181,9 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
         assert waited.returncode == 0 and f"{job_id} SUCCEEDED" in waited.stdout, waited.stderr[-2000:]
         listed = run("jobs", "list")
         assert job_id in listed.stdout and "SUCCEEDED" in listed.stdout
+        status = run("server", "status")  # the job's pool stays, idle, for the next job
+        assert "jobs: 1 SUCCEEDED" in status.stdout and "pools: 1" in status.stdout, status.stdout
+        assert re.search(r"torch/1x\[CPU=1\]\s+holds 1 CPU\s+idle \d+ s\s+jobs run 1", status.stdout), status.stdout
         logs = run("jobs", "logs", job_id)
         assert "epoch 3" in logs.stdout
         missing = run("jobs", "show", "no-such-job")

@@ -29,11 +29,17 @@ def add_commands(sub: Any) -> None:
     start.add_argument("--port", type=int, default=6379, help="the Ray head's port (default 6379)")
     start.add_argument("--dashboard-port", type=int, default=8265)
     start.add_argument("--num-cpus", type=int, help="CPUs to offer (default: all)")
+    start.add_argument(
+        "--pool-idle-s",
+        type=float,
+        default=None,
+        help="seconds an idle pool (a resident worker group) lives before it gives its resources back (default 120)",
+    )
     start.set_defaults(handler=_server_start)
     srv_sub.add_parser("stop", help="stop the job server and the Ray head it runs on").set_defaults(
         handler=_server_stop
     )
-    srv_sub.add_parser("status", help="where the server runs, and its jobs by status").set_defaults(
+    srv_sub.add_parser("status", help="where the server runs, its jobs by status, and its pools").set_defaults(
         handler=_server_status
     )
 
@@ -103,7 +109,7 @@ def _server_start(args: argparse.Namespace) -> None:
     gcs = sorted(set(_processes(temp_dir)) & set(_processes("gcs_server")))
     import ray
 
-    init(address=address)
+    init(address=address, pool_idle_s=args.pool_idle_s)
     ray.get(jobs.server().list.remote())  # started and answering
     server_file().parent.mkdir(parents=True, exist_ok=True)
     server_file().write_text(
@@ -138,19 +144,28 @@ def _server_status(args: argparse.Namespace) -> int:
         return 1
     attach()
     counts: dict[str, int] = {}
-    for record in jobs.list():
+    for record in jobs.records():
         counts[record["status"]] = counts.get(record["status"], 0) + 1
     print(
         f"raymodel server at {info['address']}; jobs: "
         + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none")
     )
+    pools = jobs.pools()
+    print(
+        f"pools: {len(pools) or 'none'}" + (" (resident worker groups; idle ones end by themselves)" if pools else "")
+    )
+    now = time.time()
+    for pool in pools:
+        since = f"idle {now - pool.idle_since:.0f} s" if pool.idle_since else f"busy: {pool.job or 'starting'}"
+        held = ", ".join(f"{v:g} {k}" for k, v in sorted(pool.resources.items()))
+        print(f"  {pool.id}  {pool.key}  holds {held}  {since}  jobs run {pool.jobs_run}")
     return 0
 
 
 def _jobs_list(args: argparse.Namespace) -> None:
     attach()
     rows = [["ID", "KIND", "STATUS", "MODEL", "EPOCHS", "RESOURCES"]]
-    records = jobs.list()
+    records = jobs.records()
     holds = jobs.held(records)
     for r in records:
         rows.append(

@@ -20,7 +20,7 @@ from raymodel._internal import runtime, serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
 from raymodel.jobs._names import DONE, NAME, NAMESPACE
 
-__all__ = ["Job", "list", "get", "held", "server", "pools", "release_pools", "Pool"]
+__all__ = ["Job", "list", "records", "get", "held", "server", "pools", "release_pools", "Pool"]
 
 _list = list
 
@@ -50,9 +50,11 @@ class JobNotFound(RayModelError):
 class Job:
     """A handle on a job of the training server; any process attached to the cluster may hold one."""
 
-    def __init__(self, record: dict[str, Any]) -> None:
+    def __init__(self, record: dict[str, Any], handle: Any = None) -> None:
         self.id, self.kind = record["id"], record["kind"]
-        self._server = server()
+        #: The record as it was when this handle was made (``rm.jobs.list()``: no call per field).
+        self.summary: dict[str, Any] = dict(record)
+        self._server = handle if handle is not None else server()
 
     def _record(self, until_done: float = 0.0) -> dict[str, Any]:
         import ray
@@ -257,37 +259,50 @@ def _outcome(record: dict[str, Any]) -> Any:
     return TuneResult(**record["result"])
 
 
-def list() -> _list[dict[str, Any]]:
-    """Every job the server knows (newest last): id, kind, status, reason, model class, times, resources."""
+def list() -> _list[Job]:
+    """A ``Job`` handle on every job the server knows, oldest first; each one's ``summary`` holds its
+    record as listed (status, reason, model class, times, epochs so far)."""
+    handle = server()
+    return [Job(record, handle) for record in records(handle)]
+
+
+def records(handle: Any = None) -> _list[dict[str, Any]]:
+    """Every job's record as a dict (oldest first): what ``list()`` wraps, for tables of many jobs."""
     import ray
 
-    return ray.get(server().list.remote())
+    return ray.get((handle or server()).list.remote())
 
 
 def get(job_id: str) -> Job:
     """The job ``job_id``; ``JobNotFound`` names the ids that exist when there is none."""
     import ray
 
-    record = ray.get(server().get.remote(job_id))
+    handle = server()
+    record = ray.get(handle.get.remote(job_id))
     if record is None:
-        known = [r["id"] for r in list()][-5:]
+        known = [r["id"] for r in records()][-5:]
         raise JobNotFound(
             f"No job `{job_id}` on this cluster's raymodel server. "
             f"Recent jobs: {', '.join(known) if known else '(none)'}."
         )
-    return Job(record)
+    return Job(record, handle)
 
 
-def submit_train(model: Any, settings: Any, data: Any, *, hub: Any = None) -> Job:
-    """``model.train(..., wait=False)``: every check first (as ``train()``), then the job is queued.
-
-    ``hub``: a blocking caller's, for its progress output."""
-    import ray
-
+def submit_train(model: Any, settings: Any, data: Any) -> Job:
+    """``model.train(..., wait=False)``: every check first (as ``train()``), then the job is queued."""
     from raymodel.train import prepare
-    from raymodel.train._job import train_request
 
     settings, spec = prepare(model, settings, data)
+    return _submit_checked(model, settings, spec)
+
+
+def _submit_checked(model: Any, settings: Any, spec: Any, hub: Any = None) -> Job:
+    """Queue a training job whose settings and data ``prepare`` checked; ``hub``: a blocking caller's,
+    for its progress output."""
+    import ray
+
+    from raymodel.train._job import train_request
+
     blob, info = train_request(model, settings, spec, hub=hub)
     record = ray.get(server().submit.remote("train", blob, info))
     if record["status"] == "FAILED" and hub is not None:
@@ -299,17 +314,16 @@ def train_on_server(model: Any, settings: Any, data: Any) -> Any:
     """``model.train(settings, data=...)``: a job of the training server on a pool, waited for, with
     the same output as a one-off run (bars in a terminal, a line per epoch elsewhere); the instance
     holds the trained weights afterwards."""
-    from raymodel.train import TrainResult
+    from raymodel.train import TrainResult, prepare
     from raymodel.train._progress import ProgressPrinter
-    from raymodel.train._settings import TrainSettings
 
-    settings = TrainSettings.coerce(settings)
+    settings, spec = prepare(model, settings, data)  # every check, before Ray is touched
     runtime.ensure_ray(settings.verbose)
     hub = _progress_hub() if settings.progress else None
     printer = None
     if hub is not None:
         printer = ProgressPrinter(hub, type(model).__name__, settings.num_epochs, model.backend.epoch_unit)
-    job = submit_train(model, settings, data, hub=hub)
+    job = _submit_checked(model, settings, spec, hub)
     try:
         record = _await(job, printer)
     except KeyboardInterrupt:
@@ -342,8 +356,8 @@ def _progress_hub() -> Any:
 
 
 def _await(job: Job, printer: Any) -> dict[str, Any]:
-    """Wait for ``job`` to end; while it waits for resources, say what for (once per reason)."""
-    said = None
+    """Wait for ``job`` to end; say (once each) what it waits for, and when it starts a pool."""
+    shown: set[str] = set()
     started = time.monotonic()
     with printer if printer is not None else _nothing():
         while True:
@@ -351,9 +365,14 @@ def _await(job: Job, printer: Any) -> dict[str, Any]:
             if record["status"] in DONE:
                 return record
             reason = record.get("reason") if record["status"] == "PENDING" else None
-            if printer is not None and reason and reason != said and time.monotonic() - started > 1.0:
-                print(f"[{printer.label}] waiting: {reason}", file=printer.stream, flush=True)
-                said = reason
+            if record["status"] == "RUNNING":
+                starting = [line for line in record.get("log", ()) if " starting pool " in line]
+                if starting:  # "... starting pool <id> of 2 torch worker(s)"
+                    workers = starting[0].split(" of ", 1)[1]
+                    reason = f"starting a pool of {workers} (once: later runs reuse them)"
+            if printer is not None and reason and reason not in shown and time.monotonic() - started > 1.0:
+                print(f"[{printer.label}] {reason}", file=printer.stream, flush=True)
+                shown.add(reason)
 
 
 class _nothing:

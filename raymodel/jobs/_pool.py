@@ -34,8 +34,10 @@ from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import serialization, storage
 from raymodel._internal.hub import start_hub, stop_hub
 
-#: How long every rank has to leave a failed job before the pool counts as broken.
-_REJOIN_S = 20.0
+#: How long every rank has to leave a failed job before the pool restarts its worker group.
+_REJOIN_S = 5.0
+#: How long a restart of the worker group may take before the pool counts as broken.
+_RESTART_S = 180.0
 #: How long a worker's error waits for Ray Train to report a dead worker (the error's cause) first.
 _FAILURE_GRACE_S = 1.5
 
@@ -54,6 +56,7 @@ class PoolActor:
         self.ended: str | None = None  # why the run ended, once it has
         self.broken: str | None = None
         self.waiting: set[int] = set()  # ranks waiting in `take` for a job
+        self.restarting = False  # the pool asked Ray Train to restart its worker group
         self.gather_hub: Any = None
         self.thread = threading.Thread(target=self._fit, name="raymodel-pool", daemon=True)
         self.started = threading.Event()
@@ -113,40 +116,82 @@ class PoolActor:
 
     # --------------------------------------------------- from the job runner
     def run_job(self, job: dict[str, Any]) -> dict[str, Any]:
-        """Run ``job`` on the workers and wait: ``{"result": rank 0's, "pool_ok": ...}`` or ``{"error": ...}``."""
+        """Run ``job`` on the workers and wait: ``{"result": rank 0's}`` or ``{"error": ...}``, with
+        ``pool_ok``: whether the pool can take the next job."""
         with self.cond:
             if self.ended or self.broken or self.ending:
                 return {"error": f"Training failed: the pool ended ({self.ended or self.broken})", "pool_ok": False}
             self.seq += 1
-            current = self.job = {**job, "seq": self.seq, "attempt": 0, "finished": {}, "error": None, "outcome": None}
+            current = self.job = {
+                **job,
+                "seq": self.seq,
+                "attempt": 0,
+                "finished": {},
+                "error": None,
+                "outcome": None,
+                "paused": False,
+            }
             self.cond.notify_all()
-            while current["outcome"] is None:
-                self.cond.wait(timeout=0.2)
+            allowed = int(job["spec"].get("max_failures", 0))
+            while True:
+                self.cond.wait_for(lambda: current["outcome"] is not None or self._error_due(current), timeout=0.2)
+                if current["outcome"] is not None:
+                    break
+                if not self._error_due(current):
+                    continue
+                # An error in the job's code, on one rank or more: every rank leaves the job first.
+                current["paused"] = True
                 error = current["error"]
-                if error is not None and time.monotonic() - error["at"] >= _FAILURE_GRACE_S:
-                    current["outcome"] = error  # no worker died with it: the job's own error
+                self._recover()
+                if self.broken or self.ended:
+                    current["outcome"] = {**error, "pool_ok": False}
+                    break
+                if allowed == -1 or current["attempt"] < allowed:  # as Ray Train retries a run: within max_failures
+                    current.update(attempt=current["attempt"] + 1, finished={}, error=None, paused=False)
+                    self.cond.notify_all()
+                    continue
+                current["outcome"] = error
+                break
             outcome = current["outcome"]
-            if outcome.get("error") and self.ended is None:
-                # Every rank must leave the failed job (a rank stuck in a collective makes the pool unusable).
-                back = self.cond.wait_for(lambda: len(self.waiting) == self.num_workers, timeout=_REJOIN_S)
-                if not back:
-                    self.broken = "a worker did not leave the failed job"
             self.job = None
             ok = outcome.get("pool_ok", True) and not self.broken and not self.ended
-            return {k: v for k, v in {**outcome, "pool_ok": ok}.items() if k != "at"}
+            return {k: v for k, v in {**outcome, "pool_ok": ok}.items() if k not in ("at", "rank")}
+
+    @staticmethod
+    def _error_due(job: dict[str, Any]) -> bool:
+        error = job["error"]
+        return error is not None and time.monotonic() - error["at"] >= _FAILURE_GRACE_S
+
+    def _recover(self) -> None:
+        """Every rank back in ``take``: at once when they all left the failed job, else by restarting
+        the worker group (a rank stuck in a collective its peers left); broken when neither works."""
+        if self.cond.wait_for(lambda: len(self.waiting) == self.num_workers, timeout=_REJOIN_S):
+            return
+        self.restarting = True  # the ranks in `take` raise: Ray Train restarts the whole group
+        self.cond.notify_all()
+        back = self.cond.wait_for(
+            lambda: not self.restarting and len(self.waiting) == self.num_workers or bool(self.ended),
+            timeout=_RESTART_S,
+        )
+        if not back or self.ended:
+            self.broken = self.ended or "its worker group did not come back after a failed job"
 
     # ------------------------------------------------------- from the workers
-    def take(self, rank: int, last_seq: int) -> dict[str, Any] | None:
-        """The job for ``rank`` after job ``last_seq`` (a restarted worker, 0, takes the current one
-        again); ``None``: the pool ends."""
+    def take(self, rank: int, last_seq: int, last_attempt: int) -> dict[str, Any] | None:
+        """The next job for ``rank``: a newer one than ``(last_seq, last_attempt)`` (a restarted worker,
+        at ``(0, 0)``, takes the current one again); ``None``: the pool ends; ``{"restart": True}``:
+        raise, so that Ray Train restarts the worker group."""
         with self.cond:
             self.waiting.add(rank)
             self.cond.notify_all()
             try:
                 while True:
+                    if self.restarting:
+                        return {"restart": True}
                     job = self.job
-                    if job is not None and job["outcome"] is None and job["seq"] > last_seq:
-                        return {k: job[k] for k in ("id", "seq", "spec", "attempt")}
+                    if job is not None and job["outcome"] is None and not job["paused"]:
+                        if (job["seq"], job["attempt"]) > (last_seq, last_attempt):
+                            return {k: job[k] for k in ("id", "seq", "spec", "attempt")}
                     if self.ending or self.broken:
                         return None
                     self.cond.wait(timeout=5.0)
@@ -171,8 +216,12 @@ class PoolActor:
     def failure(self, errors: dict[int, str]) -> None:
         """Ray Train saw workers fail (it restarts the group): the job resumes, or fails past its ``max_failures``."""
         with self.cond:
+            if self.restarting:  # the restart the pool asked for
+                self.restarting = False
+                self.cond.notify_all()
+                return
             job = self.job
-            if job is None or job["outcome"] is not None:
+            if job is None or job["outcome"] is not None or job["paused"]:
                 return
             job["attempt"] += 1
             job["finished"], job["error"] = {}, None
@@ -202,12 +251,14 @@ def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
 
     pool = config["pool"]
     rank = ray.train.get_context().get_world_rank()
-    last = 0
+    last = (0, 0)
     while True:
-        job = ray.get(pool.take.remote(rank, last))
+        job = ray.get(pool.take.remote(rank, *last))
         if job is None:
             return {}
-        last = job["seq"]
+        if job.get("restart"):
+            raise RuntimeError("raymodel: the pool restarts its worker group (a rank did not leave a failed job)")
+        last = (job["seq"], job["attempt"])
         outcome = run_on_worker(job, config.get("gather_hub"))
         ray.get(pool.finished.remote(job["seq"], job["attempt"], rank, outcome))
 

@@ -30,6 +30,8 @@ from raymodel.jobs._names import ACTIVE, NAMESPACE
 _LOG_LINES = 200
 #: An idle pool ends after this many seconds (``rm.init(pool_idle_s=...)``).
 DEFAULT_POOL_IDLE_S = 120.0
+#: A pool asked to end that has not after this long is killed.
+_END_S = 30.0
 
 
 def jobs_root() -> str:
@@ -98,7 +100,7 @@ class JobServer:
         never = fits(needs, total)
         with self.lock:
             self.records[job_id] = record
-            self.extras[job_id] = {"pool": info.get("pool"), "hub": info.get("hub")}
+            self.extras[job_id] = {k: info.get(k) for k in ("pool", "hub", "datasets")}
             if never is not None:
                 self._finish(
                     job_id,
@@ -282,8 +284,16 @@ class JobServer:
             pool = self.pool_actors[pool_id]
             self.pools[pool_id].update(state="busy", job=job_id, idle_since=None)
             record["pool_id"] = pool_id
-        hub = self.extras.get(job_id, {}).get("hub")
-        ref = runner.run.remote(job_id, record["kind"], self.payloads.pop(job_id), pool, hub, record["model_class"])
+        extras = self.extras.get(job_id, {})
+        ref = runner.run.remote(
+            job_id,
+            record["kind"],
+            self.payloads.pop(job_id),
+            pool,
+            extras.get("hub"),
+            record["model_class"],
+            extras.get("datasets"),
+        )
         self.done_refs[ref] = job_id
         record.update(status="RUNNING", reason=None, started=time.time())
         self._log(job_id, "started" + (f" on pool {pool_id}" if pool_id else ""))
@@ -315,21 +325,30 @@ class JobServer:
             "idle_since": None,
             "job": record["id"],
         }
-        self._log(record["id"], f"starting pool {pool_id} ({spec['key']})")
+        self._log(record["id"], f"starting pool {pool_id} of {spec['num_workers']} {spec['backend_name']} worker(s)")
         return pool_id
 
-    def _end_pool(self, pool_id: str, why: str) -> None:
+    def _end_pool(self, pool_id: str, why: str, force: bool = False) -> None:
+        """End a pool: gracefully (its idle workers return, Ray Train releases their resources), or with
+        ``force`` (a pool whose workers cannot return): its actor is killed, and its Train controller and
+        workers with it."""
         pool = self.pools.get(pool_id)
-        if pool is None or pool["state"] == "ending":
+        if pool is None or (pool["state"] == "ending" and not force):
             return
-        pool.update(state="ending", ended_because=why)
-        self.pool_actors[pool_id].end.remote()
+        pool.update(state="ending", ended_because=why, ending_since=time.time())
+        if force:
+            ray.kill(self.pool_actors[pool_id])
+        else:
+            self.pool_actors[pool_id].end.remote()
         self.changed.notify_all()
 
     def _expire_pools(self) -> None:
         """Idle pools past ``pool_idle_s``, and idle pools whose resources something else waits for."""
         now = time.time()
         with self.lock:
+            for pool in list(self.pools.values()):
+                if pool["state"] == "ending" and now - pool["ending_since"] > _END_S:
+                    self._end_pool(pool["id"], f"it did not end within {_END_S:g} s", force=True)
             idle = [p for p in self.pools.values() if p["state"] == "idle"]
             for pool in idle:
                 if now - pool["idle_since"] >= self.pool_idle_s:
@@ -380,7 +399,7 @@ class JobServer:
                         pool.update(state="idle", job=None, idle_since=time.time(), jobs_run=pool["jobs_run"] + 1)
                     else:
                         pool["jobs_run"] += 1
-                        self._end_pool(pool["id"], "a job left it unusable")
+                        self._end_pool(pool["id"], "a job left it unusable", force=True)
                 runner = self.runners.pop(job_id, None)
                 self.extras.pop(job_id, None)
             if runner is not None:
@@ -484,14 +503,21 @@ class JobRunner:
         import raymodel.tune  # noqa: F401
 
     def run(
-        self, job_id: str, kind: str, payload: bytes, pool: Any = None, hub: Any = None, model_class: str = "?"
+        self,
+        job_id: str,
+        kind: str,
+        payload: bytes,
+        pool: Any = None,
+        hub: Any = None,
+        model_class: str = "?",
+        datasets: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         from raymodel.jobs._run import run_job
 
         self.job_id = job_id
         self.stop_event.clear()
         try:
-            return run_job(self, kind, payload, pool, hub, model_class)
+            return run_job(self, kind, payload, pool, hub, model_class, datasets)
         except BaseException as exc:  # noqa: BLE001 - reported as the job's error
             return {"error": str(exc) or type(exc).__name__, "traceback": traceback.format_exc()}
 

@@ -6,6 +6,7 @@ several workers (which sits below ``raymodel.jobs``) both submit this way.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from raymodel._internal import serialization
@@ -33,7 +34,14 @@ def train_request(
 
     ``hub``: a blocking caller's, for its progress output (or a Tune trial's rows, which with
     ``deliver`` wait for the trial's answer); ``info`` and ``resume_from`` as for ``Trainable``.
+    ``ray.data`` Datasets go in ``info["datasets"]``, a Ray argument, not in the payload.
     """
+    datasets = spec.ray_datasets
+    if datasets:  # Ray objects travel in-band (Ray tracks their owner), not inside the pickled payload
+        from raymodel.data._splits import RayDataset
+
+        splits = {n: RayDataset(s.key) if isinstance(s, RayDataset) else s for n, s in spec.splits.items()}
+        spec = dataclasses.replace(spec, splits=splits)
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
     needs = {k: v * max(settings.num_workers, 1) for k, v in per_worker.items()}
     payload = {
@@ -52,6 +60,7 @@ def train_request(
         "settings": repr(settings),
         "epochs": settings.num_epochs,
         "hub": hub,
+        "datasets": datasets or None,
     }
     if settings.pool and settings.num_workers > 0:
         backend = model.backend

@@ -123,7 +123,8 @@ def routes() -> list[dict[str, Any]]:
 
 
 def resources() -> dict[str, Any]:
-    """The cluster's CPUs, GPUs and memory (total, used, free) and what each running job holds."""
+    """The cluster's CPUs, GPUs and memory (total, used, free), what each running job holds, and the
+    training server's pools (workers, what each holds, busy or idle since when, jobs run)."""
     import ray
 
     total, free = ray.cluster_resources(), ray.available_resources()
@@ -137,7 +138,25 @@ def resources() -> dict[str, Any]:
         for r in _safe(jobs, [])
         if r["status"] == "RUNNING"
     ]
-    return _clean({"cluster": cluster, "jobs": running, "nodes": len([n for n in ray.nodes() if n["Alive"]])})
+    from raymodel import jobs as jobs_module
+
+    now = time.time()
+    pools = [
+        {
+            "id": p.id,
+            "key": p.key,
+            "backend": p.backend,
+            "workers": p.num_workers,
+            "resources": p.resources,
+            "state": p.state,
+            "since_s": (now - p.idle_since) if p.idle_since else (now - p.started),
+            "job": p.job,
+            "jobs_run": p.jobs_run,
+        }
+        for p in _safe(jobs_module.pools, [])
+    ]
+    nodes = len([n for n in ray.nodes() if n["Alive"]])
+    return _clean({"cluster": cluster, "jobs": running, "pools": pools, "nodes": nodes})
 
 
 def _progress(record: dict[str, Any]) -> str:

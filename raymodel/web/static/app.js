@@ -115,8 +115,13 @@ const views = {
       <td><span class="bar"><div style="width:${c.total ? (100 * c.used) / c.total : 0}%"></div></span></td>
       <td class="num">${gib(name, c.used)} used</td><td class="num">${gib(name, c.free)} free</td><td class="num">${gib(name, c.total)} total</td></tr>`).join("");
     const jobs = r.jobs.map((j) => `<tr><td><a href="#/jobs/${encodeURIComponent(j.id)}">${esc(j.id)}</a></td><td>${esc(j.kind)}</td><td>${held(j.resources)}</td></tr>`).join("");
+    const pools = (r.pools || []).map((p) => `<tr><td>${esc(p.id)}<br><span class="muted">${esc(p.key)}</span></td>
+      <td class="num">${p.workers}</td><td>${held(p.resources)}</td>
+      <td>${p.state === "busy" && p.job ? `busy: <a href="#/jobs/${encodeURIComponent(p.job)}">${esc(p.job)}</a>` : esc(p.state)}</td>
+      <td class="num">${num(p.since_s, 3)} s</td><td class="num">${p.jobs_run}</td></tr>`).join("");
     return `<h1>Resources</h1><p class="muted">${r.nodes} node(s)</p><table><tbody>${rows}</tbody></table>
-      <h2>Held by running jobs</h2>${jobs ? `<table><thead><tr><th>job</th><th>kind</th><th>holds</th></tr></thead><tbody>${jobs}</tbody></table>` : `<p class="muted">No job is running.</p>`}`;
+      <h2>Held by running jobs</h2>${jobs ? `<table><thead><tr><th>job</th><th>kind</th><th>holds</th></tr></thead><tbody>${jobs}</tbody></table>` : `<p class="muted">No job is running.</p>`}
+      <h2>Pools</h2>${pools ? `<table><thead><tr><th>pool</th><th>workers</th><th>holds</th><th>state</th><th>since</th><th>jobs run</th></tr></thead><tbody>${pools}</tbody></table>` : `<p class="muted">No pool: the next training job starts one.</p>`}`;
   },
 };
 
