@@ -30,6 +30,7 @@ def main() -> None:
     from models import DigitsNet
     from ray import serve
     from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
     from s3server import free_port
     from sklearn.datasets import load_digits
 
@@ -86,7 +87,7 @@ def main() -> None:
     answer = requests.post(served.url, json={"pixels": valid.x[:4].tolist()}, timeout=60)
     replicas = [
         r["node_id"]
-        for r in ray.util.state.list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+        for r in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
         if "ServeReplica" in r["class_name"]
     ]
     served.shutdown()

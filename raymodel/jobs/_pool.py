@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import serialization, storage
+from raymodel._internal import runtime, serialization, storage
 from raymodel._internal.hub import start_hub, stop_hub
 
 #: How long every rank has to leave a failed job before the pool restarts its worker group.
@@ -84,7 +84,7 @@ class PoolActor:
                 ),
                 run_config=RunConfig(
                     name=self.pool_id,
-                    storage_path=os.path.join(os.environ.get("RAYMODEL_HOME", "/tmp"), "pools"),
+                    storage_path=runtime.home_path("pools"),  # Ray Train's own files: no job writes here
                     failure_config=FailureConfig(max_failures=-1),  # each job counts its own
                     callbacks=[PoolFailures(me)],
                     logging_config=LoggingConfig("WARNING"),
