@@ -122,7 +122,7 @@ def test_a_killed_worker_resumes_its_job_and_a_failing_job_fails_alone(ray_sessi
     resumed = crashing.wait(timeout=240)
     assert marker.exists(), "the worker never crashed"
     assert [row["epoch"] for row in resumed.history] == [1, 2, 3]  # epoch 1 came back from its checkpoint
-    with pytest.raises(TrainingError, match="worker [01]: RuntimeError: the loss exploded"):
+    with pytest.raises(TrainingError, match="worker [01]: .*RuntimeError: the loss exploded"):
         failing.wait(timeout=120)
     assert [row["epoch"] for row in failing.history()] == [1]
     result = after.wait(timeout=120)
@@ -198,7 +198,7 @@ def test_every_kind_of_data_is_sharded_equally_on_a_pool(ray_session, tiny, tmp_
     X, y = tiny
     items = [{"x": X[i], "y": int(y[i])} for i in range(len(X))]
     kinds = {
-        "arrays": (TinyNet, rm.data.from_numpy(X, y), 16),
+        "arrays": (TinyNet, rm.data.from_numpy(X, y, valid_fraction=0.25), 12),
         "torch dataset": (TinyNet, PairDataset(X, y), 16),
         "data module": (TinyNet, Splits(X, y), 12),
         "ray dataset": (DictNet, {"train": ray.data.from_items(items), "valid": ray.data.from_items(items[:4])}, 16),
