@@ -130,6 +130,7 @@ class PoolActor:
                 "error": None,
                 "outcome": None,
                 "paused": False,
+                "fresh_only": False,
             }
             self.cond.notify_all()
             allowed = int(job["spec"].get("max_failures", 0))
@@ -147,7 +148,9 @@ class PoolActor:
                     current["outcome"] = {**error, "pool_ok": False}
                     break
                 if allowed == -1 or current["attempt"] < allowed:  # as Ray Train retries a run: within max_failures
-                    current.update(attempt=current["attempt"] + 1, finished={}, error=None, paused=False)
+                    current.update(
+                        attempt=current["attempt"] + 1, finished={}, error=None, paused=False, fresh_only=False
+                    )
                     self.cond.notify_all()
                     continue
                 current["outcome"] = error
@@ -190,7 +193,11 @@ class PoolActor:
                         return {"restart": True}
                     job = self.job
                     if job is not None and job["outcome"] is None and not job["paused"]:
-                        if (job["seq"], job["attempt"]) > (last_seq, last_attempt):
+                        # After Ray Train restarted the group only its new workers (at 0) take the job:
+                        # an old one, not yet stopped, would join its broken collective again.
+                        if (job["seq"], job["attempt"]) > (last_seq, last_attempt) and not (
+                            job["fresh_only"] and last_seq
+                        ):
                             return {k: job[k] for k in ("id", "seq", "spec", "attempt")}
                     if self.ending or self.broken:
                         return None
@@ -221,7 +228,10 @@ class PoolActor:
                 self.cond.notify_all()
                 return
             job = self.job
-            if job is None or job["outcome"] is not None or job["paused"]:
+            if job is None or job["outcome"] is not None:
+                return
+            job["fresh_only"] = True
+            if job["paused"]:
                 return
             job["attempt"] += 1
             job["finished"], job["error"] = {}, None
