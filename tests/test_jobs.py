@@ -37,6 +37,7 @@ def _free_cpus(ray):
 
 @pytest.mark.integration
 def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_back(ray_session, tiny_data):
+    rm.jobs.release_pools()  # the pools of earlier tests
     baseline = _free_cpus(ray_session)
     start = time.monotonic()
     job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=tiny_data, wait=False)

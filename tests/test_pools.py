@@ -224,6 +224,7 @@ def test_every_kind_of_data_is_sharded_equally_on_a_pool(ray_session, tiny, tmp_
 def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_session, tiny_data):
     import ray
 
+    rm.jobs.release_pools()  # the pools of earlier tests
     model = TinyNet()
     model.train({**TWO, "num_epochs": 1}, data=tiny_data)
     assert [p.state for p in rm.jobs.pools()] == ["idle"]
@@ -235,7 +236,8 @@ def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_ses
 
     start = time.monotonic()
     assert ray.get(user_task.remote(), timeout=60) == "ran"  # Ray reported the demand: the pool ended
-    assert time.monotonic() - start < 30 and rm.jobs.pools() == []
+    assert time.monotonic() - start < 30
+    _until(lambda: rm.jobs.pools() == [], timeout=30)
 
     model.train({**TWO, "num_epochs": 1}, data=tiny_data)  # a new pool, idle again
     served = model.serve("/pool-gives-way", settings={"ray_actor_options": {"num_cpus": 1}})
@@ -253,3 +255,37 @@ def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_ses
         _until(lambda: ray.available_resources().get("CPU", 0.0) == 2.0, timeout=60)
     finally:
         rm.init(pool_idle_s=120)
+
+
+@pytest.mark.integration
+def test_tune_trials_with_two_workers_are_jobs_on_one_pool_and_asha_stops_them(ray_session, tiny_data):
+    before = {r["id"] for r in rm.jobs.records()}
+    result = TinyNet().tune(
+        {"lr": rm.tune.grid_search([0.001, 0.003, 0.1, 0.3])},
+        data=tiny_data,
+        settings={
+            "num_samples": 1,
+            "max_epochs": 4,
+            "grace_period": 1,
+            "reduction_factor": 2,
+            "progress": False,
+            "train": {"num_workers": 2, "resources_per_worker": {"CPU": 0.95}, "batch_size": 4, "progress": False},
+        },
+    )
+    assert result.num_trials == 4
+    jobs = [j for j in rm.jobs.list() if j.id not in before]
+    assert len(jobs) == 4 and all(j.kind == "train" for j in jobs)  # one job of the server per trial
+    assert len({_pool_of(j) for j in jobs}) == 1  # all on one pool
+    by_trial = {t["trial_id"]: t for t in result.trials}
+    stopped = 0
+    for job in jobs:
+        (trial_id,) = [t for t in by_trial if t in job.summary["settings"]]  # the trial's storage path
+        trial = by_trial[trial_id]
+        rows = job.history()
+        assert job.status in ("SUCCEEDED", "STOPPED"), job.logs()
+        assert [r["epoch"] for r in rows][: trial["epochs"]] == list(range(1, trial["epochs"] + 1))
+        if trial["epochs"] < 4:  # ASHA stopped the trial: its job stopped too, within an epoch
+            stopped += 1
+            assert job.status == "STOPPED" and len(rows) <= trial["epochs"] + 1, job.logs()
+    assert stopped >= 1
+    assert rm.RayModel.from_checkpoint(result.best_checkpoint).config["lr"] == result.best_config["lr"]

@@ -144,6 +144,7 @@ def _controllers() -> set[str]:
 def test_single_worker_trials_train_in_the_trial_and_match_a_worker_group(ray_session, tmp_path, tiny):
     X, y = tiny
     data = rm.data.from_numpy(X, y, valid_fraction=0.25)
+    rm.jobs.release_pools()  # the 2-worker trial's pool (a Train controller of its own) is started for it
     log = tmp_path / "controllers.jsonl"
     settings = {
         "num_samples": 1,

@@ -280,7 +280,7 @@ def run_on_worker(job: dict[str, Any], gather_hub: Any) -> dict[str, Any]:
     spec = job["spec"]
     _forget_classes()  # the job's classes come fresh from its payload: no state of an earlier job's
     try:
-        model_cls, backend = _job_classes(spec)
+        _, backend = _job_classes(spec)
         with backend.isolated():
             loop_config = {**spec["loop_config"], "gather_hub": gather_hub}
             run = WorkerRun(loop_config, session=PoolSession(spec, job["id"]))
@@ -292,7 +292,8 @@ def run_on_worker(job: dict[str, Any], gather_hub: Any) -> dict[str, Any]:
 
 
 def _job_classes(spec: dict[str, Any]) -> tuple[type, Any]:
-    """The job's model class, unpickled here: a class that cannot be names what is missing."""
+    """The job's model class and backend, unpickled here; a class that cannot be loaded is an error that
+    names it and what is missing."""
     payload = serialization.loads(spec["loop_config"]["payload"])
     try:
         cls, _ = serialization.loads(payload["model"])

@@ -22,6 +22,7 @@ def run_job(
     hub: Any = None,
     model_class: str = "?",
     datasets: dict[str, Any] | None = None,
+    refs: list[Any] | None = None,
 ) -> dict[str, Any]:
     """The job's outcome: ``{"result": ...}`` or ``{"error": ..., "traceback": ...}``, and for a job on a
     pool whether the pool can take the next job (``pool_ok``)."""
@@ -32,9 +33,10 @@ def run_job(
             f"The model class `{model_class}` cannot be loaded on the cluster: {type(exc).__name__}: {exc}. "
             "Install what it needs on every node (or define it in an importable module)."
         ) from exc
-    for split in job["data"].splits.values():  # the ray.data Datasets came as Ray arguments
-        if getattr(split, "key", None) in (datasets or {}):
-            split.dataset = datasets[split.key]
+    if kind == "train":
+        from raymodel.train._job import restore_refs
+
+        restore_refs(job["data"], datasets, refs)  # its Ray objects came as Ray arguments
     server = ray.get_actor(NAME, namespace=NAMESPACE)
     model = job["class"](config=job["config"])
     _restore_state(model, job.get("state"))

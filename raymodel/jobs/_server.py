@@ -100,7 +100,7 @@ class JobServer:
         never = fits(needs, total)
         with self.lock:
             self.records[job_id] = record
-            self.extras[job_id] = {k: info.get(k) for k in ("pool", "hub", "datasets")}
+            self.extras[job_id] = {k: info.get(k) for k in ("pool", "hub", "datasets", "refs")}
             if never is not None:
                 self._finish(
                     job_id,
@@ -293,6 +293,7 @@ class JobServer:
             extras.get("hub"),
             record["model_class"],
             extras.get("datasets"),
+            extras.get("refs"),
         )
         self.done_refs[ref] = job_id
         record.update(status="RUNNING", reason=None, started=time.time())
@@ -511,13 +512,14 @@ class JobRunner:
         hub: Any = None,
         model_class: str = "?",
         datasets: dict[str, Any] | None = None,
+        refs: list[Any] | None = None,
     ) -> dict[str, Any]:
         from raymodel.jobs._run import run_job
 
         self.job_id = job_id
         self.stop_event.clear()
         try:
-            return run_job(self, kind, payload, pool, hub, model_class, datasets)
+            return run_job(self, kind, payload, pool, hub, model_class, datasets, refs)
         except BaseException as exc:  # noqa: BLE001 - reported as the job's error
             return {"error": str(exc) or type(exc).__name__, "traceback": traceback.format_exc()}
 

@@ -34,14 +34,11 @@ def train_request(
 
     ``hub``: a blocking caller's, for its progress output (or a Tune trial's rows, which with
     ``deliver`` wait for the trial's answer); ``info`` and ``resume_from`` as for ``Trainable``.
-    ``ray.data`` Datasets go in ``info["datasets"]``, a Ray argument, not in the payload.
+    Ray objects (``ray.data`` Datasets, arrays already in the object store) go in ``info["datasets"]``
+    and ``info["refs"]``, Ray arguments (Ray tracks their owner), not in the pickled payload.
     """
     datasets = spec.ray_datasets
-    if datasets:  # Ray objects travel in-band (Ray tracks their owner), not inside the pickled payload
-        from raymodel.data._splits import RayDataset
-
-        splits = {n: RayDataset(s.key) if isinstance(s, RayDataset) else s for n, s in spec.splits.items()}
-        spec = dataclasses.replace(spec, splits=splits)
+    spec, refs = _refs_apart(spec)
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
     needs = {k: v * max(settings.num_workers, 1) for k, v in per_worker.items()}
     payload = {
@@ -61,6 +58,7 @@ def train_request(
         "epochs": settings.num_epochs,
         "hub": hub,
         "datasets": datasets or None,
+        "refs": refs,
     }
     if settings.pool and settings.num_workers > 0:
         backend = model.backend
@@ -73,3 +71,47 @@ def train_request(
             "use_gpu": settings.use_gpu,
         }
     return serialization.dumps(payload, type(model), *settings.callbacks), request
+
+
+@dataclasses.dataclass(frozen=True)
+class _RefSlot:
+    """Where an object-store array was in a job's data: ``refs[index]`` of the job's Ray arguments."""
+
+    index: int
+
+
+def _refs_apart(spec: Any) -> tuple[Any, list[Any]]:
+    """``spec`` without its Ray objects (Datasets left as keys, array references as ``_RefSlot``), and
+    the array references in order."""
+    from raymodel.data._splits import Arrays, RayDataset
+
+    refs: list[Any] = []
+
+    def slot(value: Any) -> Any:
+        if type(value).__name__ != "ObjectRef":
+            return value
+        refs.append(value)
+        return _RefSlot(len(refs) - 1)
+
+    splits = {}
+    for name, split in spec.splits.items():
+        if isinstance(split, RayDataset):
+            split = RayDataset(split.key)
+        elif isinstance(split, Arrays):
+            split = Arrays(slot(split.x), slot(split.y))
+        splits[name] = split
+    return dataclasses.replace(spec, splits=splits), refs
+
+
+def restore_refs(spec: Any, datasets: dict[str, Any] | None, refs: list[Any] | None) -> None:
+    """Put a job's Ray objects back into its data (in the job's runner), in place."""
+    from raymodel.data._splits import Arrays
+
+    for split in spec.splits.values():
+        if getattr(split, "key", None) in (datasets or {}):
+            split.dataset = datasets[split.key]
+        elif isinstance(split, Arrays):
+            if isinstance(split.x, _RefSlot):
+                split.x = refs[split.x.index]
+            if isinstance(split.y, _RefSlot):
+                split.y = refs[split.y.index]
