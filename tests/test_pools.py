@@ -261,7 +261,7 @@ def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_ses
 def test_tune_trials_with_two_workers_are_jobs_on_one_pool_and_asha_stops_them(ray_session, tiny_data):
     before = {r["id"] for r in rm.jobs.records()}
     result = TinyNet().tune(
-        {"lr": rm.tune.grid_search([0.001, 0.003, 0.1, 0.3])},
+        {"lr": rm.tune.grid_search([0.3, 0.1, 0.001, 0.0003])},
         data=tiny_data,
         settings={
             "num_samples": 1,
@@ -274,6 +274,9 @@ def test_tune_trials_with_two_workers_are_jobs_on_one_pool_and_asha_stops_them(r
     )
     assert result.num_trials == 4
     jobs = [j for j in rm.jobs.list() if j.id not in before]
+    _until(
+        lambda: all(j.status in ("SUCCEEDED", "STOPPED", "FAILED") for j in jobs), timeout=60
+    )  # ended with its trial
     assert len(jobs) == 4 and all(j.kind == "train" for j in jobs)  # one job of the server per trial
     assert len({_pool_of(j) for j in jobs}) == 1  # all on one pool
     by_trial = {t["trial_id"]: t for t in result.trials}

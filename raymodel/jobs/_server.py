@@ -96,6 +96,8 @@ class JobServer:
         }
         if info.get("pool"):
             record["pool_key"] = info["pool"]["key"]
+        if info.get("trial_id"):
+            record["trial_id"] = info["trial_id"]
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         never = fits(needs, total)
         with self.lock:
@@ -159,6 +161,13 @@ class JobServer:
                 self._log(job_id, "stop requested: the current epoch ends, a checkpoint is written")
                 self.runners[job_id].stop.remote()
             return record["status"]
+
+    def stop_trial(self, trial_id: str) -> None:
+        """Stop the jobs a Tune trial submitted (the trial ended)."""
+        with self.lock:
+            ids = [r["id"] for r in self.records.values() if r.get("trial_id") == trial_id and r["status"] in ACTIVE]
+        for job_id in ids:
+            self.stop(job_id)
 
     def stopping(self, job_id: str) -> bool:
         """Whether the job was asked to stop (its workers ask at each epoch's end)."""

@@ -59,6 +59,7 @@ def train_request(
         "hub": hub,
         "datasets": datasets or None,
         "refs": refs,
+        "trial_id": (info or {}).get("trial_id"),
     }
     if settings.pool and settings.num_workers > 0:
         backend = model.backend

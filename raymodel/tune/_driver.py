@@ -127,7 +127,7 @@ class Tunable:
         settings = self.settings
         trainable = self.as_trainable()
         param_space = {**self.model.config, **self.space}
-        callbacks = [self._guard, *settings.callbacks]
+        callbacks = [self._guard, _TrialJobs(), *settings.callbacks]
         if settings.progress:
             grid = math.prod(
                 len(v["grid_search"]) for v in self.space.values() if isinstance(v, dict) and "grid_search" in v
@@ -189,6 +189,23 @@ class Tunable:
 
     def __repr__(self) -> str:
         return f"Tunable({type(self.model).__name__}, space={sorted(self.space)}, name={self.name!r})"
+
+
+class _TrialJobs(Callback):
+    """A trial that ends (ASHA's stop, its last epoch, an error) stops the training server's job it
+    ran, if any: the trial's own thread may be left waiting in ``tune.report`` and never get to it."""
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        _stop_trial_jobs(trial.trial_id)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        _stop_trial_jobs(trial.trial_id)
+
+
+def _stop_trial_jobs(trial_id: str) -> None:
+    server = runtime.job_server()
+    if server is not None:
+        server.stop_trial.remote(trial_id)
 
 
 #: ``TrainSettings`` fields a trial may not set through ``"train.<field>"`` (Tune decides them).
