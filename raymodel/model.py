@@ -186,7 +186,7 @@ class RayModel(ModelHooks):
 
             return submit_train(self, settings, data)
         if settings.pool and settings.num_workers > 0:
-            from raymodel.jobs import train_on_server
+            from raymodel.jobs._blocking import train_on_server
 
             return train_on_server(self, settings, data)
         return Trainable(self, settings, data=data).fit()

@@ -40,6 +40,19 @@ class TinyNet(rm.RayTorchModel):
         return {"val_loss": F.cross_entropy(logits, y), "val_acc": (logits.argmax(1) == y).float().mean()}
 
 
+class PairDataset(torch.utils.data.Dataset):
+    """A torch ``Dataset`` of ``(x, y)`` pairs."""
+
+    def __init__(self, X, y):
+        self.X, self.y = torch.tensor(X), torch.tensor(y)
+
+    def __len__(self):
+        return len(self.X)
+
+    def __getitem__(self, i):
+        return self.X[i], self.y[i]
+
+
 class DigitsNet(TinyNet):
     default_config = {"hidden": 64, "lr": 3e-3, "in_features": 64, "classes": 10}
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from models import TinyNet
+from models import PairDataset, TinyNet
 
 import raymodel as rm
 from raymodel.data import aprefetch, prefetch, shard_indices
@@ -95,17 +95,6 @@ def test_async_prefetch_overlaps_an_async_source_with_async_steps():
 
 
 # ------------------------------------------------------------------ adapters
-class PairDataset(torch.utils.data.Dataset):
-    def __init__(self, X, y):
-        self.X, self.y = torch.tensor(X), torch.tensor(y)
-
-    def __len__(self):
-        return len(self.X)
-
-    def __getitem__(self, i):
-        return self.X[i], self.y[i]
-
-
 class AsyncBatches:
     def __init__(self, X, y, batch_size=4):
         self.X, self.y, self.bs = torch.tensor(X), torch.tensor(y), batch_size

@@ -12,7 +12,7 @@ import pytest
 import requests
 import torch
 from conformance import CrashOnce
-from models import TinyNet
+from models import PairDataset, TinyNet
 
 import raymodel as rm
 from raymodel.exceptions import TrainingError
@@ -160,17 +160,6 @@ class RowCounter(rm.Callback):
         with open(Path(self.directory) / "rows.txt", "a") as fh:
             fh.write(f"{self.context.rank} {self.context.epoch} {len(x)}\n")
         return batch
-
-
-class PairDataset(torch.utils.data.Dataset):
-    def __init__(self, X, y):
-        self.X, self.y = torch.tensor(X), torch.tensor(y)
-
-    def __len__(self):
-        return len(self.X)
-
-    def __getitem__(self, i):
-        return self.X[i], self.y[i]
 
 
 class Splits:

@@ -25,30 +25,19 @@ from typing import Any
 import ray
 
 from raymodel._internal import runtime, storage
-from raymodel.jobs._names import ACTIVE, NAMESPACE
+from raymodel.jobs._keeper import DEFAULT_POOL_IDLE_S, PoolKeeper, fits
+from raymodel.jobs._names import ACTIVE
+from raymodel.jobs._runner import new_runner
 
 _LOG_LINES = 200
-#: An idle pool ends after this many seconds (``rm.init(pool_idle_s=...)``).
-DEFAULT_POOL_IDLE_S = 120.0
-#: A pool asked to end that has not after this long is killed.
-_END_S = 30.0
 
 
 def jobs_root() -> str:
     return runtime.home_path("jobs")
 
 
-def fits(needs: dict[str, float], free: dict[str, float]) -> str | None:
-    """``None`` when ``needs`` fits ``free``, else the reason (which resource it waits for)."""
-    for name, amount in sorted(needs.items()):
-        have = free.get(name, 0.0)
-        if amount > have + 1e-9:
-            return f"waiting for {name}: needs {amount:g}, {have:g} free"
-    return None
-
-
-class JobServer:
-    """Job records, a FIFO queue, pools, and one runner actor per running job."""
+class JobServer(PoolKeeper):
+    """Job records, a FIFO queue, pools (``PoolKeeper``), and one runner actor per running job."""
 
     def __init__(self, home: str, pool_idle_s: float = DEFAULT_POOL_IDLE_S) -> None:
         os.environ["RAYMODEL_HOME"] = home  # records and runs go where the first client's home is
@@ -64,7 +53,7 @@ class JobServer:
         self._demand_checked = 0.0
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a row, a status: wakes the clients' long polls
-        self.spare: Any = _new_runner()
+        self.spare: Any = new_runner()
         with self.lock:
             self._recover()
         threading.Thread(target=self._loop, name="raymodel-jobs", daemon=True).start()
@@ -174,37 +163,6 @@ class JobServer:
         with self.lock:
             return bool(self.records.get(job_id, {}).get("stopping"))
 
-    # ---------------------------------------------------------------- pools
-    def pools_info(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return [dict(p) for p in sorted(self.pools.values(), key=lambda p: p["started"])]
-
-    def release_pools(self, timeout: float = 120.0) -> list[str]:
-        """End every idle pool and wait until each has ended (its resources are back)."""
-        with self.changed:
-            ending = [p["id"] for p in self.pools.values() if p["state"] in ("idle", "ending")]
-            for pool_id in ending:
-                self._end_pool(pool_id, "released")
-            self.changed.wait_for(lambda: not any(i in self.pools for i in ending), timeout=timeout)
-            return ending
-
-    def make_room(self, needs: dict[str, float] | None, timeout: float = 120.0) -> list[str]:
-        """Before other work takes resources: end the idle pools in its way (every idle pool when
-        ``needs`` is ``None``), and wait until they have ended."""
-        with self.lock:
-            idle = [p for p in self.pools.values() if p["state"] == "idle"]
-            if not idle:
-                return []
-            if needs is not None:
-                available = {k: float(v) for k, v in ray.available_resources().items()}
-                if fits(needs, available) is None:
-                    return []
-        return self.release_pools(timeout)
-
-    def set_pool_idle_s(self, seconds: float) -> None:
-        self.pool_idle_s = float(seconds)
-
-    # ---------------------------------------------------------- from runners
     def push(self, job_id: str, rows: list[dict[str, Any]]) -> None:
         with self.lock:
             record = self.records[job_id]
@@ -286,7 +244,7 @@ class JobServer:
 
     def _launch(self, record: dict[str, Any], pool_id: str | None = None) -> None:
         job_id = record["id"]
-        runner, self.spare = self.spare or _new_runner(), None  # a warm process: no start-up, imports done
+        runner, self.spare = self.spare or new_runner(), None  # a warm process: no start-up, imports done
         self.runners[job_id] = runner
         pool = None
         if pool_id is not None:
@@ -309,77 +267,6 @@ class JobServer:
         self._log(job_id, "started" + (f" on pool {pool_id}" if pool_id else ""))
         self._save(job_id)
         self.changed.notify_all()
-
-    def _start_pool(self, record: dict[str, Any]) -> str:
-        from raymodel.jobs._pool import PoolActor
-
-        spec = self.extras[record["id"]]["pool"]
-        pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"
-        actor = (
-            ray.remote(num_cpus=0)(PoolActor)
-            .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id)
-            .remote(pool_id, spec["backend"], spec["num_workers"], spec["per_worker"], spec["use_gpu"])
-        )
-        actor.start.remote()
-        self.pool_actors[pool_id] = actor
-        self.pool_refs[actor.wait_ended.remote()] = pool_id
-        self.pools[pool_id] = {
-            "id": pool_id,
-            "key": spec["key"],
-            "backend": spec["backend_name"],
-            "num_workers": spec["num_workers"],
-            "needs": dict(record["needs"]),
-            "state": "starting",
-            "jobs_run": 0,
-            "started": time.time(),
-            "idle_since": None,
-            "job": record["id"],
-        }
-        self._log(record["id"], f"starting pool {pool_id} of {spec['num_workers']} {spec['backend_name']} worker(s)")
-        return pool_id
-
-    def _end_pool(self, pool_id: str, why: str, force: bool = False) -> None:
-        """End a pool: gracefully (its idle workers return, Ray Train releases their resources), or with
-        ``force`` (a pool whose workers cannot return): its actor is killed, and its Train controller and
-        workers with it."""
-        pool = self.pools.get(pool_id)
-        if pool is None or (pool["state"] == "ending" and not force):
-            return
-        pool.update(state="ending", ended_because=why, ending_since=time.time())
-        if force:
-            ray.kill(self.pool_actors[pool_id])
-        else:
-            self.pool_actors[pool_id].end.remote()
-        self.changed.notify_all()
-
-    def _expire_pools(self) -> None:
-        """Idle pools past ``pool_idle_s``, and idle pools whose resources something else waits for."""
-        now = time.time()
-        with self.lock:
-            for pool in list(self.pools.values()):
-                if pool["state"] == "ending" and now - pool["ending_since"] > _END_S:
-                    self._end_pool(pool["id"], f"it did not end within {_END_S:g} s", force=True)
-            idle = [p for p in self.pools.values() if p["state"] == "idle"]
-            for pool in idle:
-                if now - pool["idle_since"] >= self.pool_idle_s:
-                    self._end_pool(pool["id"], f"idle for {self.pool_idle_s:g} s")
-            idle = [p for p in idle if p["state"] == "idle"]
-        if idle and time.monotonic() - self._demand_checked >= 1.0:
-            self._demand_checked = time.monotonic()
-            demands = pending_demand()
-            if not demands:
-                return
-            with self.lock:
-                available = {k: float(v) for k, v in ray.available_resources().items()}
-                for pool in idle:
-                    if pool["state"] != "idle":
-                        continue
-                    room = {
-                        k: available.get(k, 0.0) + pool["needs"].get(k, 0.0)
-                        for k in set(available) | set(pool["needs"])
-                    }
-                    if any(fits(bundle, room) is None for bundle in demands):
-                        self._end_pool(pool["id"], "other work waits for its resources")
 
     def _reap(self, timeout: float) -> None:
         refs = list(self.done_refs) + list(self.pool_refs)
@@ -417,19 +304,6 @@ class JobServer:
                     runner, self.spare = (runner, None) if self.spare is not None else (None, runner)
                 if runner is not None:
                     ray.kill(runner)
-
-    def _pool_ended(self, pool_id: str, ref: Any) -> None:
-        try:
-            why = ray.get(ref)
-        except Exception as exc:  # noqa: BLE001 - the pool's process died
-            why = f"its process died: {exc}"
-        with self.changed:
-            self.pools.pop(pool_id, None)
-            actor = self.pool_actors.pop(pool_id, None)
-            self.changed.notify_all()
-        if actor is not None:
-            ray.kill(actor)
-        print(f"pool {pool_id} ended: {why}", flush=True)
 
     def _finish(
         self, job_id: str, status: str, result: Any = None, error: str | None = None, detail: str | None = None
@@ -472,71 +346,9 @@ class JobServer:
                 )
 
 
-def pending_demand() -> list[dict[str, float]]:
-    """The resource bundles Ray reports that tasks, actors and placement groups wait for."""
-    try:
-        from ray.autoscaler.v2.sdk import get_cluster_status
-
-        demand = get_cluster_status(ray.get_runtime_context().gcs_address).resource_demands
-    except Exception:  # noqa: BLE001 - no demand known is no reason to release anything
-        return []
-    bundles = [b.bundle for d in demand.ray_task_actor_demand for b in d.bundles_by_count]
-    bundles += [b.bundle for d in demand.placement_group_demand for b in d.bundles_by_count]
-    return [{k: float(v) for k, v in bundle.items()} for bundle in bundles]
-
-
 def _show(resources: dict[str, float], only: dict[str, float] | None = None) -> str:
     keys = sorted(only or resources)
     return ", ".join(f"{resources.get(k, 0.0):g} {k}" for k in keys) or "nothing"
 
 
 JobServerActor = ray.remote(num_cpus=0)(JobServer)
-
-
-def _new_runner() -> Any:
-    runner = JobRunnerActor.options(namespace=NAMESPACE, max_concurrency=8).remote()
-    runner.warm.remote()
-    return runner
-
-
-class JobRunner:
-    """Runs a job at a time: the blocking verb, in this actor (its workers push rows to the server)."""
-
-    def __init__(self) -> None:
-        self.job_id = ""
-        self.stop_event = threading.Event()
-
-    def warm(self) -> None:
-        """Import what every job needs before one arrives."""
-        import raymodel.jobs._run
-        import raymodel.train._driver
-        import raymodel.tune  # noqa: F401
-
-    def run(
-        self,
-        job_id: str,
-        kind: str,
-        payload: bytes,
-        pool: Any = None,
-        hub: Any = None,
-        model_class: str = "?",
-        datasets: dict[str, Any] | None = None,
-        refs: list[Any] | None = None,
-    ) -> dict[str, Any]:
-        from raymodel.jobs._run import run_job
-
-        self.job_id = job_id
-        self.stop_event.clear()
-        try:
-            return run_job(self, kind, payload, pool, hub, model_class, datasets, refs)
-        except BaseException as exc:  # noqa: BLE001 - reported as the job's error
-            return {"error": str(exc) or type(exc).__name__, "traceback": traceback.format_exc()}
-
-    def stop(self) -> None:
-        self.stop_event.set()
-
-    def stopping(self) -> bool:
-        return self.stop_event.is_set()
-
-
-JobRunnerActor = ray.remote(num_cpus=0)(JobRunner)

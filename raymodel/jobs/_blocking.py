@@ -1,0 +1,84 @@
+"""A blocking ``model.train()``: a job of the training server, waited for with the same output as a run of its own."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from raymodel._internal import runtime
+from raymodel.exceptions import TrainingError
+from raymodel.jobs import Job, _submit_checked
+from raymodel.jobs._names import DONE
+
+
+def train_on_server(model: Any, settings: Any, data: Any) -> Any:
+    """``model.train(settings, data=...)``: a job of the training server on a pool, waited for, with
+    the same output as a one-off run (bars in a terminal, a line per epoch elsewhere); the instance
+    holds the trained weights afterwards."""
+    from raymodel.train import TrainResult, prepare
+    from raymodel.train._progress import ProgressPrinter
+
+    settings, spec = prepare(model, settings, data)  # every check, before Ray is touched
+    runtime.ensure_ray(settings.verbose)
+    hub = _progress_hub() if settings.progress else None
+    printer = None
+    if hub is not None:
+        printer = ProgressPrinter(hub, type(model).__name__, settings.num_epochs, model.backend.epoch_unit)
+    job = _submit_checked(model, settings, spec, hub)
+    try:
+        record = _await(job, printer)
+    except KeyboardInterrupt:
+        job.stop()  # the current epoch ends, a checkpoint is written
+        raise
+    if record["status"] == "FAILED":
+        raise TrainingError(record["error"])
+    result = TrainResult(**record["result"])
+    if result.checkpoint is not None:
+        model.load_weights(result.checkpoint)
+    return result
+
+
+_HUBS: dict[Any, Any] = {}
+
+
+def _progress_hub() -> Any:
+    """This process's hub for the progress of its blocking runs (one at a time), started once: an
+    actor start costs about half a second, more than a small job's epochs."""
+    import ray
+
+    key = ray.get_runtime_context().get_job_id()
+    hub = _HUBS.get(key)
+    if hub is None:
+        from raymodel._internal.hub import start_hub
+
+        hub = _HUBS[key] = start_hub()
+    ray.get(hub.pop.remote(0.0))  # anything a run before this one left
+    return hub
+
+
+def _await(job: Job, printer: Any) -> dict[str, Any]:
+    """Wait for ``job`` to end; say (once each) what it waits for, and when it starts a pool."""
+    shown: set[str] = set()
+    started = time.monotonic()
+    with printer if printer is not None else _nothing():
+        while True:
+            record = job._record(until_done=1.0)
+            if record["status"] in DONE:
+                return record
+            reason = record.get("reason") if record["status"] == "PENDING" else None
+            if record["status"] == "RUNNING":
+                starting = [line for line in record.get("log", ()) if " starting pool " in line]
+                if starting:  # "... starting pool <id> of 2 torch worker(s)"
+                    workers = starting[0].split(" of ", 1)[1]
+                    reason = f"starting a pool of {workers} (once: later runs reuse them)"
+            if printer is not None and reason and reason not in shown and time.monotonic() - started > 1.0:
+                print(f"[{printer.label}] {reason}", file=printer.stream, flush=True)
+                shown.add(reason)
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None

@@ -1,0 +1,161 @@
+"""``PoolKeeper``: the training server's part that keeps pools: start, hand out, end, list.
+
+A pool (``jobs/_pool.py``) is started for a job that fits no idle one, ends after
+``pool_idle_s`` idle, at once when other work needs its resources (Ray reports
+pending demand, or ``make_room`` is called), and is killed when it cannot end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import ray
+
+from raymodel.jobs._names import NAMESPACE
+
+#: An idle pool ends after this many seconds (``rm.init(pool_idle_s=...)``).
+DEFAULT_POOL_IDLE_S = 120.0
+#: A pool asked to end that has not after this long is killed.
+_END_S = 30.0
+
+
+def fits(needs: dict[str, float], free: dict[str, float]) -> str | None:
+    """``None`` when ``needs`` fits ``free``, else the reason (which resource it waits for)."""
+    for name, amount in sorted(needs.items()):
+        have = free.get(name, 0.0)
+        if amount > have + 1e-9:
+            return f"waiting for {name}: needs {amount:g}, {have:g} free"
+    return None
+
+
+class PoolKeeper:
+    """Mixed into ``JobServer``: it holds ``pools``, ``pool_actors``, ``pool_refs``, ``lock`` and ``changed``."""
+
+    def pools_info(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [dict(p) for p in sorted(self.pools.values(), key=lambda p: p["started"])]
+
+    def release_pools(self, timeout: float = 120.0) -> list[str]:
+        """End every idle pool and wait until each has ended (its resources are back)."""
+        with self.changed:
+            ending = [p["id"] for p in self.pools.values() if p["state"] in ("idle", "ending")]
+            for pool_id in ending:
+                self._end_pool(pool_id, "released")
+            self.changed.wait_for(lambda: not any(i in self.pools for i in ending), timeout=timeout)
+            return ending
+
+    def make_room(self, needs: dict[str, float] | None, timeout: float = 120.0) -> list[str]:
+        """Before other work takes resources: end the idle pools in its way (every idle pool when
+        ``needs`` is ``None``), and wait until they have ended."""
+        with self.lock:
+            idle = [p for p in self.pools.values() if p["state"] == "idle"]
+            if not idle:
+                return []
+            if needs is not None:
+                available = {k: float(v) for k, v in ray.available_resources().items()}
+                if fits(needs, available) is None:
+                    return []
+        return self.release_pools(timeout)
+
+    def set_pool_idle_s(self, seconds: float) -> None:
+        self.pool_idle_s = float(seconds)
+
+    # ---------------------------------------------------------- from runners
+    def _start_pool(self, record: dict[str, Any]) -> str:
+        from raymodel.jobs._pool import PoolActor
+
+        spec = self.extras[record["id"]]["pool"]
+        pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"
+        actor = (
+            ray.remote(num_cpus=0)(PoolActor)
+            .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id)
+            .remote(pool_id, spec["backend"], spec["num_workers"], spec["per_worker"], spec["use_gpu"])
+        )
+        actor.start.remote()
+        self.pool_actors[pool_id] = actor
+        self.pool_refs[actor.wait_ended.remote()] = pool_id
+        self.pools[pool_id] = {
+            "id": pool_id,
+            "key": spec["key"],
+            "backend": spec["backend_name"],
+            "num_workers": spec["num_workers"],
+            "needs": dict(record["needs"]),
+            "state": "starting",
+            "jobs_run": 0,
+            "started": time.time(),
+            "idle_since": None,
+            "job": record["id"],
+        }
+        self._log(record["id"], f"starting pool {pool_id} of {spec['num_workers']} {spec['backend_name']} worker(s)")
+        return pool_id
+
+    def _end_pool(self, pool_id: str, why: str, force: bool = False) -> None:
+        """End a pool: gracefully (its idle workers return, Ray Train releases their resources), or with
+        ``force`` (a pool whose workers cannot return): its actor is killed, and its Train controller and
+        workers with it."""
+        pool = self.pools.get(pool_id)
+        if pool is None or (pool["state"] == "ending" and not force):
+            return
+        pool.update(state="ending", ended_because=why, ending_since=time.time())
+        if force:
+            ray.kill(self.pool_actors[pool_id])
+        else:
+            self.pool_actors[pool_id].end.remote()
+        self.changed.notify_all()
+
+    def _expire_pools(self) -> None:
+        """Idle pools past ``pool_idle_s``, and idle pools whose resources something else waits for."""
+        now = time.time()
+        with self.lock:
+            for pool in list(self.pools.values()):
+                if pool["state"] == "ending" and now - pool["ending_since"] > _END_S:
+                    self._end_pool(pool["id"], f"it did not end within {_END_S:g} s", force=True)
+            idle = [p for p in self.pools.values() if p["state"] == "idle"]
+            for pool in idle:
+                if now - pool["idle_since"] >= self.pool_idle_s:
+                    self._end_pool(pool["id"], f"idle for {self.pool_idle_s:g} s")
+            idle = [p for p in idle if p["state"] == "idle"]
+        if idle and time.monotonic() - self._demand_checked >= 1.0:
+            self._demand_checked = time.monotonic()
+            demands = pending_demand()
+            if not demands:
+                return
+            with self.lock:
+                available = {k: float(v) for k, v in ray.available_resources().items()}
+                for pool in idle:
+                    if pool["state"] != "idle":
+                        continue
+                    room = {
+                        k: available.get(k, 0.0) + pool["needs"].get(k, 0.0)
+                        for k in set(available) | set(pool["needs"])
+                    }
+                    if any(fits(bundle, room) is None for bundle in demands):
+                        self._end_pool(pool["id"], "other work waits for its resources")
+
+    def _pool_ended(self, pool_id: str, ref: Any) -> None:
+        try:
+            why = ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - the pool's process died
+            why = f"its process died: {exc}"
+        with self.changed:
+            self.pools.pop(pool_id, None)
+            actor = self.pool_actors.pop(pool_id, None)
+            self.changed.notify_all()
+        if actor is not None:
+            ray.kill(actor)
+        print(f"pool {pool_id} ended: {why}", flush=True)
+
+
+def pending_demand() -> list[dict[str, float]]:
+    """The resource bundles Ray reports that tasks, actors and placement groups wait for."""
+    try:
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        demand = get_cluster_status(ray.get_runtime_context().gcs_address).resource_demands
+    except Exception:  # noqa: BLE001 - no demand known is no reason to release anything
+        return []
+    bundles = [b.bundle for d in demand.ray_task_actor_demand for b in d.bundles_by_count]
+    bundles += [b.bundle for d in demand.placement_group_demand for b in d.bundles_by_count]
+    return [{k: float(v) for k, v in bundle.items()} for bundle in bundles]

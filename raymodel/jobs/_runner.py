@@ -1,0 +1,60 @@
+"""``JobRunner``: the actor that runs one job at a time for the training server (a warm spare waits)."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Any
+
+import ray
+
+from raymodel.jobs._names import NAMESPACE
+
+
+def new_runner() -> Any:
+    runner = JobRunnerActor.options(namespace=NAMESPACE, max_concurrency=8).remote()
+    runner.warm.remote()
+    return runner
+
+
+class JobRunner:
+    """Runs a job at a time: the blocking verb, in this actor (its workers push rows to the server)."""
+
+    def __init__(self) -> None:
+        self.job_id = ""
+        self.stop_event = threading.Event()
+
+    def warm(self) -> None:
+        """Import what every job needs before one arrives."""
+        import raymodel.jobs._run
+        import raymodel.train._driver
+        import raymodel.tune  # noqa: F401
+
+    def run(
+        self,
+        job_id: str,
+        kind: str,
+        payload: bytes,
+        pool: Any = None,
+        hub: Any = None,
+        model_class: str = "?",
+        datasets: dict[str, Any] | None = None,
+        refs: list[Any] | None = None,
+    ) -> dict[str, Any]:
+        from raymodel.jobs._run import run_job
+
+        self.job_id = job_id
+        self.stop_event.clear()
+        try:
+            return run_job(self, kind, payload, pool, hub, model_class, datasets, refs)
+        except BaseException as exc:  # noqa: BLE001 - reported as the job's error
+            return {"error": str(exc) or type(exc).__name__, "traceback": traceback.format_exc()}
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def stopping(self) -> bool:
+        return self.stop_event.is_set()
+
+
+JobRunnerActor = ray.remote(num_cpus=0)(JobRunner)
