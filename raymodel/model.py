@@ -185,7 +185,7 @@ class RayModel(ModelHooks):
             from raymodel.jobs import submit_train
 
             return submit_train(self, settings, data)
-        if settings.pool and settings.num_workers > 0:
+        if settings.pool and not settings.elastic and settings.num_workers > 0:
             from raymodel.jobs._blocking import train_on_server
 
             return train_on_server(self, settings, data)

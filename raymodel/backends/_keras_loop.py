@@ -46,6 +46,14 @@ class KerasLoop(WorkerLoop):
         with self.strategy.scope():  # the optimizer's variables are created mirrored
             super().set_state(state)
 
+    def apply_config(self, changes: dict[str, Any]) -> None:
+        """The optimizer's learning rate (``lr`` or ``learning_rate``), a variable its compiled step
+        reads; other keys are only in ``self.config`` (Keras compiles the rest into its step)."""
+        optimizer = getattr(self.model.model, "optimizer", None)
+        rate = changes.get("learning_rate", changes.get("lr"))
+        if optimizer is not None and rate is not None:
+            optimizer.learning_rate = float(rate)
+
     async def train_epoch(self, epoch: int) -> dict[str, float]:
         dataset, steps = self._dataset("train", epoch)
         logs = await asyncio.to_thread(

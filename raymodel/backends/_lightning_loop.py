@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from raymodel._internal import tmp
 from raymodel.backends._pl import lightning as _lightning
 from raymodel.backends._torch_loop import ShardSampler, TorchLoop, to_tensor
+from raymodel.backends._torch_optim import set_hyperparameters
 from raymodel.data import Arrays, Batches, RayDataset, TorchDataset
 from raymodel.data._loading import worker_batches
 
@@ -45,6 +46,13 @@ class LightningLoop(TorchLoop):
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)  # the weights
         self.resume = state.get("lightning")  # the rest: Lightning restores it in `fit`
+
+    def apply_config(self, changes: dict[str, Any]) -> None:
+        set_hyperparameters(self.trainer.optimizers if self.trainer is not None else (), changes)
+
+    def settings_changed(self) -> None:
+        if self.trainer is not None:
+            self.trainer.fit_loop.max_epochs = self.run.num_epochs
 
     def get_state(self) -> dict[str, Any]:
         """Lightning's own checkpoint; ``save_checkpoint`` is a collective, so every worker calls it."""

@@ -26,6 +26,7 @@ class TorchBackend(Backend):
     state_keys = ("modules", "optimizers", "schedulers")
     native_collective = True  # torch.distributed, which DDP already set up
     gradient_steps = True  # precision, accumulation and clipping (TrainSettings)
+    elastic = True  # DDP's process group is rebuilt at each (re)start, at the new world size
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._torch_loop import TorchLoop

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from raymodel.backends._torch_optim import configure_optimizers
+from raymodel.backends._torch_optim import configure_optimizers, set_hyperparameters
 from raymodel.backends._torch_step import StepControl, with_last
 from raymodel.contract import WorkerLoop, batch_len
 from raymodel.data import Arrays, Batches, RayDataset, TorchDataset, aprefetch, prefetch, worker_rows
@@ -73,6 +73,9 @@ class TorchLoop(WorkerLoop):
         for opt, groups in zip(self.model._optimizers, fresh):
             for group, hyper in zip(opt.param_groups, groups):
                 group.update(hyper)
+
+    def apply_config(self, changes: dict[str, Any]) -> None:
+        set_hyperparameters(self.model._optimizers, changes)
 
     # ------------------------------------------------------------ training
     def _wrap(self, modules: dict[str, nn.Module]) -> nn.Module | None:

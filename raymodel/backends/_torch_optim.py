@@ -67,3 +67,20 @@ def _scheduler_config(item: Any) -> SchedulerConfig:
         return SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("monitor"))
     monitor = "val_loss" if type(item).__name__ == "ReduceLROnPlateau" else None
     return SchedulerConfig(item, "epoch", monitor)
+
+
+#: Config keys that ``job.update`` sets on every param group of every optimizer that has them.
+HYPERPARAMETERS = ("lr", "weight_decay", "momentum", "betas", "eps")
+
+
+def set_hyperparameters(optimizers: Any, changes: dict[str, Any]) -> None:
+    """Set the changed hyperparameters on each param group that has them (torch reads them at each
+    step). A scheduler that sets ``lr`` itself sets it again at its next step."""
+    for opt in optimizers or ():
+        for group in opt.param_groups:
+            for key in HYPERPARAMETERS:
+                if key in changes and key in group:
+                    value = changes[key]
+                    group[key] = tuple(value) if isinstance(value, list) else value
+            if "lr" in changes and "initial_lr" in group:  # what a scheduler counts from
+                group["initial_lr"] = changes["lr"]

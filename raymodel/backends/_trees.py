@@ -97,6 +97,18 @@ class TreeLoop(WorkerLoop):
         idx = worker_rows(len(split), run.rank, run.world, train=name == "train", shuffle=s.shuffle, seed=s.seed)
         return np.asarray(split.x)[idx], np.asarray(split.y)[idx]
 
+    def apply_config(self, changes: dict[str, Any]) -> None:
+        """Config keys that are also keys of ``self.params`` change the booster's parameters (from the
+        next round on); the others are only in ``self.config``."""
+        params = {k: v for k, v in changes.items() if k in self.model.params}
+        if params:
+            self.model.params.update(params)
+            self.set_params(params)
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        """Change the booster's parameters between rounds."""
+        raise NotImplementedError("The 'set_params' method must be implemented.")
+
     async def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.booster = self.boost(epoch)
         return self._mean("train", epoch)

@@ -93,6 +93,11 @@ class LightGBMLoop(TreeLoop):
         if self.booster is not None and self.run.world > 1:
             self.booster.free_network()  # the next job on this worker joins a network of its own
 
+    def set_params(self, params: dict[str, Any]) -> None:
+        self.params = {**self.params, **params}
+        if self.booster is not None:
+            self.booster.reset_parameter(params)
+
     def boost(self, epoch: int) -> Any:
         import lightgbm
 

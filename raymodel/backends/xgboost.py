@@ -73,6 +73,9 @@ class XGBoostLoop(TreeLoop):
             dict(self.model.params), list(self.datasets.values()), model_file=self.model.booster
         )  # continues a restored booster
 
+    def set_params(self, params: dict[str, Any]) -> None:
+        self.booster.set_param(params)
+
     def boost(self, epoch: int) -> Any:
         self.booster.update(self.datasets["train"], epoch - 1)
         return self.booster

@@ -1,4 +1,4 @@
-"""``raymodel server start|stop|status`` and ``raymodel jobs list|show|logs|stop|wait``.
+"""``raymodel server start|stop|status`` and ``raymodel jobs list|show|logs|stop|wait|update``.
 
 ``server start`` runs a persistent local Ray head (``ray start --head``) plus
 the training server, and writes where it is to ``$RAYMODEL_SERVER_FILE``
@@ -20,6 +20,7 @@ from typing import Any
 from raymodel import jobs
 from raymodel._internal.runtime import init, resolve_ingress, running_server, server_file, with_serve_env
 from raymodel.exceptions import RayModelError
+from raymodel.jobs._names import UPDATABLE
 
 
 def add_commands(sub: Any) -> None:
@@ -53,6 +54,17 @@ def add_commands(sub: Any) -> None:
         cmd = jobs.add_parser(name, help=text)
         cmd.add_argument("id")
         cmd.set_defaults(handler=handler)
+    update = jobs.add_parser("update", help="change a running job from its next epoch boundary")
+    update.add_argument("id")
+    update.add_argument(
+        "--set",
+        dest="changes",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"a config key or a setting ({', '.join(UPDATABLE)}); the value is read as JSON, else text",
+    )
+    update.set_defaults(handler=_jobs_update)
     logs = jobs.add_parser("logs", help="a job's log")
     logs.add_argument("id")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
@@ -164,7 +176,7 @@ def _server_status(args: argparse.Namespace) -> int:
 
 def _jobs_list(args: argparse.Namespace) -> None:
     attach()
-    rows = [["ID", "KIND", "STATUS", "MODEL", "EPOCHS", "RESOURCES"]]
+    rows = [["ID", "KIND", "PRIORITY", "STATUS", "ETA", "MODEL", "EPOCHS", "RESOURCES"]]
     records = jobs.records()
     holds = jobs.held(records)
     for r in records:
@@ -172,7 +184,9 @@ def _jobs_list(args: argparse.Namespace) -> None:
             [
                 r["id"],
                 r["kind"],
+                str(r.get("priority", 0)),
                 r["status"] + (f" ({r['reason']})" if r.get("reason") else ""),
+                _eta(r),
                 r["model_class"].rsplit(".", 1)[-1],
                 str(r.get("epochs") or "-"),
                 ", ".join(f"{v:g} {k}" for k, v in holds[r["id"]].items()) or "-",
@@ -184,6 +198,47 @@ def _jobs_list(args: argparse.Namespace) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _eta(record: dict[str, Any]) -> str:
+    """``starts in ~12 s`` (PENDING), ``ends in ~40 s`` (RUNNING), ``-``."""
+    eta = record.get("eta")
+    if eta is None or record["status"] not in ("PENDING", "RUNNING"):
+        return "-"
+    return f"{'starts' if record['status'] == 'PENDING' else 'ends'} in ~{eta:.0f} s"
+
+
+def parse_changes(pairs: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``["lr=1e-4", "num_epochs=40"]`` -> ``(config, settings)``; values are JSON where they parse."""
+    config: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"raymodel: error: `--set {pair}`: write KEY=VALUE, e.g. `--set lr=1e-4`.")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        (settings if key.strip() in UPDATABLE else config)[key.strip()] = value
+    return config, settings
+
+
+def _jobs_update(args: argparse.Namespace) -> int:
+    from raymodel.exceptions import SettingsError
+
+    if not args.changes:
+        raise SystemExit("raymodel: error: nothing to change: pass `--set KEY=VALUE` (one or more).")
+    config, settings = parse_changes(args.changes)
+    attach()
+    try:
+        change = jobs.get(args.id).update(config=config or None, settings=settings or None)
+    except SettingsError as exc:
+        print(f"raymodel: {exc}", file=sys.stderr)
+        return 2
+    shown = ", ".join(f"{k}={v!r}" for k, v in {**change["config"], **change["settings"]}.items())
+    print(f"{args.id}: {shown} from its next epoch boundary")
+    return 0
 
 
 def _jobs_show(args: argparse.Namespace) -> None:

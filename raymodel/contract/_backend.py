@@ -74,6 +74,8 @@ class Backend:
     #: True when ``TrainSettings.precision``, ``accumulate_grad_batches`` and the gradient clips
     #: apply (a loop of optimizer steps: torch, Lightning).
     gradient_steps: ClassVar[bool] = False
+    #: True when ``TrainSettings(num_workers=(min, max))`` (an elastic run) works with this backend.
+    elastic: ClassVar[bool] = False
     #: Keys of the state dict that ``write_state`` writes itself; any other entry
     #: (added in ``on_save_checkpoint``) is saved beside them by the checkpoint format.
     state_keys: ClassVar[tuple[str, ...]] = ()
@@ -261,10 +263,21 @@ class WorkerLoop:
         return None
 
     async def run_epochs(self, first: int, last: int) -> None:
-        """Run epochs ``first..last``, stopping early when ``run.epoch`` says so."""
-        for epoch in range(first, last + 1):
+        """Run epochs ``first..last``, stopping early when ``run.epoch`` says so (``last`` may grow
+        mid-run: ``job.update(settings={"num_epochs": ...})``; ``run.num_epochs`` is the current one)."""
+        epoch = first
+        while epoch <= self.run.num_epochs:
             if await self.run.epoch(epoch):
                 return
+            epoch += 1
+
+    def apply_config(self, changes: dict[str, Any]) -> None:
+        """``job.update``'s config changes, at an epoch boundary (``model.config`` holds them): set
+        what the framework holds of them (an optimizer's learning rate, say)."""
+
+    def settings_changed(self) -> None:
+        """``run.settings`` changed at an epoch boundary (``num_epochs``, ...): a framework that keeps
+        its own copy (Lightning's ``max_epochs``) follows."""
 
     # ---------------------------------------------------------------- state
     def get_state(self) -> dict[str, Any]:
@@ -352,6 +365,7 @@ class Run(Protocol):
 
     model: Model
     settings: Any  # the run's TrainSettings
+    num_epochs: int  # the last epoch (``job.update`` may change it)
     splits: dict[str, Any]
     rank: int
     world: int

@@ -53,6 +53,7 @@ HOOK_NAMES: tuple[str, ...] = (
     "after_epoch",
     "on_save_checkpoint",
     "on_load_checkpoint",
+    "on_config_update",
     "after_fit",
     "preprocess",
     "postprocess",
@@ -132,6 +133,14 @@ class TrainingHooks:
     def on_load_checkpoint(self, state: dict[str, Any]) -> None:
         """Called after the backend restored its state from a checkpoint (driver,
         train worker on restart, serve replica); ``state`` holds what was saved."""
+
+    @default
+    def on_config_update(self, changes: dict[str, Any]) -> None:
+        """Called on every train worker at an epoch boundary when ``job.update(config=...)`` changed
+        the config, with the changed keys; from the next epoch on. ``self.config`` already holds
+        them, and the backend has set what it can (torch: the optimizers' ``lr``, ``weight_decay``,
+        ``momentum``, ``betas``, ``eps``). Called again, with every change so far, when a run resumes
+        from a checkpoint written after a change."""
 
     @default
     def after_fit(self, result: dict[str, Any]) -> None:

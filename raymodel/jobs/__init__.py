@@ -71,8 +71,51 @@ class Job:
 
     @property
     def reason(self) -> str | None:
-        """Why a PENDING job waits (which resource), else ``None``."""
+        """What the job waits for: a PENDING job's resource (or "preempted by <id>"), a RUNNING job's
+        lost workers ("waiting for 1 more CPU for 1 worker of 2: node ... lost at epoch 4"); else ``None``."""
         return self._record().get("reason")
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds until a PENDING job is expected to start, or a RUNNING job to end (from the running
+        jobs' epochs left and their mean epoch time); ``None`` when not known yet or done."""
+        return self._record().get("eta")
+
+    @property
+    def changes(self) -> list[dict[str, Any]]:
+        """What ``update`` changed: ``[{"epoch": from, "config": {...}, "settings": {...}}, ...]``
+        (``"epoch": None`` until the next epoch boundary)."""
+        return [
+            {k: c.get(k) for k in ("epoch", "config", "settings", "note") if k != "note" or c.get("note")}
+            for c in self._record().get("changes") or ()
+        ]
+
+    def update(self, config: dict[str, Any] | None = None, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Change a running (or queued) training job from its next epoch boundary, on every worker.
+
+        ``settings``: ``num_epochs`` (not below the epochs done), ``checkpoint_every``,
+        ``keep_checkpoints`` (jobs on a pool). ``config``: any key; it is merged into
+        ``model.config``, the backend sets what it can (torch and Lightning: the optimizers' ``lr``,
+        ``weight_decay``, ``momentum``, ``betas``, ``eps``; Keras: the learning rate; XGBoost and
+        LightGBM: keys of ``self.params``), then the hook ``on_config_update(changes)`` runs.
+        The change is kept in ``job.changes``, the history row of the epoch it took effect, and
+        the checkpoints (a resumed run keeps it). Returns the change as recorded.
+
+        Raises:
+            SettingsError: the change is not allowed (the message names it); the job is untouched.
+        """
+        import ray
+
+        from raymodel.exceptions import SettingsError
+
+        if config is not None and not isinstance(config, dict):
+            raise SettingsError(f"`config` must be a dict of config keys to new values (got {config!r}).")
+        if settings is not None and not isinstance(settings, dict):
+            raise SettingsError(f"`settings` must be a dict, e.g. {{'num_epochs': 40}} (got {settings!r}).")
+        answer = ray.get(self._server.update.remote(self.id, config, settings))
+        if "error" in answer:
+            raise SettingsError(answer["error"])
+        return answer["change"]
 
     @property
     def resources(self) -> dict[str, float]:
@@ -340,6 +383,8 @@ def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) 
         tunable.settings.max_epochs,
         metric=tunable.metric,
         mode=tunable.settings.mode,
+        priority=tunable.settings.priority,
+        preemptible=tunable.settings.preemptible,
     )
 
 

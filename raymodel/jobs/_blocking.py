@@ -56,24 +56,32 @@ def _progress_hub() -> Any:
     return hub
 
 
+#: A reason the job still waits for is said again after this many seconds.
+_REPEAT_S = 30.0
+
+
 def _await(job: Job, printer: Any) -> dict[str, Any]:
-    """Wait for ``job`` to end; say (once each) what it waits for, and when it starts a pool."""
-    shown: set[str] = set()
+    """Wait for ``job`` to end; say what it waits for (a new reason at once, the same one again at most
+    every ``_REPEAT_S``), and when it starts a pool."""
+    shown: dict[str, float] = {}
     started = time.monotonic()
     with printer if printer is not None else _nothing():
         while True:
             record = job._record(until_done=1.0)
             if record["status"] in DONE:
                 return record
-            reason = record.get("reason") if record["status"] == "PENDING" else None
-            if record["status"] == "RUNNING":
+            reason = record.get("reason")  # PENDING: what it waits for; RUNNING: lost workers
+            if record["status"] == "RUNNING" and not reason:
                 starting = [line for line in record.get("log", ()) if " starting pool " in line]
-                if starting:  # "... starting pool <id> of 2 torch worker(s)"
+                if starting and not record["history"]:  # "... starting pool <id> of 2 torch worker(s)"
                     workers = starting[0].split(" of ", 1)[1]
                     reason = f"starting a pool of {workers} (once: later runs reuse them)"
-            if printer is not None and reason and reason not in shown and time.monotonic() - started > 1.0:
-                print(f"[{printer.label}] {reason}", file=printer.stream, flush=True)
-                shown.add(reason)
+            now = time.monotonic()
+            if printer is not None and reason and now - started > 1.0 and now - shown.get(reason, -1e9) > _REPEAT_S:
+                repeat = reason in shown and not reason.startswith("starting a pool")
+                if repeat or reason not in shown:
+                    print(f"[{printer.label}] {reason}", file=printer.stream, flush=True)
+                shown[reason] = now
 
 
 class _nothing:

@@ -14,20 +14,12 @@ from typing import Any
 import ray
 
 from raymodel.jobs._names import NAMESPACE
+from raymodel.jobs._queue import fits
 
 #: An idle pool ends after this many seconds (``rm.init(pool_idle_s=...)``).
 DEFAULT_POOL_IDLE_S = 120.0
 #: A pool asked to end that has not after this long is killed.
 _END_S = 30.0
-
-
-def fits(needs: dict[str, float], free: dict[str, float]) -> str | None:
-    """``None`` when ``needs`` fits ``free``, else the reason (which resource it waits for)."""
-    for name, amount in sorted(needs.items()):
-        have = free.get(name, 0.0)
-        if amount > have + 1e-9:
-            return f"waiting for {name}: needs {amount:g}, {have:g} free"
-    return None
 
 
 class PoolKeeper:
@@ -148,14 +140,17 @@ class PoolKeeper:
         print(f"pool {pool_id} ended: {why}", flush=True)
 
 
-def pending_demand() -> list[dict[str, float]]:
-    """The resource bundles Ray reports that tasks, actors and placement groups wait for."""
+def pending_demand(groups_only: bool = False) -> list[dict[str, float]]:
+    """The resource bundles Ray reports that tasks, actors and placement groups wait for (one entry
+    per bundle); ``groups_only``: only placement groups' (a worker group that cannot be placed)."""
     try:
         from ray.autoscaler.v2.sdk import get_cluster_status
 
         demand = get_cluster_status(ray.get_runtime_context().gcs_address).resource_demands
     except Exception:  # noqa: BLE001 - no demand known is no reason to release anything
         return []
-    bundles = [b.bundle for d in demand.ray_task_actor_demand for b in d.bundles_by_count]
-    bundles += [b.bundle for d in demand.placement_group_demand for b in d.bundles_by_count]
-    return [{k: float(v) for k, v in bundle.items()} for bundle in bundles]
+    kinds = [demand.placement_group_demand]
+    if not groups_only:
+        kinds.append(demand.ray_task_actor_demand)
+    bundles = [b for kind in kinds for d in kind for b in d.bundles_by_count]
+    return [{k: float(v) for k, v in b.bundle.items()} for b in bundles for _ in range(max(int(b.count), 1))]

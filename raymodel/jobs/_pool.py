@@ -228,6 +228,7 @@ class PoolActor:
             if job is None or job["outcome"] is not None:
                 return
             job["fresh_only"] = True
+            _tell_server(job["id"], errors)
             if job["paused"]:
                 return
             job["attempt"] += 1
@@ -249,6 +250,18 @@ class PoolActor:
                 "ended": self.ended,
                 "broken": self.broken,
             }
+
+
+def _tell_server(job_id: str, errors: dict[int, str]) -> None:
+    """The job's workers failed: the server watches whether Ray can place them again."""
+    import ray
+
+    from raymodel.jobs._names import NAME, NAMESPACE
+
+    try:
+        ray.get_actor(NAME, namespace=NAMESPACE).worker_lost.remote(job_id, errors)
+    except ValueError:  # no server (a pool outlives it only while being killed)
+        pass
 
 
 def pool_worker(config: dict[str, Any]) -> dict[str, Any]:

@@ -61,6 +61,10 @@ class PoolSession:
                 if self.server is not None:
                     self.server.stop.remote(self.job_id)
 
+    def settings_changed(self, settings: Any) -> None:
+        """``job.update`` changed the settings: keep as many checkpoints as they now say."""
+        self.spec = {**self.spec, "keep_checkpoints": settings.keep_checkpoints}
+
     def broadcast(self, value: Any) -> Any:
         from ray.train.collective import broadcast_from_rank_zero
 

@@ -47,15 +47,16 @@ def run_job(
         settings = dataclasses.replace(
             settings,
             progress=settings.progress and hub is not None,  # a blocking call shows it, through its hub
-            callbacks=[*settings.callbacks, JobControl(server, runner.job_id)],
+            callbacks=[*settings.callbacks, JobControl(server, runner.job_id, stop_vote=False)],
         )
         trainable = Trainable(
             model,
             settings,
             data=job["data"],
-            callbacks=[_job_rows(server, runner.job_id)],
+            callbacks=[_job_rows(server, runner.job_id), _job_failures(server, runner.job_id)],
             info=job.get("info"),
             resume_from=job.get("resume_from"),
+            control=(server, runner.job_id),  # stop, preemption and `job.update`, at each epoch's end
         )
         if pool is not None:
             outcome = trainable.run_on_pool(pool, runner.job_id, server, hub=hub, deliver=job.get("deliver", False))
@@ -87,6 +88,12 @@ def _job_rows(server: Any, job_id: str) -> Any:
     return JobRows(server, job_id)
 
 
+def _job_failures(server: Any, job_id: str) -> Any:
+    from raymodel.train._callbacks import JobFailures
+
+    return JobFailures(server, job_id)
+
+
 def _restore_state(model: Any, files: dict[str, bytes] | None) -> None:
     """The submitting instance's weights (``Trainable``'s initial state), when it had any."""
     if not files:
@@ -97,11 +104,12 @@ def _restore_state(model: Any, files: dict[str, bytes] | None) -> None:
 
 class JobControl(Callback):
     """On every training worker (a job's, or a tune job's trial's): tells the server the placement
-    group it runs in (``Job.resources`` asks Ray's state API what those hold), and ends the run at
-    the end of an epoch once the job is stopped (the stop vote; a checkpoint is written)."""
+    group it runs in (``Job.resources`` asks Ray's state API what those hold); with ``stop_vote``
+    (a tune job's trial) ends the run at the end of an epoch once the job is stopped (a checkpoint
+    is written). A training job's workers ask the server themselves (``WorkerRun``'s control)."""
 
-    def __init__(self, server: Any, job_id: str) -> None:
-        self.server, self.job_id = server, job_id
+    def __init__(self, server: Any, job_id: str, stop_vote: bool = True) -> None:
+        self.server, self.job_id, self.stop_vote = server, job_id, stop_vote
 
     def before_fit(self) -> None:
         group = ray.get_runtime_context().get_placement_group_id()
@@ -109,7 +117,7 @@ class JobControl(Callback):
             self.server.hold.remote(self.job_id, group)
 
     def after_epoch(self, epoch: int, metrics: dict[str, Any]) -> None:
-        if self.context.rank == 0 and ray.get(self.server.stopping.remote(self.job_id)):
+        if self.stop_vote and self.context.rank == 0 and ray.get(self.server.stopping.remote(self.job_id)):
             self.context.should_stop = True
 
 

@@ -6,7 +6,10 @@ worker group, ``jobs/_pool.py``) that fits what its workers need: an idle one,
 or a new one when the cluster's free resources allow; ``pool=False`` jobs and
 tune jobs call the blocking verb (``Trainable.fit`` or ``Tunable.fit``) as
 ``model.train()`` and ``model.tune()`` do. Either way every epoch row reaches
-the server. A PENDING job waits, FIFO, with the reason. An idle pool ends after
+the server. A PENDING job waits, by priority then first in first out
+(``jobs/_queue.py``), with the reason; a job that cannot fit preempts running
+jobs of lower priority. Running jobs are changed, stopped and watched through
+``JobControl`` (``jobs/_control.py``). An idle pool ends after
 ``pool_idle_s``, at once when a job or anything else (Ray reports pending
 demand) needs its resources, or on ``release_pools``. The server keeps each
 record under ``$RAYMODEL_HOME/jobs/<id>.json`` (any storage URI), and on start
@@ -25,8 +28,10 @@ from typing import Any
 import ray
 
 from raymodel._internal import runtime, storage
-from raymodel.jobs._keeper import DEFAULT_POOL_IDLE_S, PoolKeeper, fits
+from raymodel.jobs._control import JobControl
+from raymodel.jobs._keeper import DEFAULT_POOL_IDLE_S, PoolKeeper
 from raymodel.jobs._names import ACTIVE
+from raymodel.jobs._queue import choose_victims, etas, fits, plus, queue_order
 from raymodel.jobs._runner import new_runner
 
 _LOG_LINES = 200
@@ -36,8 +41,9 @@ def jobs_root() -> str:
     return runtime.home_path("jobs")
 
 
-class JobServer(PoolKeeper):
-    """Job records, a FIFO queue, pools (``PoolKeeper``), and one runner actor per running job."""
+class JobServer(PoolKeeper, JobControl):
+    """Job records, a priority queue, pools (``PoolKeeper``), changes and waits (``JobControl``), and
+    one runner actor per running job."""
 
     def __init__(self, home: str, pool_idle_s: float = DEFAULT_POOL_IDLE_S) -> None:
         os.environ["RAYMODEL_HOME"] = home  # records and runs go where the first client's home is
@@ -51,6 +57,10 @@ class JobServer(PoolKeeper):
         self.pool_actors: dict[str, Any] = {}
         self.pool_refs: dict[Any, str] = {}  # each pool's end
         self._demand_checked = 0.0
+        self.row_times: dict[str, list[float]] = {}  # when each row arrived (epoch times: ETAs)
+        self.alive_nodes: set[str] = set()
+        self.lost_nodes: dict[str, float] = {}  # node id -> when it was seen dead
+        self._nodes_checked = 0.0
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a row, a status: wakes the clients' long polls
         self.spare: Any = new_runner()
@@ -82,6 +92,11 @@ class JobServer(PoolKeeper):
             "trials": {},
             "metric": info.get("metric"),
             "mode": info.get("mode"),
+            "priority": int(info.get("priority", 0)),
+            "preemptible": bool(info.get("preemptible", True)),
+            "resource_wait_s": info.get("resource_wait_s"),
+            "changes": [],
+            "preemptions": 0,
         }
         if info.get("pool"):
             record["pool_key"] = info["pool"]["key"]
@@ -113,13 +128,17 @@ class JobServer(PoolKeeper):
                 lambda: self.records.get(job_id, {}).get("status", "DONE") not in ACTIVE, timeout=timeout
             )
             record = self.records.get(job_id)
-            return None if record is None else {k: v for k, v in record.items() if k != "history"}
+            if record is None:
+                return None
+            return {**{k: v for k, v in record.items() if k != "history"}, "eta": self._etas().get(job_id)}
 
     def list(self) -> list[dict[str, Any]]:
         with self.lock:
+            eta = self._etas()
             return [
                 {
                     **{k: v for k, v in r.items() if k not in ("history", "log", "result", "trials")},
+                    "eta": eta.get(r["id"]),
                     "last_epoch": max((row.get("epoch", 0) for row in r["history"]), default=0),
                     "rows": len(r["history"]),
                     "num_trials": len(r.get("trials") or {}),
@@ -143,7 +162,6 @@ class JobServer(PoolKeeper):
             if record is None:
                 return "missing"
             if record["status"] == "PENDING":
-                self.payloads.pop(job_id, None)
                 self._finish(job_id, "STOPPED", result=None)
             elif record["status"] == "RUNNING":
                 record["stopping"] = True
@@ -167,6 +185,7 @@ class JobServer(PoolKeeper):
         with self.lock:
             record = self.records[job_id]
             record["history"].extend(rows)
+            self.row_times.setdefault(job_id, []).extend(time.time() for _ in rows)
             self.changed.notify_all()
             for row in rows:
                 shown = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "epoch"}
@@ -196,27 +215,37 @@ class JobServer(PoolKeeper):
             try:
                 self._reap(timeout=0.25)
                 self._expire_pools()
+                self._watch_waits()
                 self._schedule()
             except Exception:  # noqa: BLE001 - the loop must outlive any one failure
                 traceback.print_exc()
                 time.sleep(0.5)
 
+    def _free(self) -> dict[str, float]:
+        """What new work may take now: free in Ray, less what started work holds or is about to."""
+        total = {k: float(v) for k, v in ray.cluster_resources().items()}
+        available = {k: float(v) for k, v in ray.available_resources().items()}
+        held: dict[str, float] = {}
+        committed = [r["needs"] for r in self.records.values() if r["status"] == "RUNNING" and not r.get("pool_id")]
+        committed += [p["needs"] for p in self.pools.values()]  # a pool holds its share, busy or not
+        for needs in committed:  # started work whose workers may not hold their share yet
+            held = plus(held, needs)
+        return {k: min(available.get(k, 0.0), total[k] - held.get(k, 0.0)) for k in total}
+
+    def _etas(self) -> dict[str, float | None]:
+        free = self._free()
+        for pool in self.pools.values():
+            if pool["state"] in ("idle", "ending"):
+                free = plus(free, pool["needs"])
+        active = [r for r in self.records.values() if r["status"] in ACTIVE]
+        return etas(active, free, lambda i: self.row_times.get(i, []), time.time())
+
     def _schedule(self) -> None:
         with self.lock:
-            pending = sorted(
-                (r for r in self.records.values() if r["status"] == "PENDING"), key=lambda r: r["submitted"]
-            )
+            pending = queue_order(self.records.values())
             if not pending:
                 return
-            total = {k: float(v) for k, v in ray.cluster_resources().items()}
-            available = {k: float(v) for k, v in ray.available_resources().items()}
-            held: dict[str, float] = {}
-            committed = [r["needs"] for r in self.records.values() if r["status"] == "RUNNING" and not r.get("pool_id")]
-            committed += [p["needs"] for p in self.pools.values()]  # a pool holds its share, busy or not
-            for needs in committed:  # started work whose workers may not hold their share yet
-                for k, v in needs.items():
-                    held[k] = held.get(k, 0.0) + v
-            free = {k: min(available.get(k, 0.0), total[k] - held.get(k, 0.0)) for k in total}
+            free = self._free()
             for record in pending:
                 key = record.get("pool_key")
                 idle = [p for p in self.pools.values() if p["state"] == "idle" and p["key"] == key] if key else []
@@ -225,28 +254,49 @@ class JobServer(PoolKeeper):
                     continue
                 reason = fits(record["needs"], free)
                 if reason is None:
-                    for k, v in record["needs"].items():
-                        free[k] = free.get(k, 0.0) - v
+                    free = plus(free, record["needs"], -1.0)
                     self._launch(record, self._start_pool(record) if key else None)
                     continue
                 others = [p for p in self.pools.values() if p["state"] in ("idle", "ending")]
                 freed = dict(free)
                 for pool in others:
-                    for k, v in pool["needs"].items():
-                        freed[k] = freed.get(k, 0.0) + v
+                    freed = plus(freed, pool["needs"])
                 if others and fits(record["needs"], freed) is None:
                     for pool in others:
                         self._end_pool(pool["id"], f"its resources are needed by {record['id']}")
                     record["reason"] = "waiting for idle pools to end"
+                    break
+                running = [r for r in self.records.values() if r["status"] == "RUNNING"]
+                victims, enough = choose_victims(record, running, freed)
+                going = [r["id"] for r in running if r.get("preempt_by")]
+                if enough and (victims or going):
+                    for victim in victims:
+                        self._preempt(victim, record)
+                    ids = ", ".join(going + [v["id"] for v in victims])
+                    record["reason"] = f"waiting for {ids} to checkpoint and end (preempted)"
                 else:
-                    record["reason"] = reason
+                    before = f"preempted by {record['preempted_by']}; " if record.get("preempted_by") else ""
+                    record["reason"] = before + reason
                 break  # first in, first out: a small job does not overtake a waiting big one
+
+    def _preempt(self, victim: dict[str, Any], by: dict[str, Any]) -> None:
+        """Ask a running job to end its epoch, write a checkpoint and give its workers back (it waits
+        PENDING and resumes from that checkpoint); ``control`` tells its workers."""
+        victim["preempt_by"] = by["id"]
+        self._log(
+            victim["id"],
+            f"preempted by {by['id']} (priority {by.get('priority', 0)}): "
+            "the current epoch ends, a checkpoint is written",
+        )
+        self._log(by["id"], f"preempts {victim['id']} (priority {victim.get('priority', 0)})")
+        self._save(victim["id"])
 
     def _launch(self, record: dict[str, Any], pool_id: str | None = None) -> None:
         job_id = record["id"]
         runner, self.spare = self.spare or new_runner(), None  # a warm process: no start-up, imports done
         self.runners[job_id] = runner
         pool = None
+        record.pop("pool_id", None)
         if pool_id is not None:
             pool = self.pool_actors[pool_id]
             self.pools[pool_id].update(state="busy", job=job_id, idle_since=None)
@@ -255,7 +305,7 @@ class JobServer(PoolKeeper):
         ref = runner.run.remote(
             job_id,
             record["kind"],
-            self.payloads.pop(job_id),
+            self.payloads[job_id],  # kept until the job ends: a preempted job starts again from it
             pool,
             extras.get("hub"),
             record["model_class"],
@@ -264,7 +314,9 @@ class JobServer(PoolKeeper):
         )
         self.done_refs[ref] = job_id
         record.update(status="RUNNING", reason=None, started=time.time())
-        self._log(job_id, "started" + (f" on pool {pool_id}" if pool_id else ""))
+        self.row_times.pop(job_id, None)
+        again = " again, from its newest checkpoint" if record.get("preempted_by") else ""
+        self._log(job_id, "started" + (f" on pool {pool_id}" if pool_id else "") + again)
         self._save(job_id)
         self.changed.notify_all()
 
@@ -286,8 +338,12 @@ class JobServer(PoolKeeper):
             with self.lock:
                 record = self.records[job_id]
                 stopped = record.get("stopping")
-                if outcome.get("error"):
+                if record.get("fail_with"):
+                    self._finish(job_id, "FAILED", error=record.pop("fail_with"))
+                elif outcome.get("error"):
                     self._finish(job_id, "FAILED", error=outcome["error"], detail=outcome.get("traceback"))
+                elif record.get("preempt_by") and not stopped and not _all_epochs(record, outcome["result"]):
+                    self._requeue(record)
                 else:
                     self._finish(job_id, "STOPPED" if stopped else "SUCCEEDED", result=outcome["result"])
                 pool = self.pools.get(record.get("pool_id") or "")
@@ -298,17 +354,35 @@ class JobServer(PoolKeeper):
                         pool["jobs_run"] += 1
                         self._end_pool(pool["id"], "a job left it unusable", force=True)
                 runner = self.runners.pop(job_id, None)
-                self.extras.pop(job_id, None)
+                if record["status"] != "PENDING":
+                    self.extras.pop(job_id, None)
             if runner is not None:
                 with self.lock:  # the finished job's process waits for the next job (its imports done)
                     runner, self.spare = (runner, None) if self.spare is not None else (None, runner)
                 if runner is not None:
                     ray.kill(runner)
 
+    def _requeue(self, record: dict[str, Any]) -> None:
+        """A preempted job wrote its checkpoint and gave its workers back: it waits again."""
+        by = record.pop("preempt_by")
+        record.update(status="PENDING", reason=f"preempted by {by}", preempted_by=by)
+        record["preemptions"] = record.get("preemptions", 0) + 1
+        epoch = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
+        self._log(record["id"], f"preempted by {by} after epoch {epoch}; waits, and resumes from that checkpoint")
+        self._save(record["id"])
+        self.changed.notify_all()
+
     def _finish(
         self, job_id: str, status: str, result: Any = None, error: str | None = None, detail: str | None = None
     ) -> None:
         record = self.records[job_id]
+        self.payloads.pop(job_id, None)
+        for change in record.get("changes") or ():
+            if change.get("epoch") is None:
+                change["epoch"] = None
+                change["note"] = "not applied: the job ended before its next epoch boundary"
+        record.pop("preempt_by", None)
+        record.pop("lost", None)
         record.update(status=status, ended=time.time(), reason=None, result=result, error=error)
         self._log(job_id, status.lower() + (f": {error}" if error else ""))
         if detail:
@@ -344,6 +418,13 @@ class JobServer(PoolKeeper):
                     error=f"The job server restarted while the job was "
                     f"{record['status']}; the job was lost. Submit it again.",
                 )
+
+
+def _all_epochs(record: dict[str, Any], result: dict[str, Any] | None) -> bool:
+    """Whether a run ended at its last epoch (a preempted job that got there anyway is done)."""
+    history = (result or {}).get("history") or record["history"]
+    done = max((int(r.get("epoch", 0)) for r in history), default=0)
+    return done >= int(record.get("epochs") or 0)
 
 
 def _show(resources: dict[str, float], only: dict[str, float] | None = None) -> str:

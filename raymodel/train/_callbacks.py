@@ -48,6 +48,17 @@ class JobRows(UserCallback):
             self.server.push.remote(self.job_id, [{k: v for k, v in metrics[0].items()}])
 
 
+class JobFailures(UserCallback):
+    """On a job's one-off Train controller: tells the server its workers failed (it watches whether
+    Ray can place them again, and says what the job waits for)."""
+
+    def __init__(self, server: Any, job_id: str) -> None:
+        self.server, self.job_id = server, job_id
+
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, BaseException]) -> None:
+        self.server.worker_lost.remote(self.job_id, {r: _failure_text(e) for r, e in worker_exceptions.items()})
+
+
 class PoolFailures(UserCallback):
     """On a pool's Train controller: tells the pool which workers failed, before Ray Train restarts them."""
 

@@ -26,6 +26,12 @@ def prepare(model: Model, settings: Any, data: Any) -> tuple[TrainSettings, Any]
     settings = TrainSettings.coerce(settings)
     backend = model.backend
     _check_step_settings(settings, backend)
+    if settings.elastic and not backend.elastic:
+        raise SettingsError(
+            f"`num_workers={settings.num_workers!r}`: the {backend.name} backend trains on a fixed number of "
+            f"workers (its framework's cluster is set once); elastic ranges work with torch and Lightning. "
+            f"Pass an int."
+        )
     backend.import_framework()
     backend.validate_model(model)
     spec = resolve(data)
@@ -94,9 +100,12 @@ class Trainable:
         resume_from: str | None = None,
         hub: Any = None,
         info: dict[str, Any] | None = None,
+        control: tuple[Any, str] | None = None,
     ) -> None:
         """``callbacks`` (Ray Train ``UserCallback`` objects on the driver side), ``resume_from``
-        (a checkpoint to continue from), ``hub`` and ``info`` are how a Tune trial runs its training."""
+        (a checkpoint to continue from), ``hub`` and ``info`` are how a Tune trial runs its training;
+        ``control``, ``(training server, job id)``, how a job's workers ask the server at each epoch's
+        end whether to stop and what changed (``job.update``)."""
         self.model = model
         self.settings, self.spec = prepare(model, settings, data)
         self.name = self.settings.name or runtime.run_name(type(model).__name__)
@@ -105,14 +114,15 @@ class Trainable:
         self._ray_callbacks = list(callbacks)
         self._hub = hub  # the caller's hub (it stops it), used for gathers too
         self._info = {"name": self.name, "path": self.path, **(info or {})}
+        self._control = control
         if resume_from is not None:
             self._info["resume_from"] = resume_from
 
     @property
     def needs(self) -> dict[str, float]:
-        """What the run's workers hold in all."""
+        """What the run's workers hold in all (an elastic run: at least)."""
         per_worker = worker_resources(self.settings.resources_per_worker, self.settings.use_gpu)
-        return {k: v * max(self.settings.num_workers, 1) for k, v in per_worker.items()}
+        return {k: v * max(self.settings.min_workers, 1) for k, v in per_worker.items()}
 
     def as_trainer(self) -> Any:
         """The native Ray Train V2 trainer for this model's backend, not yet fit.
@@ -165,7 +175,12 @@ class Trainable:
                 shards = split.dataset.streaming_split(max(settings.num_workers, 1), equal=True)
                 data.splits[name] = RayDataset(split.key, shards=shards)
         spec = {
-            "loop_config": {"payload": worker_payload(self.model, settings, self._info), "data": data, "hub": hub},
+            "loop_config": {
+                "payload": worker_payload(self.model, settings, self._info),
+                "data": data,
+                "hub": hub,
+                "control": self._control,
+            },
             "server": server,
             "path": self.path,
             "max_failures": settings.max_failures,
@@ -221,13 +236,14 @@ class Trainable:
         from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
         settings, backend = self.settings, self.model.backend
-        gathers = settings.num_workers > 1 and not backend.native_collective
+        gathers = settings.max_workers > 1 and not backend.native_collective
         hub = self._hub or (start_hub() if gathers or printer is not None else None)
         # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
         loop_config = {
             "payload": worker_payload(self.model, settings, self._info),
             "data": self.spec.for_workers(),
             "hub": hub,
+            "control": self._control,
         }
         keep_best = settings.keep_checkpoints is not None and settings.metric is not None
         callbacks = list(self._ray_callbacks)
@@ -246,10 +262,12 @@ class Trainable:
             callbacks=callbacks,
             logging_config=LoggingConfig("INFO" if settings.verbose else "WARNING"),
         )
+        elastic = {"elastic_resize_monitor_interval_s": elastic_resize_s()} if settings.elastic else {}
         scaling = ScalingConfig(
             num_workers=settings.num_workers,
             use_gpu=settings.use_gpu,
             resources_per_worker=settings.resources_per_worker,
+            **elastic,
         )
         trainer = backend.make_trainer(
             run_worker,
@@ -262,6 +280,14 @@ class Trainable:
 
     def __repr__(self) -> str:
         return f"Trainable({type(self.model).__name__}, num_workers={self.settings.num_workers}, name={self.name!r})"
+
+
+def elastic_resize_s() -> float:
+    """How often a running elastic run looks for room to grow (Ray Train's
+    ``elastic_resize_monitor_interval_s``; ``RAYMODEL_ELASTIC_RESIZE_S``, default 60)."""
+    import os
+
+    return float(os.environ.get("RAYMODEL_ELASTIC_RESIZE_S", "60"))
 
 
 def worker_payload(model: Model, settings: TrainSettings, info: dict[str, Any]) -> bytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from raymodel._internal import serialization
+from raymodel._internal import runtime, serialization
 from raymodel.train._driver import initial_state
 from raymodel.train._settings import TrainSettings, worker_resources
 
@@ -39,8 +39,10 @@ def train_request(
     """
     datasets = spec.ray_datasets
     spec, refs = _refs_apart(spec)
+    if settings.name is None:  # fixed now: a preempted job resumes from its own run's checkpoints
+        settings = dataclasses.replace(settings, name=runtime.run_name(type(model).__name__))
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
-    needs = {k: v * max(settings.num_workers, 1) for k, v in per_worker.items()}
+    needs = {k: v * max(settings.min_workers, 1) for k, v in per_worker.items()}
     payload = {
         "class": type(model),
         "config": dict(model.config),
@@ -60,8 +62,11 @@ def train_request(
         "datasets": datasets or None,
         "refs": refs,
         "trial_id": (info or {}).get("trial_id"),
+        "priority": settings.priority,
+        "preemptible": settings.preemptible,
+        "resource_wait_s": settings.resource_wait_s,
     }
-    if settings.pool and settings.num_workers > 0:
+    if settings.pool and not settings.elastic and settings.num_workers > 0:
         backend = model.backend
         request["pool"] = {
             "key": pool_key(backend.name, settings.num_workers, per_worker),

@@ -53,7 +53,8 @@ class TrainSession:
     """Where a run is placed: a Ray Train V2 worker (rank, reports, checkpoints).
 
     A session answers: rank, world, local_rank, ``latest_checkpoint()``,
-    ``report(metrics, checkpoint_dir, name)``, ``broadcast(value)``, ``barrier()``.
+    ``report(metrics, checkpoint_dir, name)``, ``broadcast(value)``, ``barrier()``,
+    ``settings_changed(settings)`` (``job.update`` changed them at an epoch boundary).
     The other placement is a Tune trial's own process (``tune/_trial.py``).
     """
 
@@ -89,6 +90,10 @@ class TrainSession:
 
         barrier()
 
+    def settings_changed(self, settings: Any) -> None:
+        """Ray Train's ``CheckpointConfig`` is fixed for the run (the server refuses ``keep_checkpoints``
+        changes of such a run); nothing else here depends on the settings."""
+
 
 class WorkerRun:
     """One worker's training run: unpacks the driver's payload and runs the lifecycle."""
@@ -120,6 +125,10 @@ class WorkerRun:
         self.callbacks = list(self.settings.callbacks)
         self.hooks = HookRunner(self.model, self.callbacks, self.context)
         self.history: list[dict[str, Any]] = []
+        #: Changes ``job.update`` made, as applied: ``{"epoch", "config", "settings"}`` (checkpointed).
+        self.changes: list[dict[str, Any]] = []
+        self._tag: dict[str, Any] | None = None  # the change the next row shows
+        self.control = loop_config.get("control")  # (training server, job id): stop, preempt, changes
         self.start_epoch = 1
         self.config_changed = False
         self.splits: dict[str, Any] = {}
@@ -163,6 +172,10 @@ class WorkerRun:
         self.worker.build()
         await self._restore()
         self.worker.ready()
+        if self.control is not None:  # changes made while the job waited (queued, or preempted)
+            control = self.collective.all_gather(self._ask_server(self.start_epoch - 1) if self.rank == 0 else None)[0]
+            if (control or {}).get("changes"):
+                await self._apply_changes(control["changes"])
         await self.hooks.call("before_fit")
         self._phase = "fit"
         if self.start_epoch <= self.num_epochs:
@@ -217,16 +230,24 @@ class WorkerRun:
         await self.hooks.call("after_epoch", epoch, metrics)
         self.worker.end_epoch(epoch, metrics)
         row = {"epoch": epoch, **metrics}
+        if self.settings.elastic:
+            row["world_size"] = self.world
+        if self._tag is not None:
+            row["changes"], self._tag = self._tag, None
         self.history.append(row)
-        votes = self.collective.all_gather((self.context.should_stop, self._rng_state()))
-        stop = any(vote for vote, _ in votes) and epoch < self.num_epochs
+        control = self._ask_server(epoch) if self.rank == 0 else None
+        votes = self.collective.all_gather((self.context.should_stop, self._rng_state(), control))
+        control = votes[0][2] or {}
+        if control.get("changes"):  # every worker applies rank 0's answer: the same epoch boundary
+            await self._apply_changes(control["changes"])
+        stop = (any(vote for vote, _, _ in votes) or bool(control.get("stop"))) and epoch < self.num_epochs
         self.context.should_stop = stop
         due = stop or epoch % self.settings.checkpoint_every == 0 or epoch == self.num_epochs
         directory = None
         if due:
             state = self.worker.get_state()  # on every worker: some frameworks save collectively
             if self.rank == 0:
-                directory = await self._write_checkpoint(epoch, state, row, [rng for _, rng in votes])
+                directory = await self._write_checkpoint(epoch, state, row, [rng for _, rng, _ in votes])
         if self.progress is not None and self.settings.num_workers == 0:
             import ray  # local mode: no controller forwards the report; the row is in before fit() returns
 
@@ -241,6 +262,42 @@ class WorkerRun:
         if due and self.world > 1:
             self.session.barrier()  # rank 0's upload is done: no worker starts an epoch before it is stored
         return stop
+
+    # --------------------------------------------------------- job control
+    def _ask_server(self, epoch: int) -> dict[str, Any] | None:
+        """Rank 0, at an epoch's end: whether the training server stops or preempts this job, and the
+        changes ``job.update`` asked for that this run has not applied yet."""
+        if self.control is None:
+            return None
+        import ray
+
+        server, job_id = self.control
+        return ray.get(server.control.remote(job_id, epoch, len(self.changes)))
+
+    async def _apply_changes(self, changes: list[dict[str, Any]]) -> None:
+        """Apply ``job.update``'s changes from the next epoch on: settings, then the config (merged into
+        ``model.config``; the backend sets what it can, e.g. the optimizers' ``lr``), then the hook."""
+        config: dict[str, Any] = {}
+        for change in changes:
+            self.changes.append(dict(change))
+            self._set_settings(change.get("settings") or {})
+            config.update(change.get("config") or {})
+        shown = {**config, **{k: v for c in changes for k, v in (c.get("settings") or {}).items()}}
+        self._tag = {**(self._tag or {}), **shown}
+        if config:
+            self.model.config.update(config)
+            self.worker.apply_config(config)
+            await self.hooks.call("on_config_update", dict(config))
+
+    def _set_settings(self, settings: dict[str, Any]) -> None:
+        if not settings:
+            return
+        import dataclasses
+
+        self.settings = dataclasses.replace(self.settings, **settings)
+        self.context.settings, self.context.num_epochs = self.settings, self.num_epochs
+        self.session.settings_changed(self.settings)
+        self.worker.settings_changed()
 
     def _enter(self, phase: str) -> None:
         if phase not in _NEXT.get(self._phase, ()):
@@ -291,6 +348,7 @@ class WorkerRun:
                     continue  # an upload cut short by a failure: try the one before
                 state = ckpt.read_state(self.model, directory)
                 run_state = ckpt.read_run_state(directory)
+            replayed = self._replay(manifest.get("changes") or [])  # job.update's, before the checkpoint
             # Another config than the checkpoint's (PBT's exploit): the optimizers keep the new hyperparameters.
             self.config_changed = manifest.get("config") != ckpt.jsonable(dict(self.model.config))
             self.worker.set_state(state)
@@ -300,6 +358,12 @@ class WorkerRun:
             self.context.resumed_from = self.start_epoch - 1
             self.context.checkpoint = location
             await self.hooks.call("on_load_checkpoint", state)
+            shown = [c for c in self.changes if int(c.get("epoch", 0)) == self.start_epoch]
+            if shown:  # the next row is the first under the change
+                self._tag = {k: v for c in shown for part in ("config", "settings") for k, v in c[part].items()}
+            if replayed:
+                self.worker.apply_config(replayed)
+                await self.hooks.call("on_config_update", replayed)
             return
         if self.info.get("resume_from"):
             raise CheckpointError(
@@ -310,6 +374,16 @@ class WorkerRun:
             state = ckpt.state_from_files(self.model, self.initial_state)
             self.backend.set_state(self.model, state)
             await self.hooks.call("on_load_checkpoint", state)
+
+    def _replay(self, changes: list[dict[str, Any]]) -> dict[str, Any]:
+        """The changes a checkpoint recorded, applied again (settings, ``model.config``); their config."""
+        config: dict[str, Any] = {}
+        for change in changes:
+            self._set_settings(change.get("settings") or {})
+            config.update(change.get("config") or {})
+        self.changes = [dict(c) for c in changes]
+        self.model.config.update(config)
+        return config
 
     def _resume_candidates(self) -> Iterator[tuple[str, Any]]:
         """Checkpoints to resume from, newest first, as ``(location, opener)``: the run's storage, the
@@ -349,6 +423,7 @@ class WorkerRun:
                 "metrics": row,
                 "history": self.history,
                 "run": self.info,
+                "changes": self.changes,
             },
         )
         return directory

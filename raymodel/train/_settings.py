@@ -32,6 +32,10 @@ class TrainSettings(SettingsBase):
     Attributes:
         num_workers: Ray Train workers (one model replica each, DDP for torch).
             ``0`` runs the loop in this process (Ray Train's local mode), for debugging.
+            ``(min, max)`` is an elastic run (Ray Train V2's elastic ``ScalingConfig``;
+            torch and Lightning): it starts on as many workers as fit, up to ``max``,
+            continues on fewer (down to ``min``) when a node is lost, from its newest
+            checkpoint, and grows back when nodes join.
         num_epochs: Epochs (boosting rounds for tree backends). Counted from 1.
         batch_size: Rows per batch *on each worker*.
         use_gpu: One GPU per worker; torch then uses NCCL instead of gloo.
@@ -70,9 +74,18 @@ class TrainSettings(SettingsBase):
         pool: Run on a resident worker group ("pool") of the training server
             (default): the workers' start-up is paid once per pool, not per run.
             ``False`` runs a one-off Ray Train run from this process.
+        priority: The training server's queue order: higher first, first in first
+            out among equals. A job that cannot fit may preempt running
+            ``preemptible`` jobs of lower priority.
+        preemptible: Whether a higher-priority job may preempt this one: it ends its
+            epoch, writes a checkpoint, gives its workers back and waits (PENDING,
+            "preempted by <id>"), then resumes from that checkpoint.
+        resource_wait_s: How long a job of the training server waits for lost
+            resources (a node gone) before it fails with an error naming what was
+            missing; ``None`` (default) waits, as Ray does.
     """
 
-    num_workers: int = 1
+    num_workers: int | tuple[int, int] = 1
     num_epochs: int = 1
     batch_size: int = 32
     use_gpu: bool = False
@@ -95,14 +108,35 @@ class TrainSettings(SettingsBase):
     grad_clip_norm: float | None = None
     grad_clip_value: float | None = None
     pool: bool = True
+    priority: int = 0
+    preemptible: bool = True
+    resource_wait_s: float | None = None
+
+    @property
+    def elastic(self) -> bool:
+        """Whether ``num_workers`` is an elastic ``(min, max)`` range."""
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
 
     def _validate(self) -> list[str]:
         from raymodel.hooks import Callback
 
         if isinstance(self.callbacks, list):
             object.__setattr__(self, "callbacks", tuple(self.callbacks))  # frozen all the way down
+        if isinstance(self.num_workers, list):
+            object.__setattr__(self, "num_workers", tuple(self.num_workers))
         problems = collect(
-            check_int("num_workers", self.num_workers, minimum=0),
+            _check_workers(self.num_workers),
+            check_int("priority", self.priority),
+            check_type("preemptible", self.preemptible, (bool,), "True or False"),
+            check_number("resource_wait_s", self.resource_wait_s, minimum=0, exclusive_min=True, allow_none=True),
             check_int("num_epochs", self.num_epochs, minimum=1),
             check_int("batch_size", self.batch_size, minimum=1),
             check_type("use_gpu", self.use_gpu, (bool,), "True or False"),
@@ -141,6 +175,15 @@ class TrainSettings(SettingsBase):
             if bad:
                 problems.append(f"`callbacks` must hold `raymodel.Callback` instances (got {bad[0]!r}).")
         return problems
+
+
+def _check_workers(value: Any) -> str | None:
+    if isinstance(value, tuple):
+        ok = len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if ok and 1 <= value[0] <= value[1]:
+            return None
+        return f"`num_workers` as a range must be `(min, max)` with 1 <= min <= max, e.g. `(1, 4)` (got {value!r})."
+    return check_int("num_workers", value, minimum=0)
 
 
 def worker_resources(resources_per_worker: dict[str, float] | None, use_gpu: bool) -> dict[str, float]:

@@ -81,7 +81,12 @@ class Tunable:
         self.model = model
         self.settings = settings = TuneSettings.coerce(settings)
         train_settings = dataclasses.replace(
-            settings.train, num_epochs=settings.max_epochs, progress=False, verbose=settings.verbose
+            settings.train,
+            num_epochs=settings.max_epochs,
+            progress=False,
+            verbose=settings.verbose,
+            priority=settings.priority,  # a trial's job on the server: the tune job's place in the queue
+            preemptible=settings.preemptible,
         )
         self.train_settings, self.spec = prepare(model, train_settings, data)
         space = model.hyperparameter_space() if space is None else space

@@ -48,6 +48,10 @@ class TuneSettings(SettingsBase):
         seed: Seed of the default random search, for repeatable experiments.
         verbose: Show Ray's own logs and Tune's status table.
         progress: Print a line per finished trial and a summary table.
+        priority: The training server's queue order for this tune job and its
+            trials' jobs (higher first; see ``TrainSettings.priority``).
+        preemptible: Whether a higher-priority job may preempt this job's trials,
+            one by one (each resumes from its checkpoint).
     """
 
     num_samples: int = 8
@@ -68,6 +72,8 @@ class TuneSettings(SettingsBase):
     seed: int | None = 0
     verbose: bool = False
     progress: bool = True
+    priority: int = 0
+    preemptible: bool = True
 
     def _validate(self) -> list[str]:
         if isinstance(self.callbacks, list):
@@ -87,6 +93,8 @@ class TuneSettings(SettingsBase):
             check_int("seed", self.seed, minimum=0, maximum=MAX_SEED, allow_none=True),
             check_type("verbose", self.verbose, (bool,), "True or False"),
             check_type("progress", self.progress, (bool,), "True or False"),
+            check_int("priority", self.priority),
+            check_type("preemptible", self.preemptible, (bool,), "True or False"),
         )
         if isinstance(self.scheduler, str):
             problems += collect(check_choice("scheduler", self.scheduler, ("asha", "fifo", "pbt")))
@@ -112,6 +120,12 @@ class TuneSettings(SettingsBase):
             object.__setattr__(self, "train", TrainSettings.coerce(self.train))
         except Exception as exc:  # noqa: BLE001 - any error of the nested settings, named by its field
             problems.append(f"`train`: {exc}")
+        else:
+            if self.train.elastic:
+                problems.append(
+                    f"`train.num_workers={self.train.num_workers!r}`: a trial has a fixed number of workers "
+                    "(Tune places each trial once); elastic ranges are for `model.train`."
+                )
         return problems
 
 

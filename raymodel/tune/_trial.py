@@ -124,6 +124,9 @@ class TrialSession:
     def barrier(self) -> None:
         pass
 
+    def settings_changed(self, settings: Any) -> None:
+        self.keep = settings.keep_checkpoints
+
     def _persist(self, source: Path, name: str) -> str:
         from raymodel._internal.checkpoint import MANIFEST, epoch_of
 

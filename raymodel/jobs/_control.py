@@ -1,0 +1,219 @@
+"""``JobControl``: the training server's part that changes running jobs and watches what they wait for.
+
+* ``update``: ``job.update(config=..., settings=...)``, checked here and recorded;
+  each change reaches the job's workers through ``control``, which rank 0 calls at
+  every epoch's end (and once before the first), so that every worker applies it
+  at the same epoch boundary.
+* ``control`` also tells a job to stop, or that it is preempted.
+* ``worker_lost``: a job's workers failed (Ray Train restarts them). Until a row
+  comes again the server watches for a worker group Ray cannot place and says in
+  the job's ``reason`` what it waits for; past ``resource_wait_s`` the job fails.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import ray
+
+from raymodel.jobs._keeper import pending_demand
+from raymodel.jobs._names import ACTIVE, UPDATABLE
+from raymodel.jobs._queue import fits
+
+#: How long after a failure the server starts to look for a worker group Ray cannot place.
+_PLACE_GRACE_S = 2.0
+
+
+class JobControl:
+    """Mixed into ``JobServer``: it holds ``records``, ``lock``, ``changed``, ``_log``, ``_save``."""
+
+    # ------------------------------------------------------------ clients
+    def update(self, job_id: str, config: dict[str, Any] | None, settings: dict[str, Any] | None) -> dict[str, Any]:
+        """Record a change for the job's next epoch boundary: ``{"change": ...}``, or ``{"error": ...}``
+        (the job untouched)."""
+        with self.lock:
+            record = self.records.get(job_id)
+            if record is None:
+                return {"error": f"No job `{job_id}` on this cluster's raymodel server."}
+            problem = _check_update(record, dict(config or {}), dict(settings or {}))
+            if problem:
+                return {"error": problem}
+            change = {"requested": time.time(), "config": dict(config or {}), "settings": dict(settings or {})}
+            change["epoch"] = None
+            record.setdefault("changes", []).append(change)
+            if "num_epochs" in change["settings"]:
+                record["epochs"] = int(change["settings"]["num_epochs"])
+            shown = ", ".join(f"{k}={v!r}" for k, v in {**change["config"], **change["settings"]}.items())
+            self._log(job_id, f"update requested: {shown} (from the next epoch boundary)")
+            self._save(job_id)
+            self.changed.notify_all()
+            return {"change": change}
+
+    # ------------------------------------------------------------ workers
+    def control(self, job_id: str, epoch: int, known: int) -> dict[str, Any]:
+        """Rank 0 at the end of ``epoch`` (0: before the first): ``stop``, ``preempt`` (by whom), and the
+        changes after the first ``known`` (each takes effect from ``epoch + 1``)."""
+        with self.lock:
+            record = self.records.get(job_id)
+            if record is None:
+                return {}
+            answer: dict[str, Any] = {}
+            if record.get("stopping"):
+                answer["stop"] = True
+            if record.get("preempt_by"):
+                answer.update(stop=True, preempt=record["preempt_by"])
+            new = (record.get("changes") or [])[known:]
+            if new:
+                for change in new:
+                    if change.get("epoch") != epoch + 1:
+                        change["epoch"] = epoch + 1
+                        self._log(job_id, f"update takes effect from epoch {epoch + 1}")
+                self._save(job_id)
+                answer["changes"] = [{k: c[k] for k in ("epoch", "config", "settings")} for c in new]
+            return answer
+
+    def worker_lost(self, job_id: str, errors: dict[int, str]) -> None:
+        """Ray Train saw the job's workers fail and restarts them (a pool's or a one-off run's)."""
+        with self.lock:
+            record = self.records.get(job_id)
+            if record is None or record["status"] != "RUNNING":
+                return
+            epoch = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
+            nodes = [n for n, when in self.lost_nodes.items() if time.time() - when < 120]
+            record["lost"] = {"at": time.time(), "epoch": epoch, "rows": len(record["history"]), "nodes": nodes}
+            rank, error = sorted(errors.items())[0] if errors else (0, "?")
+            self._log(job_id, f"worker {rank} failed after epoch {epoch} ({error}); Ray Train restarts the workers")
+            self._save(job_id)
+
+    # ----------------------------------------------------------- the loop
+    def _watch_waits(self) -> None:
+        """Each second: nodes that died; for each job whose workers failed, whether Ray can place them
+        again (else the reason says what is missing), and whether it waited past ``resource_wait_s``."""
+        now = time.time()
+        if now - self._nodes_checked < 1.0:
+            return
+        self._nodes_checked = now
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        for node in self.alive_nodes - alive:
+            self.lost_nodes[node] = now
+        self.alive_nodes = alive
+        with self.lock:
+            waiting = [r for r in self.records.values() if r["status"] == "RUNNING" and r.get("lost")]
+            for record in waiting:
+                lost = record["lost"]
+                recent = {n for n, t in self.lost_nodes.items() if t >= lost["at"] - 60}
+                lost["nodes"] = sorted(set(lost["nodes"]) | recent)
+                if len(record["history"]) > lost["rows"]:
+                    record.pop("lost")
+                    record["reason"] = None
+                    self._log(record["id"], "resumed")
+                    self._save(record["id"])
+        if not waiting or all(now - r["lost"]["at"] < _PLACE_GRACE_S for r in waiting if r.get("lost")):
+            return
+        missing = _unplaced(pending_demand(groups_only=True))
+        with self.lock:
+            for record in waiting:
+                lost = record.get("lost")
+                if lost is None or now - lost["at"] < _PLACE_GRACE_S:
+                    continue
+                if not missing:
+                    if record.get("reason"):
+                        record["reason"] = None
+                    continue
+                where = (
+                    f"node {', '.join(n[:12] for n in lost['nodes'])} lost at epoch {lost['epoch']}"
+                    if lost["nodes"]
+                    else f"its workers failed after epoch {lost['epoch']}"
+                )
+                reason = f"waiting for {missing}: {where}"
+                if record.get("reason") != reason:
+                    record["reason"] = reason
+                    self._log(record["id"], reason)
+                    self._save(record["id"])
+                    self.changed.notify_all()
+                wait_s = record.get("resource_wait_s")
+                if wait_s is not None and now - lost["at"] > wait_s:
+                    self._give_up(record, f"Waited {wait_s:g} s for {missing} ({where}); the job failed.")
+
+    def _give_up(self, record: dict[str, Any], error: str) -> None:
+        """End a job that cannot get its resources back: its pool (or runner) is killed; ``_reap``
+        reports ``error``."""
+        record["fail_with"] = error
+        record.pop("lost", None)
+        pool_id = record.get("pool_id")
+        if pool_id and pool_id in self.pools:
+            self._end_pool(pool_id, "its job waited too long for lost resources", force=True)
+        elif record["id"] in self.runners:
+            ray.kill(self.runners[record["id"]])
+
+
+def _unplaced(bundles: list[dict[str, float]]) -> str | None:
+    """What Ray's pending worker groups lack, in words ("1 more CPU for 1 worker"), from the bundles
+    that do not fit what is free now (``None``: nothing is waiting)."""
+    if not bundles:
+        return None
+    free = {k: float(v) for k, v in ray.available_resources().items()}
+    short: dict[str, float] = {}
+    workers = 0
+    for bundle in bundles:
+        if fits(bundle, free) is None:
+            free = {k: free.get(k, 0.0) - bundle.get(k, 0.0) for k in free}
+            continue
+        workers += 1
+        for k, v in bundle.items():
+            short[k] = short.get(k, 0.0) + max(v - max(free.get(k, 0.0), 0.0), 0.0)
+            free[k] = max(free.get(k, 0.0) - v, 0.0)
+    if not workers:
+        return None
+    amounts = ", ".join(f"{v:g} more {k}" for k, v in sorted(short.items()) if v > 0) or "resources"
+    return f"{amounts} for {workers} worker{'s' if workers != 1 else ''} of {len(bundles)}"
+
+
+def _check_update(record: dict[str, Any], config: dict[str, Any], settings: dict[str, Any]) -> str | None:
+    """Why this change is not allowed, or ``None``."""
+    job = f"Job `{record['id']}`"
+    if record["status"] not in ACTIVE:
+        return f"{job} is {record['status']}: a finished job cannot change (train again, with `resume_from`)."
+    if record["kind"] != "train":
+        return f"{job} is a {record['kind']} job: change its trials' settings in the search space instead."
+    if not config and not settings:
+        return "Nothing to change: pass `config={...}` and/or `settings={...}`."
+    unknown = sorted(set(settings) - set(UPDATABLE))
+    if unknown:
+        return (
+            f"Cannot change {', '.join(f'`{k}`' for k in unknown)} of a running job; "
+            f"the settings that may change are {', '.join(f'`{k}`' for k in UPDATABLE)}."
+        )
+    done = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
+    if "num_epochs" in settings:
+        value = settings["num_epochs"]
+        if not _is_int(value) or value < 1:
+            return f"`num_epochs` must be an int >= 1 (got {value!r})."
+        if value < done:
+            return f"`num_epochs={value}` is below the {done} epoch(s) {job} has done; it can only end from now on."
+    every = settings.get("checkpoint_every", 1)
+    if not _is_int(every) or every < 1:
+        return f"`checkpoint_every` must be an int >= 1 (got {every!r})."
+    if "keep_checkpoints" in settings:
+        value = settings["keep_checkpoints"]
+        if value is not None and (not _is_int(value) or value < 1):
+            return f"`keep_checkpoints` must be an int >= 1 or None (got {value!r})."
+        if not record.get("pool_key"):
+            return (
+                f"`keep_checkpoints` of {job} is Ray Train's, fixed when its run started (a run with "
+                "`pool=False` or an elastic one); jobs on a pool can change it."
+            )
+    bad = [k for k in config if not isinstance(k, str)]
+    if bad:
+        return f"Config keys must be strings (got {bad[0]!r})."
+    try:
+        json.dumps(config)
+    except (TypeError, ValueError) as exc:
+        return f"Config values must be plain data (numbers, strings, lists, dicts): {exc}."
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
