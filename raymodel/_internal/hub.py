@@ -80,7 +80,9 @@ def start_hub() -> Any:
     """Start a hub actor (asynchronously: the call returns before the process is up)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_restarts=0)(RunHub).remote()
+    from raymodel._internal.runtime import on_this_node
+
+    return ray.remote(num_cpus=0, max_restarts=0)(RunHub).options(scheduling_strategy=on_this_node()).remote()
 
 
 def stop_hub(hub: Any) -> None:

@@ -180,6 +180,17 @@ def job_server() -> Any:
         return None
 
 
+def on_this_node() -> Any:
+    """A scheduling strategy for a resource-free helper actor (the job server, a job's runner, a pool, a
+    hub): this process's node (as Ray Train places a run's controller), not a worker node whose loss
+    would take it along. Hard: Ray's soft affinity passes over a node without CPUs (a head kept free
+    of work), where these belong most."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
 def pool_idle_s() -> float:
     """How long an idle pool of the training server lives (``rm.init(pool_idle_s=...)``; default 120 s)."""
     return float(os.environ.get("RAYMODEL_POOL_IDLE_S", "120"))

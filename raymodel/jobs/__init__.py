@@ -39,7 +39,12 @@ def server(start: bool = True) -> Any:
         if not start:
             return None
         return JobServerActor.options(
-            name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, max_concurrency=256
+            name=NAME,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            max_concurrency=256,
+            scheduling_strategy=runtime.on_this_node(),
         ).remote(runtime.home(), runtime.pool_idle_s())
 
 

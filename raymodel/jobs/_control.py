@@ -74,6 +74,20 @@ class JobControl:
                 answer["changes"] = [{k: c[k] for k in ("epoch", "config", "settings")} for c in new]
             return answer
 
+    def restored(self, job_id: str, history: list[dict[str, Any]]) -> None:
+        """The job resumed from a checkpoint with this history: its rows are those, then the new ones
+        (a row Ray Train had not passed on before a failure is added; an epoch run again is not doubled)."""
+        with self.lock:
+            record = self.records.get(job_id)
+            if record is None:
+                return
+            if [r.get("epoch") for r in record["history"]] != [r.get("epoch") for r in history]:
+                record["history"] = [dict(r) for r in history]
+                times = self.row_times.get(job_id, [])
+                self.row_times[job_id] = times[: len(history)]
+                self._save(job_id)
+                self.changed.notify_all()
+
     def worker_lost(self, job_id: str, errors: dict[int, str]) -> None:
         """Ray Train saw the job's workers fail and restarts them (a pool's or a one-off run's)."""
         with self.lock:
@@ -81,7 +95,7 @@ class JobControl:
             if record is None or record["status"] != "RUNNING":
                 return
             epoch = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
-            nodes = [n for n, when in self.lost_nodes.items() if time.time() - when < 120]
+            nodes = [n for n, when in self.lost_nodes.items() if time.time() - when < 30]
             record["lost"] = {"at": time.time(), "epoch": epoch, "rows": len(record["history"]), "nodes": nodes}
             rank, error = sorted(errors.items())[0] if errors else (0, "?")
             self._log(job_id, f"worker {rank} failed after epoch {epoch} ({error}); Ray Train restarts the workers")
@@ -103,7 +117,7 @@ class JobControl:
             waiting = [r for r in self.records.values() if r["status"] == "RUNNING" and r.get("lost")]
             for record in waiting:
                 lost = record["lost"]
-                recent = {n for n, t in self.lost_nodes.items() if t >= lost["at"] - 60}
+                recent = {n for n, t in self.lost_nodes.items() if t >= lost["at"] - 30}
                 lost["nodes"] = sorted(set(lost["nodes"]) | recent)
                 if len(record["history"]) > lost["rows"]:
                     record.pop("lost")

@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 
+from raymodel._internal import runtime
 from raymodel.jobs._names import NAMESPACE
 from raymodel.jobs._queue import fits
 
@@ -62,7 +63,7 @@ class PoolKeeper:
         pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"
         actor = (
             ray.remote(num_cpus=0)(PoolActor)
-            .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id)
+            .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id, scheduling_strategy=runtime.on_this_node())
             .remote(pool_id, spec["backend"], spec["num_workers"], spec["per_worker"], spec["use_gpu"])
         )
         actor.start.remote()

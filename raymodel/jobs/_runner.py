@@ -12,7 +12,9 @@ from raymodel.jobs._names import NAMESPACE
 
 
 def new_runner() -> Any:
-    runner = JobRunnerActor.options(namespace=NAMESPACE, max_concurrency=8).remote()
+    from raymodel._internal.runtime import on_this_node
+
+    runner = JobRunnerActor.options(namespace=NAMESPACE, max_concurrency=8, scheduling_strategy=on_this_node()).remote()
     runner.warm.remote()
     return runner
 

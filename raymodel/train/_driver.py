@@ -262,7 +262,7 @@ class Trainable:
             callbacks=callbacks,
             logging_config=LoggingConfig("INFO" if settings.verbose else "WARNING"),
         )
-        elastic = {"elastic_resize_monitor_interval_s": elastic_resize_s()} if settings.elastic else {}
+        elastic = {"elastic_resize_monitor_interval_s": settings.elastic_resize_s} if settings.elastic else {}
         scaling = ScalingConfig(
             num_workers=settings.num_workers,
             use_gpu=settings.use_gpu,
@@ -280,14 +280,6 @@ class Trainable:
 
     def __repr__(self) -> str:
         return f"Trainable({type(self.model).__name__}, num_workers={self.settings.num_workers}, name={self.name!r})"
-
-
-def elastic_resize_s() -> float:
-    """How often a running elastic run looks for room to grow (Ray Train's
-    ``elastic_resize_monitor_interval_s``; ``RAYMODEL_ELASTIC_RESIZE_S``, default 60)."""
-    import os
-
-    return float(os.environ.get("RAYMODEL_ELASTIC_RESIZE_S", "60"))
 
 
 def worker_payload(model: Model, settings: TrainSettings, info: dict[str, Any]) -> bytes:

@@ -355,6 +355,11 @@ class WorkerRun:
             self._load_run_state(run_state)
             self.history = [dict(row) for row in manifest.get("history", [])]
             self.start_epoch = int(manifest.get("epoch", 0)) + 1
+            if self.control is not None and self.rank == 0:  # the job's rows: the checkpoint's, then new ones
+                import ray
+
+                server, job_id = self.control
+                ray.get(server.restored.remote(job_id, self.history))
             self.context.resumed_from = self.start_epoch - 1
             self.context.checkpoint = location
             await self.hooks.call("on_load_checkpoint", state)

@@ -35,7 +35,7 @@ class TrainSettings(SettingsBase):
             ``(min, max)`` is an elastic run (Ray Train V2's elastic ``ScalingConfig``;
             torch and Lightning): it starts on as many workers as fit, up to ``max``,
             continues on fewer (down to ``min``) when a node is lost, from its newest
-            checkpoint, and grows back when nodes join.
+            checkpoint, and grows back when nodes join (see ``elastic_resize_s``).
         num_epochs: Epochs (boosting rounds for tree backends). Counted from 1.
         batch_size: Rows per batch *on each worker*.
         use_gpu: One GPU per worker; torch then uses NCCL instead of gloo.
@@ -80,6 +80,9 @@ class TrainSettings(SettingsBase):
         preemptible: Whether a higher-priority job may preempt this one: it ends its
             epoch, writes a checkpoint, gives its workers back and waits (PENDING,
             "preempted by <id>"), then resumes from that checkpoint.
+        elastic_resize_s: How often a running elastic run looks for room to grow
+            (Ray Train's ``elastic_resize_monitor_interval_s``); growing restarts the
+            workers from the newest checkpoint.
         resource_wait_s: How long a job of the training server waits for lost
             resources (a node gone) before it fails with an error naming what was
             missing; ``None`` (default) waits, as Ray does.
@@ -111,6 +114,7 @@ class TrainSettings(SettingsBase):
     priority: int = 0
     preemptible: bool = True
     resource_wait_s: float | None = None
+    elastic_resize_s: float = 60.0
 
     @property
     def elastic(self) -> bool:
@@ -137,6 +141,7 @@ class TrainSettings(SettingsBase):
             check_int("priority", self.priority),
             check_type("preemptible", self.preemptible, (bool,), "True or False"),
             check_number("resource_wait_s", self.resource_wait_s, minimum=0, exclusive_min=True, allow_none=True),
+            check_number("elastic_resize_s", self.elastic_resize_s, minimum=0, exclusive_min=True),
             check_int("num_epochs", self.num_epochs, minimum=1),
             check_int("batch_size", self.batch_size, minimum=1),
             check_type("use_gpu", self.use_gpu, (bool,), "True or False"),

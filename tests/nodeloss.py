@@ -1,0 +1,144 @@
+"""Runs that lose a node, in their own process and Ray cluster (tests/test_scheduling.py runs it).
+
+A head with no CPUs (the driver's node, where the training server runs) and two
+1-CPU worker nodes, from ``ray.cluster_utils.Cluster``:
+
+* ``elastic``: ``num_workers=(1, 2)``; a node is removed after epoch 3: the run
+  continues on one worker; a node is added: it grows back to two.
+* ``fixed``: two workers on a pool; a node is removed after epoch 3: the job says
+  what it waits for; a node is added: it resumes and finishes.
+
+Prints one ``RESULT`` JSON line per scenario with what the test checks.
+
+    RAYMODEL_HOME=<dir> python tests/nodeloss.py <tmp dir> elastic fixed
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import raymodel as rm
+
+
+class Paced(rm.Callback):
+    """Epochs of about ``seconds``: time to take a node away between two of them."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def after_epoch(self, epoch, metrics):
+        time.sleep(self.seconds)
+
+
+def until(check, timeout: float, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
+def epochs(job) -> int:
+    return len(job.history())
+
+
+def sizes(job) -> list[int]:
+    return [row.get("world_size") for row in job.history()]
+
+
+def main() -> None:
+    import ray
+    from models import TinyNet
+    from multinode import agent_ports
+    from ray.cluster_utils import Cluster
+    from s3server import free_port
+
+    scratch, scenarios = Path(sys.argv[1]), sys.argv[2:]
+    # Ray Train waits this long for a worker group it cannot place before it tries another size (an
+    # elastic run shrinks only then; default 60 s). Every Ray process of this cluster inherits it.
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "30"
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "temp_dir": str(scratch / "head"),
+            "include_dashboard": True,
+            "gcs_server_port": free_port(),
+            "dashboard_port": free_port(),
+            **agent_ports(),
+        },
+    )
+    count = [0]
+
+    def add_node():
+        count[0] += 1
+        node = cluster.add_node(num_cpus=1, temp_dir=str(scratch / f"node-{count[0]}"), **agent_ports())
+        cluster.wait_for_nodes()
+        return node
+
+    nodes = [add_node(), add_node()]
+    rm.init(address=cluster.address, verbose=False)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 4)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    data = rm.data.from_numpy(X, y, valid_fraction=0.25)
+    base = {"batch_size": 4, "progress": False, "callbacks": [Paced(1.0)], "max_failures": 3}
+
+    for scenario in scenarios:
+        if scenario == "elastic":
+            settings = {**base, "num_workers": (1, 2), "num_epochs": 60, "elastic_resize_s": 2}
+            job = TinyNet().train(settings, data=data, wait=False)
+            until(lambda job=job: epochs(job) >= 3, 180)
+            cluster.remove_node(nodes.pop())
+            until(lambda job=job: sizes(job)[-1:] == [1], 150)
+            nodes.append(add_node())
+            until(lambda job=job: sizes(job)[-1:] == [2], 150)
+            job.update(settings={"num_epochs": epochs(job) + 2})  # enough: end soon
+            job.wait(timeout=120)
+            print("RESULT", json.dumps({"scenario": scenario, "history": job.history(), "log": job.logs()}), flush=True)
+        elif scenario == "fixed":
+            job = TinyNet().train({**base, "num_workers": 2, "num_epochs": 8}, data=data, wait=False)
+            until(lambda job=job: epochs(job) >= 3, 180)
+            lost_at = time.monotonic()
+            cluster.remove_node(nodes.pop())
+            try:
+                reason = until(lambda job=job: (job.reason or "").startswith("waiting for") and job.reason, 60, 0.1)
+            except AssertionError:
+                print(job.logs(), rm.jobs.pools(), file=sys.stderr)
+                raise
+            said_after = time.monotonic() - lost_at
+            time.sleep(3)
+            still = job.status, epochs(job)
+            nodes.append(add_node())
+            job.wait(timeout=240)
+            print(
+                "RESULT",
+                json.dumps(
+                    {
+                        "scenario": scenario,
+                        "reason": reason,
+                        "said_after": said_after,
+                        "while_waiting": still,
+                        "history": job.history(),
+                        "log": job.logs(),
+                    }
+                ),
+                flush=True,
+            )
+    rm.jobs.release_pools()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()
