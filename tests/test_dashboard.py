@@ -67,6 +67,7 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
         listing = _browser(browser, f"{base}/#/jobs")
         row = re.search(rf'<tr data-job="{job.id}">(.*?)</tr>', listing, re.S)
         assert row and '<span class="status RUNNING">' in row.group(1) and "<td>1 CPU</td>" in row.group(1)
+        assert re.search(r'<td class="eta">ends in ~\d+ s</td>', row.group(1))  # its ETA, from its epoch times
         held = requests.get(f"{base}/api/resources", timeout=30).json()
         assert {"id": job.id, "kind": "train", "resources": {"CPU": 1.0}} in held["jobs"]
         (pool,) = held["pools"]  # the job runs on a pool of the training server
@@ -85,6 +86,18 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
         assert after > before, f"the curve did not gain points ({before} -> {after})"
         _browser(browser, page, "--window-size=1280,900", f"--screenshot={ARTIFACTS / 'dashboard-job.png'}")
         assert (ARTIFACTS / "dashboard-job.png").stat().st_size > 10_000
+
+        # A change from the job page's form goes through the same API: guarded, checked, then applied.
+        update, auth = f"{base}/api/jobs/{job.id}/update", {"X-Raymodel-Token": token}
+        assert 'form class="update"' in first
+        assert requests.post(update, json={"config": {"lr": 0.01}}, timeout=10).status_code == 401
+        bad = requests.post(update, json={"settings": {"batch_size": 2}}, headers=auth, timeout=10)
+        assert bad.status_code == 400 and "`batch_size`" in bad.json()["error"]
+        assert requests.post(update, json={"config": {"lr": 0.01}}, headers=auth, timeout=10).status_code == 200
+        while job.changes[0]["epoch"] is None:  # applied at the next epoch boundary
+            time.sleep(0.1)
+        changed = _browser(browser, page)
+        assert "<h2>Changes</h2>" in changed and "<code>lr=0.01</code>" in changed
 
         stop = f"{base}/api/jobs/{job.id}/stop"
         assert requests.post(stop, timeout=10).status_code == 401  # read-only without the token

@@ -73,7 +73,7 @@ def _await(job: Job, printer: Any) -> dict[str, Any]:
             reason = record.get("reason")  # PENDING: what it waits for; RUNNING: lost workers
             if record["status"] == "RUNNING" and not reason:
                 starting = [line for line in record.get("log", ()) if " starting pool " in line]
-                if starting and not record["history"]:  # "... starting pool <id> of 2 torch worker(s)"
+                if starting:  # "... starting pool <id> of 2 torch worker(s)"
                     workers = starting[0].split(" of ", 1)[1]
                     reason = f"starting a pool of {workers} (once: later runs reuse them)"
             now = time.monotonic()

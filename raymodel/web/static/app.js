@@ -64,21 +64,28 @@ const views = {
     if (!jobs.length) return `<h1>Jobs</h1><p class="muted">No jobs yet. <code>model.train(settings, data=data, wait=False)</code> submits one.</p>`;
     const rows = jobs.map((j) => `<tr data-job="${esc(j.id)}">
       <td><a href="#/jobs/${encodeURIComponent(j.id)}">${esc(j.id)}</a></td><td>${esc(j.kind)}</td>
+      <td class="num">${j.priority || 0}</td>
       <td>${badge(j.status)}${j.reason ? `<div class="muted">${esc(j.reason)}</div>` : ""}</td>
       <td>${esc(j.model_class.split(".").pop())}</td><td>${when(j.started)}</td><td class="num">${secs(j.duration_s)}</td>
-      <td>${esc(j.progress)}</td><td>${held(j.resources)}</td>
+      <td>${esc(j.progress)}</td><td class="eta">${eta(j)}</td><td>${held(j.resources)}</td>
       <td>${DONE.includes(j.status) ? "" : `<button data-stop="${esc(j.id)}">stop</button>`}</td></tr>`).join("");
-    return `<h1>Jobs</h1><table><thead><tr><th>id</th><th>kind</th><th>status</th><th>model</th><th>started</th>
-      <th>duration</th><th>progress</th><th>resources</th><th></th></tr></thead><tbody>${rows}</tbody></table>`;
+    return `<h1>Jobs</h1><table><thead><tr><th>id</th><th>kind</th><th>priority</th><th>status</th><th>model</th><th>started</th>
+      <th>duration</th><th>progress</th><th>eta</th><th>resources</th><th></th></tr></thead><tbody>${rows}</tbody></table>`;
   },
 
   async job(id) {
     const j = await get(`/api/jobs/${encodeURIComponent(id)}`);
     let html = `<h1><span class="job-id">${esc(j.id)}</span> ${badge(j.status)}</h1>
-      <p class="muted">${esc(j.kind)} · ${esc(j.model_class)} · started ${when(j.started)} · holds ${held(j.resources)}
-      ${DONE.includes(j.status) ? "" : ` · <button data-stop="${esc(j.id)}">stop</button>`}</p>`;
-    if (j.reason) html += `<p>${esc(j.reason)}</p>`;
+      <p class="muted">${esc(j.kind)} · ${esc(j.model_class)} · priority ${j.priority || 0}${j.preemptible === false ? " (not preemptible)" : ""}
+      · started ${when(j.started)} · holds ${held(j.resources)}${j.preemptions ? ` · preempted ${j.preemptions}×` : ""}
+      ${eta(j) ? ` · ${eta(j)}` : ""}${DONE.includes(j.status) ? "" : ` · <button data-stop="${esc(j.id)}">stop</button>`}</p>`;
+    if (j.reason) html += `<p class="reason">${esc(j.reason)}</p>`;
     if (j.error) html += `<p class="error">${esc(j.error)}</p>`;
+    if (j.kind === "train" && !DONE.includes(j.status)) {
+      html += `<form class="update" data-update="${esc(j.id)}"><label>change from the next epoch:
+        <input name="set" placeholder="lr=0.001, num_epochs=40" size="40"></label> <button>update</button></form>`;
+    }
+    html += changes(j);
     html += j.kind === "tune" ? tuneCharts(j) : trainCharts(j);
     html += `<h2>Log</h2><pre class="log">${esc((j.log || []).join("\n"))}</pre>`;
     return html;
@@ -129,11 +136,41 @@ function trainCharts(j) {
   const rows = j.history || [];
   const series = (key) => ({name: key, points: rows.filter((r) => typeof r[key] === "number").map((r) => [r.epoch, r[key]])});
   const losses = j.metrics.filter((k) => /loss/.test(k));
-  const others = j.metrics.filter((k) => !/loss/.test(k) && !/^(time|lr)/.test(k));
+  const others = j.metrics.filter((k) => !/loss/.test(k) && !/^(time|lr)/.test(k) && k !== "world_size");
   let html = `<h2>Learning curves <span class="muted">(${rows.length} epochs${j.epochs ? ` of ${j.epochs}` : ""})</span></h2><div class="charts">`;
   if (losses.length) html += chart("loss", losses.map(series));
   if (others.length) html += chart("validation metrics", others.map(series));
+  if (j.metrics.includes("world_size")) html += chart("workers (world size)", [series("world_size")]);
   return html + "</div>";
+}
+
+function eta(j) {
+  if (j.eta === null || j.eta === undefined || DONE.includes(j.status)) return "";
+  return `${j.status === "PENDING" ? "starts" : "ends"} in ~${Math.round(j.eta)} s`;
+}
+
+function changes(j) {
+  const list = j.changes || [];
+  if (!list.length) return "";
+  const shown = (o) => Object.entries(o || {}).map(([k, v]) => `<code>${esc(k)}=${esc(JSON.stringify(v))}</code>`).join(" ");
+  return `<h2>Changes</h2><table class="changes"><thead><tr><th>from epoch</th><th>config</th><th>settings</th></tr></thead><tbody>` +
+    list.map((c) => `<tr><td class="num">${c.epoch === null || c.epoch === undefined ? `<span class="muted">${esc(c.note || "next boundary")}</span>` : c.epoch}</td>
+      <td>${shown(c.config)}</td><td>${shown(c.settings)}</td></tr>`).join("") + `</tbody></table>`;
+}
+
+const SETTINGS = ["num_epochs", "checkpoint_every", "keep_checkpoints"];
+
+function parseChanges(text) {
+  const out = {config: {}, settings: {}};
+  for (const part of text.split(",").map((s) => s.trim()).filter(Boolean)) {
+    const at = part.indexOf("=");
+    if (at < 1) throw new Error(`"${part}": write key=value`);
+    const key = part.slice(0, at).trim(), raw = part.slice(at + 1).trim();
+    let value;
+    try { value = JSON.parse(raw); } catch { value = raw; }
+    (SETTINGS.includes(key) ? out.settings : out.config)[key] = value;
+  }
+  return out;
 }
 
 function tuneCharts(j) {
@@ -153,6 +190,8 @@ function tuneCharts(j) {
 // ---------------------------------------------------------------- plumbing
 async function render() {
   if (busy) return;
+  const typing = view.querySelector("form.update input");
+  if (typing && (typing.value || document.activeElement === typing)) return; // not while a change is being written
   busy = true;
   const [, name = "jobs", ...rest] = (location.hash || "#/jobs").split("/");
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === name));
@@ -166,6 +205,21 @@ async function render() {
     busy = false;
   }
 }
+
+view.addEventListener("submit", async (event) => {
+  const id = event.target.dataset && event.target.dataset.update;
+  if (!id) return;
+  event.preventDefault();
+  let body;
+  try { body = parseChanges(event.target.elements.set.value); } catch (err) { alert(err.message); return; }
+  const token = sessionStorage.getItem("raymodel-token") || "";
+  const response = await fetch(`/api/jobs/${encodeURIComponent(id)}/update`, {method: "POST",
+    headers: {"X-Raymodel-Token": token, "Content-Type": "application/json"}, body: JSON.stringify(body)});
+  if (!response.ok) alert((await response.json()).error);
+  else event.target.elements.set.value = "";
+  event.target.elements.set.blur();
+  render();
+});
 
 view.addEventListener("click", async (event) => {
   const id = event.target.dataset && event.target.dataset.stop;
