@@ -7,6 +7,8 @@ A head with no CPUs (the driver's node, where the training server runs) and two
   continues on one worker; a node is added: it grows back to two.
 * ``fixed``: two workers on a pool; a node is removed after epoch 3: the job says
   what it waits for; a node is added: it resumes and finishes.
+* ``give_up``: the same with ``resource_wait_s=4`` and no node added: it fails,
+  naming what was missing.
 
 Prints one ``RESULT`` JSON line per scenario with what the test checks.
 
@@ -135,6 +137,19 @@ def main() -> None:
                 ),
                 flush=True,
             )
+        elif scenario == "give_up":
+            settings = {**base, "num_workers": 2, "num_epochs": 50, "resource_wait_s": 4}
+            job = TinyNet().train(settings, data=data, wait=False)
+            until(lambda job=job: epochs(job) >= 1, 180)
+            lost_at = time.monotonic()
+            cluster.remove_node(nodes.pop())
+            try:
+                job.wait(timeout=120)
+                error = None
+            except rm.exceptions.TrainingError as exc:
+                error = str(exc)
+            took = time.monotonic() - lost_at
+            print("RESULT", json.dumps({"scenario": scenario, "error": error, "took": took}), flush=True)
     rm.jobs.release_pools()
     ray.shutdown()
     cluster.shutdown()

@@ -182,6 +182,10 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
         assert waited.returncode == 0 and f"{job_id} SUCCEEDED" in waited.stdout, waited.stderr[-2000:]
         listed = run("jobs", "list")
         assert job_id in listed.stdout and "SUCCEEDED" in listed.stdout
+        assert listed.stdout.split()[:5] == ["ID", "KIND", "PRIORITY", "STATUS", "ETA"]
+        late = run("jobs", "update", job_id, "--set", "lr=0.1", "--set", "num_epochs=5")
+        assert late.returncode == 2 and "is SUCCEEDED: a finished job cannot change" in late.stderr, late.stderr
+        assert run("jobs", "update", job_id).returncode != 0  # nothing to change
         status = run("server", "status")  # the job's pool stays, idle, for the next job
         assert "jobs: 1 SUCCEEDED" in status.stdout and "pools: 1" in status.stdout, status.stdout
         assert re.search(r"torch/1x\[CPU=1\]\s+holds 1 CPU\s+idle \d+ s\s+jobs run 1", status.stdout), status.stdout

@@ -247,14 +247,14 @@ def _names(folder):
 
 # ------------------------------------------------------------ node loss
 @pytest.mark.integration
-def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for(tmp_path):
+def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for_or_gives_up(tmp_path):
     """Its own process and Ray cluster: a head with no CPUs and two 1-CPU worker nodes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYMODEL_", "PYTHONBREAKPOINT"))}
     env.update({"RAYMODEL_HOME": str(tmp_path / "home"), "HOME": str(tmp_path), "PYTHONPATH": TESTS})
     nodes = tempfile.mkdtemp(prefix="rm-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     try:
         out = subprocess.run(
-            [sys.executable, os.path.join(TESTS, "nodeloss.py"), nodes, "elastic", "fixed"],
+            [sys.executable, os.path.join(TESTS, "nodeloss.py"), nodes, "elastic", "fixed", "give_up"],
             env=env,
             capture_output=True,
             text=True,
@@ -279,3 +279,7 @@ def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for
     assert "lost at epoch 3" in fixed["reason"]
     assert fixed["while_waiting"] == ["RUNNING", 3]  # it waited, and did not fail or run on
     assert [row["epoch"] for row in fixed["history"]] == list(range(1, 9))  # resumed once a node came
+
+    give_up = seen["give_up"]  # resource_wait_s=4, and no node comes back
+    assert "Waited 4 s for 1 more CPU for 1 worker of 2 (node " in (give_up["error"] or ""), give_up
+    assert give_up["took"] < 30, give_up

@@ -149,7 +149,12 @@ class JobControl:
                     self.changed.notify_all()
                 wait_s = record.get("resource_wait_s")
                 if wait_s is not None and now - lost["at"] > wait_s:
-                    self._give_up(record, f"Waited {wait_s:g} s for {missing} ({where}); the job failed.")
+                    self._give_up(
+                        record,
+                        f"Waited {wait_s:g} s for {missing} ({where}). Add the resources, or raise "
+                        "`TrainSettings.resource_wait_s`; the job resumes from its newest checkpoint when "
+                        "trained again under the same `name`.",
+                    )
 
     def _give_up(self, record: dict[str, Any], error: str) -> None:
         """End a job that cannot get its resources back: its pool (or runner) is killed; ``_reap``
