@@ -152,8 +152,7 @@ class JobControl:
                     self._give_up(
                         record,
                         f"Waited {wait_s:g} s for {missing} ({where}). Add the resources, or raise "
-                        "`TrainSettings.resource_wait_s`; the job resumes from its newest checkpoint when "
-                        "trained again under the same `name`.",
+                        "`TrainSettings.resource_wait_s`.",
                     )
 
     def _give_up(self, record: dict[str, Any], error: str) -> None:

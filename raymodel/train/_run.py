@@ -32,7 +32,9 @@ from raymodel._internal import serialization, storage, tmp
 from raymodel._internal.hub import Collective
 from raymodel.exceptions import CheckpointError
 from raymodel.hooks import HookRunner, RunContext, maybe_await
+from raymodel.train._changes import JobChanges
 from raymodel.train._progress import BatchProgress
+from raymodel.train._session import TrainSession
 
 # Which phase may follow which: a backend that calls them out of order is a bug.
 _NEXT = {
@@ -49,53 +51,7 @@ def run_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     return WorkerRun(loop_config).run()
 
 
-class TrainSession:
-    """Where a run is placed: a Ray Train V2 worker (rank, reports, checkpoints).
-
-    A session answers: rank, world, local_rank, ``latest_checkpoint()``,
-    ``report(metrics, checkpoint_dir, name)``, ``broadcast(value)``, ``barrier()``,
-    ``settings_changed(settings)`` (``job.update`` changed them at an epoch boundary).
-    The other placement is a Tune trial's own process (``tune/_trial.py``).
-    """
-
-    #: The framework's distributed setup (DDP, a strategy's cluster) comes from Ray Train.
-    on_ray_train = True
-
-    def __init__(self) -> None:
-        import ray.train
-
-        context = ray.train.get_context()
-        self.rank: int = context.get_world_rank()
-        self.world: int = context.get_world_size()
-        self.local_rank: int = context.get_local_rank()
-
-    def latest_checkpoint(self) -> Any:
-        import ray.train
-
-        return ray.train.get_checkpoint()
-
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, name: str) -> None:
-        import ray.train
-
-        checkpoint = None if checkpoint_dir is None else ray.train.Checkpoint.from_directory(checkpoint_dir)
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
-
-    def broadcast(self, value: Any) -> Any:
-        from ray.train.collective import broadcast_from_rank_zero
-
-        return broadcast_from_rank_zero(value)
-
-    def barrier(self) -> None:
-        from ray.train.collective import barrier
-
-        barrier()
-
-    def settings_changed(self, settings: Any) -> None:
-        """Ray Train's ``CheckpointConfig`` is fixed for the run (the server refuses ``keep_checkpoints``
-        changes of such a run); nothing else here depends on the settings."""
-
-
-class WorkerRun:
+class WorkerRun(JobChanges):
     """One worker's training run: unpacks the driver's payload and runs the lifecycle."""
 
     def __init__(self, loop_config: dict[str, Any], session: Any = None) -> None:
@@ -263,42 +219,6 @@ class WorkerRun:
             self.session.barrier()  # rank 0's upload is done: no worker starts an epoch before it is stored
         return stop
 
-    # --------------------------------------------------------- job control
-    def _ask_server(self, epoch: int) -> dict[str, Any] | None:
-        """Rank 0, at an epoch's end: whether the training server stops or preempts this job, and the
-        changes ``job.update`` asked for that this run has not applied yet."""
-        if self.control is None:
-            return None
-        import ray
-
-        server, job_id = self.control
-        return ray.get(server.control.remote(job_id, epoch, len(self.changes)))
-
-    async def _apply_changes(self, changes: list[dict[str, Any]]) -> None:
-        """Apply ``job.update``'s changes from the next epoch on: settings, then the config (merged into
-        ``model.config``; the backend sets what it can, e.g. the optimizers' ``lr``), then the hook."""
-        config: dict[str, Any] = {}
-        for change in changes:
-            self.changes.append(dict(change))
-            self._set_settings(change.get("settings") or {})
-            config.update(change.get("config") or {})
-        shown = {**config, **{k: v for c in changes for k, v in (c.get("settings") or {}).items()}}
-        self._tag = {**(self._tag or {}), **shown}
-        if config:
-            self.model.config.update(config)
-            self.worker.apply_config(config)
-            await self.hooks.call("on_config_update", dict(config))
-
-    def _set_settings(self, settings: dict[str, Any]) -> None:
-        if not settings:
-            return
-        import dataclasses
-
-        self.settings = dataclasses.replace(self.settings, **settings)
-        self.context.settings, self.context.num_epochs = self.settings, self.num_epochs
-        self.session.settings_changed(self.settings)
-        self.worker.settings_changed()
-
     def _enter(self, phase: str) -> None:
         if phase not in _NEXT.get(self._phase, ()):
             raise RuntimeError(
@@ -379,16 +299,6 @@ class WorkerRun:
             state = ckpt.state_from_files(self.model, self.initial_state)
             self.backend.set_state(self.model, state)
             await self.hooks.call("on_load_checkpoint", state)
-
-    def _replay(self, changes: list[dict[str, Any]]) -> dict[str, Any]:
-        """The changes a checkpoint recorded, applied again (settings, ``model.config``); their config."""
-        config: dict[str, Any] = {}
-        for change in changes:
-            self._set_settings(change.get("settings") or {})
-            config.update(change.get("config") or {})
-        self.changes = [dict(c) for c in changes]
-        self.model.config.update(config)
-        return config
 
     def _resume_candidates(self) -> Iterator[tuple[str, Any]]:
         """Checkpoints to resume from, newest first, as ``(location, opener)``: the run's storage, the
