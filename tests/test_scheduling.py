@@ -72,6 +72,10 @@ def test_preemption_takes_the_fewest_lowest_priority_jobs_and_never_an_equal_one
     assert not enough  # the one that is not preemptible stays: not enough, so nobody is preempted
     _, enough = choose_victims(_job("eq", "PENDING", 3, cpus=2), [mid], {"CPU": 1.0})
     assert not enough  # equal priorities queue
+    trial = _job("trial-job", priority=0, cpus=1, started=5, trial_id="t1")  # a tune job's trial: one by one
+    tune = {**_job("tune-job", priority=0, cpus=0.01), "kind": "tune"}  # holds no workers itself
+    victims, _ = choose_victims(_job("hi", "PENDING", 5, cpus=1), [tune, trial, low_old], {"CPU": 0.0})
+    assert [v["id"] for v in victims] == ["trial-job"]
     being = _job("going", priority=0, cpus=2, preempt_by="hi")
     victims, enough = choose_victims(_job("hi", "PENDING", 5, cpus=2), [being, low_old], {"CPU": 0.0})
     assert victims == [] and enough  # one already on its way out is counted, not preempted again

@@ -198,7 +198,7 @@ class WorkerRun(JobChanges):
             await self._apply_changes(control["changes"])
         stop = (any(vote for vote, _, _ in votes) or bool(control.get("stop"))) and epoch < self.num_epochs
         self.context.should_stop = stop
-        due = stop or epoch % self.settings.checkpoint_every == 0 or epoch == self.num_epochs
+        due = stop or epoch % self.settings.checkpoint_every == 0 or epoch >= self.num_epochs
         directory = None
         if due:
             state = self.worker.get_state()  # on every worker: some frameworks save collectively
