@@ -35,6 +35,7 @@ class LightningLoop(TorchLoop):
         super().__init__(run)
         self.trainer: Any = None
         self.resume: dict[str, Any] | None = None
+        self.pending_config: dict[str, Any] = {}  # config changes for optimizers not made yet
 
     def build(self) -> None:
         """Lightning creates the optimizers itself, inside ``fit``."""
@@ -48,7 +49,12 @@ class LightningLoop(TorchLoop):
         self.resume = state.get("lightning")  # the rest: Lightning restores it in `fit`
 
     def apply_config(self, changes: dict[str, Any]) -> None:
-        set_hyperparameters(self.trainer.optimizers if self.trainer is not None else (), changes)
+        """Set on the ``Trainer``'s optimizers; before ``fit`` made them (a change made while the job
+        was queued, or replayed from a checkpoint), once they exist (``_Bridge.on_train_start``)."""
+        if self.trainer is not None and self.trainer.optimizers:
+            set_hyperparameters(self.trainer.optimizers, changes)
+        else:
+            self.pending_config = {**self.pending_config, **changes}
 
     def settings_changed(self) -> None:
         if self.trainer is not None:
@@ -74,7 +80,7 @@ class LightningLoop(TorchLoop):
         self.trainer = pl.Trainer(
             max_epochs=last,
             accelerator="gpu" if settings.use_gpu else "cpu",
-            callbacks=[_Bridge(run)],
+            callbacks=[_Bridge(run, self)],
             use_distributed_sampler=False,  # raymodel's sharding policy (ShardSampler) instead
             enable_checkpointing=False,
             logger=False,
@@ -127,9 +133,14 @@ class _Reiterable:
 class _Bridge(pl.Callback):
     """Lightning's callback points -> ``WorkerRun``'s phases and batch hooks."""
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
+    def __init__(self, run: Run, loop: LightningLoop) -> None:
+        self.run, self.loop = run, loop
         self.losses: list[torch.Tensor] = []
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.loop.pending_config:  # after Lightning restored its checkpoint: the change wins
+            set_hyperparameters(trainer.optimizers, self.loop.pending_config)
+            self.loop.pending_config = {}
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.losses = []

@@ -94,6 +94,8 @@ class LightGBMLoop(TreeLoop):
             self.booster.free_network()  # the next job on this worker joins a network of its own
 
     def set_params(self, params: dict[str, Any]) -> None:
+        if not hasattr(self, "params"):  # replayed from a checkpoint: `ready` reads `model.params`
+            return
         self.params = {**self.params, **params}
         if self.booster is not None:
             self.booster.reset_parameter(params)

@@ -74,7 +74,8 @@ class XGBoostLoop(TreeLoop):
         )  # continues a restored booster
 
     def set_params(self, params: dict[str, Any]) -> None:
-        self.booster.set_param(params)
+        if getattr(self, "booster", None) is not None:  # else `ready` builds it from `model.params`
+            self.booster.set_param(params)
 
     def boost(self, epoch: int) -> Any:
         self.booster.update(self.datasets["train"], epoch - 1)
