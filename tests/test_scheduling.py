@@ -287,3 +287,47 @@ def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for
     give_up = seen["give_up"]  # resource_wait_s=4, and no node comes back
     assert "Waited 4 s for 1 more CPU for 1 worker of 2 (node " in (give_up["error"] or ""), give_up
     assert give_up["took"] < 30, give_up
+
+
+def test_a_blocking_call_says_what_its_job_waits_for_again_at_most_every_repeat(monkeypatch):
+    """``model.train()``'s wait loop, with a scripted job: the reason once at first, then again
+    only after ``_REPEAT_S``; the pool's start once."""
+    import io
+
+    from raymodel.jobs import _blocking
+
+    class Printer:
+        label, stream = "TinyNet", io.StringIO()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    class Scripted:
+        def __init__(self):
+            self.start = time.monotonic()
+
+        def _record(self, until_done=0.0):
+            time.sleep(0.02)
+            age = time.monotonic() - self.start
+            log = ["00:00:00 starting pool pool-1 of 2 torch worker(s)"]
+            if age < 0.6:
+                return {"status": "RUNNING", "reason": None, "log": log}
+            if age < 1.2:
+                return {"status": "RUNNING", "reason": LOST, "log": log}
+            return {"status": "SUCCEEDED", "log": log}
+
+    monkeypatch.setattr(_blocking, "_REPEAT_S", 0.25)
+    monkeypatch.setattr(_blocking, "_QUIET_S", 0.0)
+    printer = Printer()
+    assert _blocking._await(Scripted(), printer)["status"] == "SUCCEEDED"
+    lines = printer.stream.getvalue().splitlines()
+    waits = [line for line in lines if "waiting for 1 more CPU" in line]
+    assert lines[0] == "[TinyNet] starting a pool of 2 torch worker(s) (once: later runs reuse them)"
+    assert sum("starting a pool" in line for line in lines) == 1
+    assert 2 <= len(waits) <= 3 and set(waits) == {f"[TinyNet] {LOST}"}, lines  # 0.6 s of it, said each 0.25 s
+
+
+LOST = "waiting for 1 more CPU for 1 worker of 2: node x lost at epoch 4"

@@ -58,6 +58,8 @@ def _progress_hub() -> Any:
 
 #: A reason the job still waits for is said again after this many seconds.
 _REPEAT_S = 30.0
+#: Nothing is said in a job's first second (a job that starts at once has nothing to wait for).
+_QUIET_S = 1.0
 
 
 def _await(job: Job, printer: Any) -> dict[str, Any]:
@@ -77,7 +79,8 @@ def _await(job: Job, printer: Any) -> dict[str, Any]:
                     workers = starting[0].split(" of ", 1)[1]
                     reason = f"starting a pool of {workers} (once: later runs reuse them)"
             now = time.monotonic()
-            if printer is not None and reason and now - started > 1.0 and now - shown.get(reason, -1e9) > _REPEAT_S:
+            due = now - started > _QUIET_S and now - shown.get(reason, -1e9) > _REPEAT_S
+            if printer is not None and reason and due:
                 repeat = reason in shown and not reason.startswith("starting a pool")
                 if repeat or reason not in shown:
                     print(f"[{printer.label}] {reason}", file=printer.stream, flush=True)
