@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
-from raymodel._internal import runtime
+from raymodel._internal import runtime, serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
 from raymodel.jobs._names import DONE, NAME, NAMESPACE
+from raymodel.jobs._views import LONG_POLL_S, Stream, held
 
 __all__ = ["Job", "list", "records", "get", "held", "server", "pools", "release_pools", "Pool"]
 
@@ -166,32 +167,6 @@ class Job:
         return f"Job(id={self.id!r}, kind={self.kind!r})"
 
 
-class Stream:
-    """Iterates a job's rows as they arrive (``for row in job.stream()`` or ``async for``)."""
-
-    def __init__(self, job: Job) -> None:
-        self.job, self.seen = job, 0
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        import ray
-
-        while True:  # a long poll: the server answers when a row arrives or the job ends
-            rows, status = ray.get(self.job._server.rows.remote(self.job.id, self.seen, _LONG_POLL_S))
-            self.seen += len(rows)
-            yield from rows
-            if not rows and status in DONE:
-                return
-
-    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            rows, status = await self.job._server.rows.remote(self.job.id, self.seen, _LONG_POLL_S)
-            self.seen += len(rows)
-            for row in rows:
-                yield row
-            if not rows and status in DONE:
-                return
-
-
 @dataclasses.dataclass(frozen=True)
 class Pool:
     """A resident worker group of the training server (``rm.jobs.pools()``).
@@ -255,40 +230,7 @@ def release_pools() -> _list[str]:
     return [] if handle is None else ray.get(handle.release_pools.remote())
 
 
-def held(records: _list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """What each job holds now: the bundles of its placement groups that Ray's state API shows
-    CREATED (one query for all the records; ``{}`` for a job that is not running)."""
-    wanted = {g for r in records if r["status"] == "RUNNING" for g in r.get("placement_groups", ())}
-    live: dict[str, dict[str, float]] = {}
-    if wanted:
-        import ray
-        from ray.util.state import list_placement_groups
-
-        address = ray.get_runtime_context().gcs_address  # this cluster's, even with others on the machine
-        for group in list_placement_groups(
-            address=address,
-            filters=[("state", "=", "CREATED")],
-            detail=True,
-            limit=10_000,
-            raise_on_missing_output=False,
-        ):
-            if group.placement_group_id in wanted:
-                live[group.placement_group_id] = _sum(b.get("unit_resources", {}) for b in group.bundles or ())
-    return {
-        r["id"]: _sum(live.get(g, {}) for g in r.get("placement_groups", ()) if r["status"] == "RUNNING")
-        for r in records
-    }
-
-
-def _sum(parts: Any) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for part in parts:
-        for name, amount in part.items():
-            total[name] = round(total.get(name, 0.0) + float(amount), 6)
-    return {k: v for k, v in total.items() if v}
-
-
-_LONG_POLL_S = 5.0
+_LONG_POLL_S = LONG_POLL_S
 
 
 def _outcome(record: dict[str, Any]) -> Any:
@@ -336,5 +278,79 @@ def get(job_id: str) -> Job:
     return Job(record, handle)
 
 
-# The verbs' submit side (``model.train(wait=False)``, ``model.tune(wait=False)``, a blocking train).
-from raymodel.jobs._submit import _submit_checked, submit_train, submit_tune  # noqa: E402, F401
+def submit_train(model: Any, settings: Any, data: Any) -> Job:
+    """``model.train(..., wait=False)``: every check first (as ``train()``), then the job is queued."""
+    from raymodel.train import prepare
+
+    settings, spec = prepare(model, settings, data)
+    return _submit_checked(model, settings, spec)
+
+
+def _submit_checked(model: Any, settings: Any, spec: Any, hub: Any = None) -> Job:
+    """Queue a training job whose settings and data ``prepare`` checked; ``hub``: a blocking caller's,
+    for its progress output."""
+    import ray
+
+    from raymodel.train._job import train_request
+
+    blob, info = train_request(model, settings, spec, hub=hub)
+    record = ray.get(server().submit.remote("train", blob, info))
+    if record["status"] == "FAILED" and hub is not None:
+        raise TrainingError(record["error"])  # a blocking call: it can never run here
+    return Job(record)
+
+
+def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) -> Job:
+    """``model.tune(..., wait=False)``: checked as ``tune()`` checks, then queued."""
+    from raymodel.train import worker_resources
+    from raymodel.tune import Tunable
+    from raymodel.tune._trial import PLACEMENT_FIELDS, trial_resources
+
+    tunable = Tunable(model, space, settings=settings, data=data, resume=resume)  # every check, no Ray yet
+    ts = tunable.train_settings
+    trial = trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS})
+    if ts.num_workers > 1 and not ts.pool:  # the trial's sliver and its worker group (a pool's are its own jobs)
+        for k, v in worker_resources(ts.resources_per_worker, ts.use_gpu).items():
+            trial[k] = trial.get(k, 0.0) + v * ts.num_workers
+    settings = dataclasses.replace(tunable.settings, name=tunable.name)
+    payload = {
+        "class": type(model),
+        "config": dict(model.config),
+        "settings": settings,
+        "data": tunable.spec,
+        "space": tunable.space,
+        "resume": resume,
+    }
+    return _submit(
+        "tune",
+        model,
+        payload,
+        trial,
+        settings,
+        tunable.settings.max_epochs,
+        metric=tunable.metric,
+        mode=tunable.settings.mode,
+        priority=tunable.settings.priority,
+        preemptible=tunable.settings.preemptible,
+    )
+
+
+def _submit(
+    kind: str, model: Any, payload: dict[str, Any], needs: dict[str, float], settings: Any, epochs: int, **more: Any
+) -> Job:
+    import ray
+
+    callbacks = [
+        *(getattr(settings, "callbacks", ()) or ()),
+        *(getattr(getattr(settings, "train", None), "callbacks", ()) or ()),
+    ]
+    blob = serialization.dumps(payload, type(model), *callbacks)
+    info = {
+        "needs": needs,
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "settings": repr(settings),
+        "epochs": epochs,
+        **more,
+    }
+    record = ray.get(server().submit.remote(kind, blob, info))
+    return Job(record)

@@ -1,0 +1,69 @@
+"""Reading jobs: a job's rows as they arrive (``Stream``), and what jobs hold now (``held``)."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Iterator
+
+from raymodel.jobs._names import DONE
+
+#: How long one long poll of the server waits for a row.
+LONG_POLL_S = 5.0
+
+
+class Stream:
+    """Iterates a job's rows as they arrive (``for row in job.stream()`` or ``async for``)."""
+
+    def __init__(self, job: Any) -> None:
+        self.job, self.seen = job, 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import ray
+
+        while True:  # a long poll: the server answers when a row arrives or the job ends
+            rows, status = ray.get(self.job._server.rows.remote(self.job.id, self.seen, LONG_POLL_S))
+            self.seen += len(rows)
+            yield from rows
+            if not rows and status in DONE:
+                return
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            rows, status = await self.job._server.rows.remote(self.job.id, self.seen, LONG_POLL_S)
+            self.seen += len(rows)
+            for row in rows:
+                yield row
+            if not rows and status in DONE:
+                return
+
+
+def held(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """What each job holds now: the bundles of its placement groups that Ray's state API shows
+    CREATED (one query for all the records; ``{}`` for a job that is not running)."""
+    wanted = {g for r in records if r["status"] == "RUNNING" for g in r.get("placement_groups", ())}
+    live: dict[str, dict[str, float]] = {}
+    if wanted:
+        import ray
+        from ray.util.state import list_placement_groups
+
+        address = ray.get_runtime_context().gcs_address  # this cluster's, even with others on the machine
+        for group in list_placement_groups(
+            address=address,
+            filters=[("state", "=", "CREATED")],
+            detail=True,
+            limit=10_000,
+            raise_on_missing_output=False,
+        ):
+            if group.placement_group_id in wanted:
+                live[group.placement_group_id] = _sum(b.get("unit_resources", {}) for b in group.bundles or ())
+    return {
+        r["id"]: _sum(live.get(g, {}) for g in r.get("placement_groups", ()) if r["status"] == "RUNNING")
+        for r in records
+    }
+
+
+def _sum(parts: Any) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for part in parts:
+        for name, amount in part.items():
+            total[name] = round(total.get(name, 0.0) + float(amount), 6)
+    return {k: v for k, v in total.items() if v}
