@@ -27,28 +27,18 @@ from raymodel._internal import runtime, storage
 
 def main() -> None:
     import ray
+    from clusters import agent_ports, head_args
     from models import DigitsNet
     from ray import serve
     from ray.cluster_utils import Cluster
     from ray.util.state import list_actors
-    from s3server import free_port
     from sklearn.datasets import load_digits
 
     scratch, port = Path(sys.argv[1]), int(sys.argv[2])
     # Ports of its own: the test session's Ray instance may be running beside it (and so may its
     # HAProxy: this cluster's Serve gets its own stats and metrics ports, as `rm.init` would give it).
     os.environ.update(runtime.with_serve_env(os.environ, runtime.resolve_ingress(None)))
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "temp_dir": str(scratch / "head"),
-            "include_dashboard": True,
-            "gcs_server_port": free_port(),
-            "dashboard_port": free_port(),
-            **agent_ports(),
-        },
-    )
+    cluster = Cluster(initialize_head=True, head_node_args=head_args(scratch))
     for name in ("a", "b"):
         cluster.add_node(
             num_cpus=2, temp_dir=str(scratch / f"node-{name}"), resources={f"node_{name}": 1}, **agent_ports()
@@ -130,12 +120,6 @@ def main() -> None:
     serve.shutdown()
     ray.shutdown()
     cluster.shutdown()
-
-
-def agent_ports() -> dict[str, int]:
-    from s3server import free_port
-
-    return {"dashboard_agent_listen_port": free_port(), "metrics_export_port": free_port()}
 
 
 class NodeLog(rm.Callback):

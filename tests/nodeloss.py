@@ -27,6 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from waiting import until
+
 import raymodel as rm
 
 
@@ -40,16 +42,6 @@ class Paced(rm.Callback):
         time.sleep(self.seconds)
 
 
-def until(check, timeout: float, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s")
-
-
 def epochs(job) -> int:
     return len(job.history())
 
@@ -60,26 +52,15 @@ def sizes(job) -> list[int]:
 
 def main() -> None:
     import ray
+    from clusters import agent_ports, head_args
     from models import TinyNet
-    from multinode import agent_ports
     from ray.cluster_utils import Cluster
-    from s3server import free_port
 
     scratch, scenarios = Path(sys.argv[1]), sys.argv[2:]
     # Ray Train waits this long for a worker group it cannot place before it tries another size (an
     # elastic run shrinks only then; default 60 s). Every Ray process of this cluster inherits it.
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "30"
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "temp_dir": str(scratch / "head"),
-            "include_dashboard": True,
-            "gcs_server_port": free_port(),
-            "dashboard_port": free_port(),
-            **agent_ports(),
-        },
-    )
+    cluster = Cluster(initialize_head=True, head_node_args=head_args(scratch))
     count = [0]
 
     def add_node():

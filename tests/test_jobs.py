@@ -13,22 +13,13 @@ from pathlib import Path
 import pytest
 import requests
 from models import TinyNet
+from waiting import until
 
 import raymodel as rm
 from raymodel.exceptions import TrainingError
 
 TESTS = str(Path(__file__).parent)
 PYTHON = sys.executable
-
-
-def _until(check, timeout=90.0, every=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
 
 
 def _free_cpus(ray):
@@ -61,7 +52,7 @@ def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_
     assert [(p.state, p.resources) for p in rm.jobs.pools()] == [("idle", {"CPU": 1.0})]
     rm.jobs.release_pools()
     assert rm.jobs.pools() == []
-    assert _until(lambda: _free_cpus(ray_session) == baseline), "the pool's CPUs were not given back"
+    assert until(lambda: _free_cpus(ray_session) == baseline), "the pool's CPUs were not given back"
     listed = {j.id: j for j in rm.jobs.list()}
     assert isinstance(listed[job.id], rm.jobs.Job) and listed[job.id].summary["status"] == "STOPPED"
     assert listed[job.id].status == "STOPPED"
@@ -73,7 +64,7 @@ def test_jobs_that_fit_run_together_and_one_that_does_not_waits_then_runs(ray_se
     a = TinyNet().train(one, data=tiny_data, wait=False)
     b = TinyNet().train(one, data=tiny_data, wait=False)
     big = TinyNet().train({"num_workers": 2, "num_epochs": 2, "progress": False}, data=tiny_data, wait=False)
-    _until(lambda: len(a.history()) >= 1 and len(b.history()) >= 1)  # both train at the same time
+    until(lambda: len(a.history()) >= 1 and len(b.history()) >= 1)  # both train at the same time
     assert a.status == b.status == "RUNNING"
     assert big.status == "PENDING" and big.reason.startswith("waiting for CPU: needs 2")
     a.stop(), b.stop()
@@ -118,7 +109,7 @@ def test_a_stopped_tune_job_stops_every_trial_and_keeps_the_best_so_far(ray_sess
     assert job.status == "STOPPED" and result.num_trials == 2
     assert all(2 <= t["epochs"] < 200 for t in result.trials)
     assert rm.RayModel.from_checkpoint(result.best_checkpoint).config["lr"] == result.best_config["lr"]
-    assert _until(lambda: _free_cpus(ray_session) == 2.0)
+    assert until(lambda: _free_cpus(ray_session) == 2.0)
 
 
 class Exploding(TinyNet):
@@ -139,11 +130,11 @@ def test_a_job_lost_with_its_server_is_failed_not_left_running(ray_session, tiny
     from raymodel.jobs._names import NAME, NAMESPACE
 
     job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=tiny_data, wait=False)
-    _until(lambda: job.history())
+    until(lambda: job.history())
     ray_session.kill(ray_session.get_actor(NAME, namespace=NAMESPACE))
     again = rm.jobs.get(job.id)  # a new server, from the records on disk
     assert again.status == "FAILED" and "server restarted" in again._record()["error"]
-    assert _until(lambda: _free_cpus(ray_session) == 2.0), "the lost job's workers still hold CPUs"
+    assert until(lambda: _free_cpus(ray_session) == 2.0), "the lost job's workers still hold CPUs"
 
 
 SUBMIT = """

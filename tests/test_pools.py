@@ -13,6 +13,7 @@ import requests
 import torch
 from conformance import CrashOnce
 from models import PairDataset, TinyNet
+from waiting import until
 
 import raymodel as rm
 from raymodel.exceptions import TrainingError
@@ -21,16 +22,6 @@ TWO = {"num_workers": 2, "num_epochs": 3, "batch_size": 4, "progress": False, "s
 
 #: Set by a job on a worker (a module global of the user's code): the next job must not see it.
 LEAKED = None
-
-
-def _until(check, timeout=90.0, every=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
 
 
 def _pool_of(job) -> str:
@@ -226,7 +217,7 @@ def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_ses
     start = time.monotonic()
     assert ray.get(user_task.remote(), timeout=60) == "ran"  # Ray reported the demand: the pool ended
     assert time.monotonic() - start < 30
-    _until(lambda: rm.jobs.pools() == [], timeout=30)
+    until(lambda: rm.jobs.pools() == [], timeout=30)
 
     model.train({**TWO, "num_epochs": 1}, data=tiny_data)  # a new pool, idle again
     served = model.serve("/pool-gives-way", settings={"ray_actor_options": {"num_cpus": 1}})
@@ -240,8 +231,8 @@ def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_ses
     model.train({**TWO, "num_epochs": 1}, data=tiny_data)
     try:
         rm.init(pool_idle_s=1)  # the running server takes it
-        _until(lambda: rm.jobs.pools() == [], timeout=60)
-        _until(lambda: ray.available_resources().get("CPU", 0.0) == 2.0, timeout=60)
+        until(lambda: rm.jobs.pools() == [], timeout=60)
+        until(lambda: ray.available_resources().get("CPU", 0.0) == 2.0, timeout=60)
     finally:
         rm.init(pool_idle_s=120)
 
@@ -263,9 +254,7 @@ def test_tune_trials_with_two_workers_are_jobs_on_one_pool_and_asha_stops_them(r
     )
     assert result.num_trials == 4
     jobs = [j for j in rm.jobs.list() if j.id not in before]
-    _until(
-        lambda: all(j.status in ("SUCCEEDED", "STOPPED", "FAILED") for j in jobs), timeout=60
-    )  # ended with its trial
+    until(lambda: all(j.status in ("SUCCEEDED", "STOPPED", "FAILED") for j in jobs), timeout=60)  # ended with its trial
     assert len(jobs) == 4 and all(j.kind == "train" for j in jobs)  # one job of the server per trial
     assert len({_pool_of(j) for j in jobs}) == 1  # all on one pool
     by_trial = {t["trial_id"]: t for t in result.trials}

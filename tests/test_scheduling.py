@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from clusters import run_script
 from conformance import CrashOnce
 from models import TinyNet
+from waiting import until
 
 import raymodel as rm
 from raymodel.cli._jobs import parse_changes
@@ -161,14 +159,9 @@ class Updates(rm.Callback):
         Path(self.folder, name).write_text(json.dumps(changes))
 
 
-def _until(check, timeout=120.0, every=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
+def _pending_reason(job):
+    record = job._record()
+    return record["status"] == "PENDING" and record["reason"]
 
 
 def _epochs(job):
@@ -179,17 +172,17 @@ def _epochs(job):
 def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_with_each_epoch_once(ray_session, tiny_data):
     rm.jobs.release_pools()
     low = TinyNet().train({**BASE, "num_epochs": 6, "callbacks": [Paced()]}, data=tiny_data, wait=False)
-    _until(lambda: len(low.history()) >= 2)
+    until(lambda: len(low.history()) >= 2)
     high = TinyNet().train({**BASE, "num_epochs": 2, "priority": 5}, data=tiny_data, wait=False)
     # Two of equal priority queue behind; neither preempts `low`. The first of them runs 10 epochs,
     # the second waits for it: its ETA is read once the first has an epoch time.
     first = TinyNet().train({**BASE, "num_epochs": 10, "callbacks": [Paced(0.5)]}, data=tiny_data, wait=False)
     second = TinyNet().train({**BASE, "num_epochs": 1}, data=tiny_data, wait=False)
-    _until(lambda: low.status == "PENDING", 60)
-    assert low.reason.startswith(f"preempted by {high.id}")
+    reason = until(lambda: _pending_reason(low), 60, every=0.05)
+    assert reason.startswith(f"preempted by {high.id}"), reason
     high.wait(timeout=120)
     low.wait(timeout=120)
-    _until(lambda: len(first.history()) >= 2 and first.status == "RUNNING", 120)
+    until(lambda: len(first.history()) >= 2 and first.status == "RUNNING", 120)
     predicted, asked = second.eta, time.time()
     second.wait(timeout=180)
     records = {r["id"]: r for r in rm.jobs.records()}
@@ -220,7 +213,7 @@ def test_update_changes_lr_on_every_worker_at_one_boundary_and_survives_a_worker
         "callbacks": [Paced(0.0, hold=str(hold), at=3), Updates(str(folder)), crash],
     }
     job = LrNet(config={"folder": str(folder)}).train(settings, data=tiny_data, wait=False)
-    _until(lambda: len(job.history()) >= 2)  # epoch 3 waits for `hold`: the change lands at its end
+    until(lambda: len(job.history()) >= 2)  # epoch 3 waits for `hold`: the change lands at its end
     with pytest.raises(SettingsError, match="`batch_size`"):
         job.update(settings={"batch_size": 8})
     with pytest.raises(SettingsError, match="below the 2 epoch"):
@@ -253,24 +246,9 @@ def _names(folder):
 @pytest.mark.integration
 def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for_or_gives_up(tmp_path):
     """Its own process and Ray cluster: a head with no CPUs and two 1-CPU worker nodes."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYMODEL_", "PYTHONBREAKPOINT"))}
-    env.update({"RAYMODEL_HOME": str(tmp_path / "home"), "HOME": str(tmp_path), "PYTHONPATH": TESTS})
-    nodes = tempfile.mkdtemp(prefix="rm-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    try:
-        out = subprocess.run(
-            [sys.executable, os.path.join(TESTS, "nodeloss.py"), nodes, "elastic", "fixed", "give_up"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        shutil.rmtree(nodes, ignore_errors=True)
-    assert out.returncode == 0, "\n".join(line for line in out.stderr.splitlines() if ".so" not in line)[-4000:]
-    seen = {
-        r["scenario"]: r
-        for r in (json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT "))
-    }
+    env = {"RAYMODEL_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)}
+    results = run_script("nodeloss.py", ["elastic", "fixed", "give_up"], env, timeout=600)
+    seen = {r["scenario"]: r for r in results}
     elastic, fixed = seen["elastic"], seen["fixed"]
     epochs = [row["epoch"] for row in elastic["history"]]
     assert epochs == list(range(1, len(epochs) + 1))  # each once, shrunk and grown

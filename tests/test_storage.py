@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -159,28 +156,14 @@ def test_an_experiment_on_s3_resumes_where_it_stopped(ray_session, s3, tiny):
 @pytest.mark.integration
 def test_train_tune_registry_and_serve_across_nodes_with_everything_on_s3(s3, tmp_path):
     """Its own process and Ray cluster: a head with no CPUs (the driver's node) and two worker nodes."""
+    from clusters import run_script
     from s3server import free_port
 
     home = tmp_path / "driver-home"  # the driver's HOME: ~/.raymodel would be here
     home.mkdir()
-    # A fresh process: none of the variables this session's Ray set (`RAY_AUTH_MODE`, ...).
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYMODEL_", "PYTHONBREAKPOINT"))}
-    env.update({"RAYMODEL_HOME": s3.uri("home"), "HOME": str(home), "PYTHONPATH": TESTS})
-    nodes = tempfile.mkdtemp(prefix="rm-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    try:
-        out = subprocess.run(
-            [sys.executable, os.path.join(TESTS, "multinode.py"), nodes, str(free_port())],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=480,
-        )
-    finally:
-        shutil.rmtree(nodes, ignore_errors=True)
-    assert out.returncode == 0, "\n".join(line for line in out.stderr.splitlines() if ".so" not in line)[-4000:]
-    import json
+    env = {"RAYMODEL_HOME": s3.uri("home"), "HOME": str(home)}
+    (seen,) = run_script("multinode.py", [str(free_port())], env, timeout=480)
 
-    seen = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert seen["train_checkpoint"].startswith("s3://models/home/runs/")
     assert seen["tune_best"].startswith("s3://models/home/runs/") and seen["tune_path"].startswith("s3://")
     assert all(p.startswith("s3://models/home/runs/") for p in seen["trial_paths"])
