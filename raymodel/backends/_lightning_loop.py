@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import torch
-from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+from ray.train.lightning import RayDDPStrategy, RayFSDPStrategy, RayLightningEnvironment, prepare_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from raymodel._internal import tmp
@@ -71,9 +71,9 @@ class LightningLoop(TorchLoop):
 
     async def run_epochs(self, first: int, last: int) -> None:
         run, settings = self.run, self.run.settings
-        # On a Ray Train worker: Ray's DDP strategy; placed in a Tune trial: one process, Lightning's default.
+        # On a Ray Train worker: Ray's DDP (or FSDP) strategy; in a Tune trial: one process, Lightning's default.
         placement = (
-            {"strategy": RayDDPStrategy(), "plugins": [RayLightningEnvironment()], "devices": "auto"}
+            {"strategy": self._strategy(), "plugins": [RayLightningEnvironment()], "devices": "auto"}
             if run.session.on_ray_train
             else {"devices": 1}
         )
@@ -101,6 +101,16 @@ class LightningLoop(TorchLoop):
             await asyncio.to_thread(
                 trainer.fit, self.model.module, train_dataloaders=train, val_dataloaders=valid, ckpt_path=ckpt_path
             )
+
+    def _strategy(self) -> Any:
+        """Ray's DDP strategy, or with ``strategy="fsdp"`` its FSDP one: each class of the modules
+        ``shard_modules()`` names is an FSDP unit, and checkpoints hold the whole state
+        (Lightning's ``state_dict_type="full"``, gathered on rank 0)."""
+        if not self.fsdp:
+            return RayDDPStrategy()
+        units = self.model.shard_modules()
+        policy = {"auto_wrap_policy": {type(m) for m in units}} if units else {}
+        return RayFSDPStrategy(state_dict_type="full", **policy)
 
     def _loader(self, split_name: str) -> Any:
         split, train = self.run.splits[split_name], split_name == "train"

@@ -4,6 +4,8 @@ Lightning plug-ins (``torch.py``, ``lightning.py``), which do not import each ot
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -12,6 +14,9 @@ from raymodel.exceptions import ModelDefinitionError
 
 if TYPE_CHECKING:
     import torch
+
+
+_SHARDED = "sharded"  # the DCP checkpoint of strategy="fsdp", inside the state folder
 
 
 class TorchBackend(Backend):
@@ -23,10 +28,11 @@ class TorchBackend(Backend):
     accepts = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
     required_methods = ("setup", "configure_optimizers", "train_step")
     hook_notes = {"before_batch": "yes (may replace the batch)", "after_batch": "yes (the step's output)"}
-    state_keys = ("modules", "optimizers", "schedulers")
+    state_keys = ("modules", "optimizers", "schedulers", "sharded")
     native_collective = True  # torch.distributed, which DDP already set up
     gradient_steps = True  # precision, accumulation and clipping (TrainSettings)
     elastic = True  # DDP's process group is rebuilt at each (re)start, at the new world size
+    strategies = ("ddp", "fsdp")
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._torch_loop import TorchLoop
@@ -88,12 +94,27 @@ class TorchBackend(Backend):
     def write_state(self, model: Model, state: dict[str, Any], directory: Path) -> None:
         import torch
 
+        if "sharded" in state:  # strategy="fsdp": every worker's shard, in one DCP checkpoint
+            shutil.move(state["sharded"], directory / _SHARDED)
+            state = {k: v for k, v in state.items() if k != "sharded"}
         torch.save(state, directory / "model.pt")  # torch's own format
 
     def read_state(self, model: Model, directory: Path) -> dict[str, Any]:
+        """The state; a sharded checkpoint is loaded into a train worker's own shards in place (any
+        number of workers wrote it), and anywhere else read whole (``_torch_fsdp.whole_state``)."""
         import torch
 
-        return torch.load(directory / "model.pt", map_location="cpu", weights_only=False)
+        state = torch.load(directory / "model.pt", map_location="cpu", weights_only=False)
+        if not (directory / _SHARDED).is_dir():
+            return state
+        from raymodel.backends import _torch_fsdp as fsdp
+
+        modules = self.modules(model)
+        if getattr(model, "_fsdp_roots", None):
+            fsdp.load_shards(directory / _SHARDED, modules, model._optimizers)
+            return state
+        manifest = json.loads((directory.parent / "raymodel.json").read_text())  # verified before this
+        return {**state, "modules": fsdp.whole_state(directory, manifest["manifest_sha256"])}
 
     def set_state(self, model: Model, state: dict[str, Any]) -> None:
         modules = self.modules(model)
@@ -102,8 +123,14 @@ class TorchBackend(Backend):
             raise ModelDefinitionError(
                 f"The checkpoint has weights for {missing}, but `{type(model).__name__}.setup` did not create them."
             )
-        for name, sd in state.get("modules", {}).items():
-            modules[name].load_state_dict(sd)
+        if getattr(model, "_fsdp_roots", None) and state.get("modules"):  # whole weights into the shards
+            from raymodel.backends import _torch_fsdp as fsdp
+
+            fsdp.load_whole_into_shards(state["modules"], modules)
+            state = {k: v for k, v in state.items() if k != "optimizers"}  # a whole run's: not these shards'
+        else:
+            for name, sd in state.get("modules", {}).items():
+                modules[name].load_state_dict(sd)
         for attr in ("optimizers", "schedulers"):  # present on a train worker only
             live = getattr(model, f"_{attr}", None)
             if live and state.get(attr):

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from raymodel.backends import _torch_fsdp as fsdp
 from raymodel.backends._torch_optim import configure_optimizers, set_hyperparameters
 from raymodel.backends._torch_step import StepControl, with_last
 from raymodel.contract import WorkerLoop, batch_len
@@ -36,14 +37,22 @@ class TorchLoop(WorkerLoop):
         self.distributed = run.world > 1 and dist.is_available() and dist.is_initialized()
         self.step_module: nn.Module | None = None
         self.control = StepControl(run.settings, self.device)
+        self.fsdp = getattr(run.settings, "strategy", "ddp") == "fsdp"
+        self.epoch = 0
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
     def build(self) -> None:
         model = self.model
-        for m in model.backend.modules(model).values():
+        modules = model.backend.modules(model)
+        for m in modules.values():
             m.to(self.device)
+        if self.fsdp:  # before the optimizers: they must hold the sharded parameters
+            if not (dist.is_available() and dist.is_initialized()):
+                raise ModelDefinitionError("`strategy='fsdp'` needs Ray Train's process group; none was set up.")
+            model._fsdp_roots = fsdp.shard(model, modules, self.run.settings, self.device)
+            self.control.dtype = None  # bf16-mixed is FSDP's mixed-precision policy, not autocast
         model._optimizers, model._scheduler_configs = configure_optimizers(model)
         model._schedulers = [c.scheduler for c in model._scheduler_configs]
         self.control.modules = list(model.backend.modules(model).values())
@@ -81,8 +90,8 @@ class TorchLoop(WorkerLoop):
     def _wrap(self, modules: dict[str, nn.Module]) -> nn.Module | None:
         """DDP over a module whose forward is the user's ``train_step`` (automatic
         optimization); with manual optimization, only broadcast rank 0's weights."""
-        if not self.distributed:
-            return None
+        if not self.distributed or self.fsdp:
+            return None  # FSDP's hooks on the modules gather weights and reduce-scatter gradients
         if not self.model.automatic_optimization:
             for m in modules.values():
                 for tensor in list(m.parameters()) + list(m.buffers()):
@@ -96,6 +105,7 @@ class TorchLoop(WorkerLoop):
 
     async def train_epoch(self, epoch: int) -> dict[str, float]:
         model, run = self.model, self.run
+        self.epoch = epoch
         for m in model.backend.modules(model).values():
             m.train()
         auto = model.automatic_optimization
@@ -130,6 +140,9 @@ class TorchLoop(WorkerLoop):
         return run.mean_over_workers({k: (float(v), n_batches) for k, v in sums.items()})
 
     def _no_sync(self, accumulating: bool) -> Any:
+        if self.fsdp:
+            fsdp.set_gradient_sync(self.model._fsdp_roots, not accumulating)
+            return contextlib.nullcontext()
         if accumulating and self.step_module is not None:
             return self.step_module.no_sync()
         return contextlib.nullcontext()
@@ -150,6 +163,17 @@ class TorchLoop(WorkerLoop):
             if config.interval == "epoch":
                 config.step(metrics)
 
+    def get_state(self) -> dict[str, Any]:
+        """FSDP: every worker writes its shard (``_torch_fsdp.save_shards``); rank 0's state holds the
+        folder of all of them, and the LR schedulers."""
+        if not self.fsdp:
+            return super().get_state()
+        model = self.model
+        folder = fsdp.save_shards(self.run, model.backend.modules(model), model._optimizers, self.epoch)
+        if folder is None:
+            return {}
+        return {"sharded": folder, "schedulers": [s.state_dict() for s in model._schedulers]}
+
     # ---------------------------------------------------------- validation
     async def validate(self, epoch: int) -> dict[str, float]:
         model = self.model
@@ -157,11 +181,14 @@ class TorchLoop(WorkerLoop):
         for m in modules:
             m.eval()
         sums: dict[str, tuple[float, int]] = {}
+        batches = self._batches("valid", epoch)
+        # FSDP: every forward is a collective, so the workers take the same number of steps.
+        steps = _in_step(batches) if self.fsdp else _counted(batches)
         with torch.no_grad():
-            async for batch in self._batches("valid", epoch):
+            async for batch, counted in steps:
                 batch = _to_device(batch, self.device)
                 out = await maybe_await(model.validation_step(batch))
-                if out is None:
+                if out is None or not counted:
                     continue
                 if isinstance(out, torch.Tensor):
                     out = {"val_loss": out}
@@ -262,6 +289,33 @@ class _StepModule(nn.Module):
 
     def forward(self, batch: Any) -> Any:
         return self.__dict__["_model"].train_step(batch)
+
+
+async def _counted(batches: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, bool]]:
+    async for batch in batches:
+        yield batch, True
+
+
+async def _in_step(batches: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, bool]]:
+    """``(batch, counted)`` in step with every other worker: a worker whose shard ran out forwards
+    its last batch again, not counted, until every worker is done, so FSDP's gathers all match."""
+    it, last = batches.__aiter__(), None
+    while True:
+        batch = await anext(it, None)
+        have = torch.tensor([0 if batch is None else 1])
+        dist.all_reduce(have, op=dist.ReduceOp.MAX)
+        if not have.item():
+            return
+        if batch is not None:
+            last = batch
+            yield batch, True
+        elif last is not None:
+            yield last, False
+        else:
+            raise ModelDefinitionError(
+                "A worker's validation shard is empty while others still validate; with "
+                "`strategy='fsdp'` every worker needs at least one validation row (fewer workers, or more rows)."
+            )
 
 
 def average_gradients(modules: Iterable[nn.Module]) -> None:

@@ -98,3 +98,9 @@ class RayLightningModel(RayModel):
 
     backend = LightningBackend()
     module: Any = None
+
+    def shard_modules(self) -> Any:
+        """With ``strategy="fsdp"``: submodules whose classes become FSDP units (Lightning's
+        ``auto_wrap_policy``), e.g. ``list(self.module.blocks)``; ``None`` (default): the module
+        is one unit, its weights still sharded between steps."""
+        return None

@@ -69,6 +69,13 @@ class RayTorchModel(RayModel):
                 return p.device
         return torch.device("cpu")
 
+    def shard_modules(self) -> Any:
+        """With ``strategy="fsdp"``: the submodules that become FSDP units (each gathers its
+        weights for its own forward and backward, then frees them), e.g. ``list(self.blocks)``.
+        ``None`` (default): every direct child, that holds parameters, of each module ``setup``
+        created. Each module itself is then sharded as a whole."""
+        return None
+
     def optimizers(self) -> Any:
         """The optimizer(s) from ``configure_optimizers`` (one, or a list if several)."""
         opts = getattr(self, "_optimizers", None)
@@ -97,7 +104,8 @@ class RayTorchModel(RayModel):
             loss.backward()
         else:
             control.backward(loss)
-        average_gradients(TorchBackend.modules(self).values())
+        if not getattr(self, "_fsdp_roots", None):  # FSDP reduce-scattered them in the backward
+            average_gradients(TorchBackend.modules(self).values())
         if control is not None and getattr(self, "_step_due", True):
             control.clip(self._optimizers)
 

@@ -76,6 +76,8 @@ class Backend:
     gradient_steps: ClassVar[bool] = False
     #: True when ``TrainSettings(num_workers=(min, max))`` (an elastic run) works with this backend.
     elastic: ClassVar[bool] = False
+    #: ``TrainSettings.strategy`` values this backend trains with (torch and Lightning add "fsdp").
+    strategies: ClassVar[tuple[str, ...]] = ("ddp",)
     #: Keys of the state dict that ``write_state`` writes itself; any other entry
     #: (added in ``on_save_checkpoint``) is saved beside them by the checkpoint format.
     state_keys: ClassVar[tuple[str, ...]] = ()

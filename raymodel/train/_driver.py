@@ -32,6 +32,11 @@ def prepare(model: Model, settings: Any, data: Any) -> tuple[TrainSettings, Any]
             f"workers (its framework's cluster is set once); elastic ranges work with torch and Lightning. "
             f"Pass an int."
         )
+    if settings.strategy not in backend.strategies:
+        raise SettingsError(
+            f"`strategy={settings.strategy!r}`: the {backend.name} backend does not shard models; "
+            f"`strategy='fsdp'` works with the torch and lightning backends. Leave `strategy` at 'ddp'."
+        )
     backend.import_framework()
     backend.validate_model(model)
     spec = resolve(data)

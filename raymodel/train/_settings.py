@@ -19,6 +19,8 @@ from raymodel._internal.settings import (
 #: The training step's float precision (Lightning's names).
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 #: Settings of the training step that only loop-driven gradient backends (torch, Lightning) honour.
+#: How a model is spread over the workers (torch and Lightning).
+STRATEGIES = ("ddp", "fsdp")
 STEP_SETTINGS = {"precision": "32", "accumulate_grad_batches": 1, "grad_clip_norm": None, "grad_clip_value": None}
 
 #: Seeds feed numpy's generators, which take 0 <= seed < 2**32.
@@ -83,6 +85,15 @@ class TrainSettings(SettingsBase):
         elastic_resize_s: How often a running elastic run looks for room to grow
             (Ray Train's ``elastic_resize_monitor_interval_s``); growing restarts the
             workers from the newest checkpoint.
+        strategy: How the torch and Lightning backends spread a model over the
+            workers: ``"ddp"`` (default: a whole copy on every worker, gradients
+            averaged) or ``"fsdp"`` (fully sharded data parallel: each worker holds
+            its share of the weights, gradients and optimizer state; checkpoints are
+            sharded). See "Big models" in the training guide.
+        reshard_after_forward: With ``strategy="fsdp"`` (torch): free each unit's
+            gathered weights after its forward and gather them again for the
+            backward (default, the least memory), or keep them until the backward
+            (one all-gather fewer per step, more memory).
         resource_wait_s: How long a job of the training server waits for lost
             resources (a node gone) before it fails with an error naming what was
             missing; ``None`` (default) waits, as Ray does.
@@ -115,6 +126,8 @@ class TrainSettings(SettingsBase):
     preemptible: bool = True
     resource_wait_s: float | None = None
     elastic_resize_s: float = 60.0
+    strategy: str = "ddp"
+    reshard_after_forward: bool = True
 
     @property
     def elastic(self) -> bool:
@@ -160,6 +173,8 @@ class TrainSettings(SettingsBase):
             check_resources("resources_per_worker", self.resources_per_worker),
             check_choice("nonfinite", self.nonfinite, ("warn", "error", "allow")),
             check_choice("precision", self.precision, PRECISIONS),
+            check_choice("strategy", self.strategy, STRATEGIES),
+            check_type("reshard_after_forward", self.reshard_after_forward, (bool,), "True or False"),
             check_int("accumulate_grad_batches", self.accumulate_grad_batches, minimum=1),
             check_number("grad_clip_norm", self.grad_clip_norm, minimum=0, exclusive_min=True, allow_none=True),
             check_number("grad_clip_value", self.grad_clip_value, minimum=0, exclusive_min=True, allow_none=True),
@@ -170,6 +185,16 @@ class TrainSettings(SettingsBase):
             problems.append(
                 "`precision='16-mixed'` needs a GPU (`use_gpu=True`): float16 autocast with a gradient "
                 "scaler is a GPU feature. On CPU use `precision='bf16-mixed'`."
+            )
+        if self.strategy == "fsdp" and self.min_workers == 0:
+            problems.append(
+                "`strategy='fsdp'` shards the model over Ray Train workers; `num_workers=0` trains in this "
+                "process. Use `num_workers=1` or more."
+            )
+        if self.strategy == "fsdp" and self.precision == "16-mixed":
+            problems.append(
+                "`strategy='fsdp'` with `precision='16-mixed'` is not supported (its gradient scaler does not "
+                "work on sharded gradients); use `precision='bf16-mixed'`."
             )
         if isinstance(self.storage_path, str) and not self.storage_path.strip():
             problems.append("`storage_path` must not be empty (leave it out for `$RAYMODEL_HOME/runs`).")
