@@ -110,7 +110,7 @@ class LightningLoop(TorchLoop):
             return RayDDPStrategy()
         units = self.model.shard_modules()
         policy = {"auto_wrap_policy": {type(m) for m in units}} if units else {}
-        return RayFSDPStrategy(state_dict_type="full", **policy)
+        return _RayFSDP(state_dict_type="full", **policy)
 
     def _loader(self, split_name: str) -> Any:
         split, train = self.run.splits[split_name], split_name == "train"
@@ -128,6 +128,63 @@ class LightningLoop(TorchLoop):
             shard = split.shard(self.run.rank)
             return _Reiterable(lambda: iter(shard.iter_torch_batches(batch_size=s.batch_size)))
         raise TypeError(f"Unsupported split {type(split).__name__}")
+
+
+class _RayFSDP(RayFSDPStrategy):
+    """Ray's FSDP strategy, on CPU too. Lightning hands FSDP the device's index (None on CPU), and
+    FSDP then looks for an accelerator: here a CPU module is wrapped with the CPU named. Lightning
+    gathers the whole state with ``offload_to_cpu=True``, which crashes FSDP when the weights are on
+    the CPU already (a segfault cloning the gathered weights): here the CPU's state is gathered as is."""
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if self.root_device.type != "cpu":
+            return super().lightning_module_state_dict()
+        with _whole_state(self.model):
+            return self.model.state_dict()
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        if self.root_device.type != "cpu":
+            return super().optimizer_state(optimizer)
+        from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
+
+        optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
+        with _whole_state(self.model):
+            state = FullyShardedDataParallel.optim_state_dict(self.model, optimizer)
+            if self.global_rank == 0:  # Lightning's layout: keyed by parameter id
+                state = FullyShardedDataParallel.rekey_optim_state_dict(
+                    state, OptimStateKeyType.PARAM_ID, self.model
+                )
+            return state
+
+    def _setup_model(self, model: Any) -> Any:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if self.root_device.type == "cpu" and not isinstance(model, FullyShardedDataParallel):
+            kwargs = {k: v for k, v in self.kwargs.items() if k != "auto_wrap_policy"}
+            model = FullyShardedDataParallel(
+                module=model,
+                cpu_offload=self.cpu_offload,
+                mixed_precision=self.mixed_precision_config,
+                sharding_strategy=self.sharding_strategy,
+                device_id=torch.device("cpu"),
+                auto_wrap_policy=self.kwargs.get("auto_wrap_policy"),
+                **kwargs,
+            )
+            self.kwargs = kwargs  # wrapped: Lightning's own wrap is skipped, its policy unused
+        return super()._setup_model(model)
+
+
+def _whole_state(model: Any) -> Any:
+    """FSDP's whole-state context, gathered on rank 0 and left where it is (the CPU)."""
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return FSDP.state_dict_type(
+        module=model,
+        state_dict_type=StateDictType.FULL_STATE_DICT,
+        state_dict_config=FullStateDictConfig(offload_to_cpu=False, rank0_only=True),
+        optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=True),
+    )
 
 
 class _Reiterable:
