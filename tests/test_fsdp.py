@@ -168,11 +168,10 @@ def test_a_sharded_run_resumes_on_one_worker_and_back_on_two_like_ddp(ray_sessio
     """2 -> 1 -> 2 workers under one run name: DCP reshards weights and Adam's state on load; each
     leg continues exactly as DDP does from its (whole) checkpoint."""
     histories = {}
-    for strategy in ("ddp", "fsdp"):
-        name = f"resize-{strategy}"
-        for workers, epochs in ((2, 2), (1, 3), (2, 4)):
-            settings = {**BASE, "strategy": strategy, "num_workers": workers, "num_epochs": epochs, "name": name}
-            histories[strategy] = AdamNet().train(settings, data=tiny_data).history
+    for workers, epochs in ((2, 2), (1, 3), (2, 4)):  # both runs leg by leg: two pool switches, not five
+        for strategy in ("ddp", "fsdp"):
+            settings = {**BASE, "strategy": strategy, "num_workers": workers, "num_epochs": epochs}
+            histories[strategy] = AdamNet().train({**settings, "name": f"resize-{strategy}"}, data=tiny_data).history
     assert [row["epoch"] for row in histories["fsdp"]] == [1, 2, 3, 4]
     np.testing.assert_allclose(_losses_of(histories["fsdp"]), _losses_of(histories["ddp"]), rtol=1e-5)
 

@@ -151,9 +151,7 @@ class _RayFSDP(RayFSDPStrategy):
         with _whole_state(self.model):
             state = FullyShardedDataParallel.optim_state_dict(self.model, optimizer)
             if self.global_rank == 0:  # Lightning's layout: keyed by parameter id
-                state = FullyShardedDataParallel.rekey_optim_state_dict(
-                    state, OptimStateKeyType.PARAM_ID, self.model
-                )
+                state = FullyShardedDataParallel.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, self.model)
             return state
 
     def _setup_model(self, model: Any) -> Any:
