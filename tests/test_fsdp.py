@@ -67,6 +67,8 @@ def test_fsdp_settings_are_checked_before_ray(tiny_data):
         rm.TrainSettings(strategy="fsdp", num_workers=0)
     with pytest.raises(SettingsError, match="bf16-mixed"):
         rm.TrainSettings(strategy="fsdp", precision="16-mixed", use_gpu=True)
+    with pytest.raises(SettingsError, match="one-worker trial"):
+        rm.TuneSettings(train={"strategy": "fsdp", "num_workers": 1})
     xgb = pytest.importorskip("raymodel.backends.xgboost")
 
     class Trees(xgb.RayXGBoostModel):

@@ -126,6 +126,11 @@ class TuneSettings(SettingsBase):
                     f"`train.num_workers={self.train.num_workers!r}`: a trial has a fixed number of workers "
                     "(Tune places each trial once); elastic ranges are for `model.train`."
                 )
+            if self.train.strategy == "fsdp" and self.train.num_workers == 1:
+                problems.append(
+                    "`train.strategy='fsdp'` with `num_workers=1`: a one-worker trial trains inside Tune's trial "
+                    "process, which has no process group to shard over. Use `num_workers=2` or more, or 'ddp'."
+                )
         return problems
 
 
