@@ -39,6 +39,7 @@ class TorchLoop(WorkerLoop):
         self.control = StepControl(run.settings, self.device)
         self.fsdp = getattr(run.settings, "strategy", "ddp") == "fsdp"
         self.epoch = 0
+        self.fresh: list[list[dict[str, Any]]] = []  # the config's hyperparameters per param group (build)
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
@@ -55,6 +56,9 @@ class TorchLoop(WorkerLoop):
             self.control.dtype = None  # bf16-mixed is FSDP's mixed-precision policy, not autocast
         model._optimizers, model._scheduler_configs = configure_optimizers(model)
         model._schedulers = [c.scheduler for c in model._scheduler_configs]
+        self.fresh = [  # before any checkpoint is loaded
+            [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in model._optimizers
+        ]
         self.control.modules = list(model.backend.modules(model).values())
         model._step_control = self.control
         if not model.automatic_optimization and self.control.scaler is not None:
@@ -70,18 +74,11 @@ class TorchLoop(WorkerLoop):
     def set_state(self, state: dict[str, Any]) -> None:
         """Weights, optimizers and schedulers; when the config changed since the checkpoint (PBT's
         exploit), each optimizer keeps the hyperparameters (``lr``, ...) the new config gave it."""
-        fresh = (
-            [
-                [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-                for opt in self.model._optimizers
-            ]
-            if self.run.config_changed
-            else []
-        )
-        super().set_state(state)
-        for opt, groups in zip(self.model._optimizers, fresh):
-            for group, hyper in zip(opt.param_groups, groups):
-                group.update(hyper)
+        super().set_state(state)  # (a sharded checkpoint is in already: `read_state` loaded the shards)
+        if self.run.config_changed:
+            for opt, groups in zip(self.model._optimizers, self.fresh):
+                for group, hyper in zip(opt.param_groups, groups):
+                    group.update(hyper)
 
     def apply_config(self, changes: dict[str, Any]) -> None:
         set_hyperparameters(self.model._optimizers, changes)
@@ -183,7 +180,7 @@ class TorchLoop(WorkerLoop):
         sums: dict[str, tuple[float, int]] = {}
         batches = self._batches("valid", epoch)
         # FSDP: every forward is a collective, so the workers take the same number of steps.
-        steps = _in_step(batches) if self.fsdp else _counted(batches)
+        steps = _in_step(batches, self.device) if self.fsdp else _counted(batches)
         with torch.no_grad():
             async for batch, counted in steps:
                 batch = _to_device(batch, self.device)
@@ -296,13 +293,13 @@ async def _counted(batches: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, bool
         yield batch, True
 
 
-async def _in_step(batches: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, bool]]:
+async def _in_step(batches: AsyncIterator[Any], device: torch.device) -> AsyncIterator[tuple[Any, bool]]:
     """``(batch, counted)`` in step with every other worker: a worker whose shard ran out forwards
     its last batch again, not counted, until every worker is done, so FSDP's gathers all match."""
     it, last = batches.__aiter__(), None
     while True:
         batch = await anext(it, None)
-        have = torch.tensor([0 if batch is None else 1])
+        have = torch.tensor([0 if batch is None else 1], device=device)
         dist.all_reduce(have, op=dist.ReduceOp.MAX)
         if not have.item():
             return
