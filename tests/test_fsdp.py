@@ -133,6 +133,7 @@ def test_a_sharded_checkpoint_lists_every_shard_and_loads_whole_once(runs, tiny,
     model, result = runs["fsdp"]
     files = json.loads(open(os.path.join(result.checkpoint, "raymodel.json")).read())["files"]
     assert {"state/sharded/__0_0.distcp", "state/sharded/__1_0.distcp", "state/sharded/.metadata"} <= set(files)
+    assert not os.path.exists(os.path.join(result.path, ".shards"))  # the shards' way to rank 0, cleared
     expected = runs["ddp"][0].predict(X)
     np.testing.assert_allclose(model.predict(X), expected, atol=1e-5)  # the driver's instance, loaded whole
     manifest = json.loads(open(os.path.join(result.checkpoint, "raymodel.json")).read())
@@ -141,8 +142,11 @@ def test_a_sharded_checkpoint_lists_every_shard_and_loads_whole_once(runs, tiny,
     written = cache.stat().st_mtime_ns
     np.testing.assert_allclose(rm.RayModel.from_checkpoint(result.checkpoint).predict(X), expected, atol=1e-5)
     assert cache.stat().st_mtime_ns == written  # consolidated once, then read
-    rm.registry.put(result, key="sharded")
+    rm.registry.put(result, key="sharded")  # the sharded checkpoint itself, copied
     np.testing.assert_allclose(rm.registry.get("sharded").predict(X), expected, atol=1e-5)
+    scored = rm.predict_batch("sharded", X, num_cpus=0.25).to_numpy("prediction")  # a Ray Data actor loads it
+    by_first = lambda a: a[np.argsort(a[:, 0])]  # noqa: E731 - blocks may come back in any order
+    np.testing.assert_allclose(by_first(np.asarray(scored)), by_first(np.asarray(expected)), atol=1e-5)
     app = model.serve("/fsdp", settings={"ray_actor_options": {"num_cpus": 0.25}})
     try:
         answer = requests.post(app.url, json=X[:4].tolist(), timeout=60)

@@ -17,6 +17,7 @@ checkpoint (``whole_state``).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import warnings
 from pathlib import Path
@@ -116,6 +117,9 @@ def save_shards(run: Any, modules: dict[str, nn.Module], optimizers: list[Any], 
     for rank in range(1, run.world):
         _get(storage.join(staging, f"rank{rank}"), folder)
     storage.delete(staging)
+    if not storage.is_uri(staging):  # an object store has no empty folders to leave behind
+        with contextlib.suppress(OSError):
+            storage.local_path(staging).parent.rmdir()
     return folder
 
 
