@@ -2,7 +2,8 @@
 
 A ~50M-parameter MLP (`--blocks` blocks of `--width` x `--width` Linear + ReLU), 2 workers (gloo,
 one CPU each), `--steps` Adam steps of `--batch` rows of random data per worker (an autoencoder's
-MSE). Four ways, each a fresh Ray Train run (fresh worker processes, so peak RSS is this run's):
+MSE). With two GPUs or more, each worker has one (NCCL) and its peak is CUDA's allocated memory.
+Six runs, each a fresh Ray Train run (fresh worker processes, so peak RSS is this run's):
 
 - **hand-written**: a `TorchTrainer` loop: DDP by `ray.train.torch.prepare_model`, or FSDP2 by
   `fully_shard` on each block and then the model, on a mesh of the two workers;
@@ -55,10 +56,18 @@ def _peak_mib() -> float:
 
 
 def _reset_peak() -> float:
-    """The peak RSS starts again from now (Linux: `clear_refs` 5); returns the RSS now."""
+    """The peak starts again from now; returns the memory in use now. On a GPU: CUDA's allocator;
+    else this process's RSS (Linux: `clear_refs` 5 resets its peak)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated() / 2**20
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")
     return _rss_mib()
+
+
+def _peak() -> float:
+    return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else _peak_mib()
 
 
 def _held(parameters) -> tuple[int, int]:
@@ -78,14 +87,15 @@ def hand_loop(config):
     import ray.train
     import ray.train.torch
 
+    device = ray.train.torch.get_device()
     start = _reset_peak()
     torch.manual_seed(0)
-    model = _mlp(config["width"], config["blocks"])
+    model = _mlp(config["width"], config["blocks"]).to(device)
     if config["strategy"] == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (ray.train.get_context().get_world_size(),))
+        mesh = init_device_mesh(device.type, (ray.train.get_context().get_world_size(),))
         for block in model:
             fully_shard(block, mesh=mesh, reshard_after_forward=config["reshard"])
         fully_shard(model, mesh=mesh)
@@ -95,13 +105,15 @@ def hand_loop(config):
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     times = []
     for _ in range(config["steps"]):
-        x = torch.randn(config["batch"], config["width"])
+        x = torch.randn(config["batch"], config["width"], device=device)
         began = time.perf_counter()
         opt.zero_grad()
         F.mse_loss(model(x), x).backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - began)
-    row = {"held": held, "total": total, "peak_mib": _peak_mib() - start, "step_s": statistics.median(times[1:])}
+    row = {"held": held, "total": total, "peak_mib": _peak() - start, "step_s": statistics.median(times[1:])}
     rank = ray.train.get_context().get_world_rank()
     Path(config["out"], f"{rank}.json").write_text(json.dumps(row))
 
@@ -114,7 +126,7 @@ def hand_written(strategy: str, reshard: bool, args, out: str) -> None:
     TorchTrainer(
         hand_loop,
         train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=args.gpu),
         run_config=RunConfig(storage_path=out, name="hand"),
     ).fit()
 
@@ -153,11 +165,13 @@ class Memory(rm.Callback):
         self.began = time.perf_counter()
 
     def after_batch(self, batch_idx, outputs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self.times.append(time.perf_counter() - self.began)  # the optimizer has stepped
 
     def after_epoch(self, epoch, metrics):
         held, total = _held(self.model.net.parameters())
-        row = {"held": held, "total": total, "peak_mib": _peak_mib() - self.start}
+        row = {"held": held, "total": total, "peak_mib": _peak() - self.start}
         row["step_s"] = statistics.median(self.times[1:])
         Path(self.out, f"{self.context.rank}.json").write_text(json.dumps(row))
 
@@ -173,6 +187,7 @@ def with_raymodel(strategy: str, reshard: bool, args, out: str) -> None:
         "strategy": strategy,
         "reshard_after_forward": reshard,
         "pool": False,
+        "use_gpu": args.gpu,
         "storage_path": out,
         "progress": False,
         "callbacks": [Memory(out)],
@@ -204,6 +219,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--default-malloc", action="store_true", help="leave glibc's allocator as it is")
     args = parser.parse_args()
+    args.gpu = torch.cuda.device_count() >= 2  # one GPU per worker: CUDA's peak instead of RSS
     env = {} if args.default_malloc else {"MALLOC_TRIM_THRESHOLD_": "0"}
     os.environ.update(env)  # this process too: the raymodel runs' workers are started by Ray from it
     rm.init(num_cpus=2, runtime_env={"env_vars": env})
@@ -213,7 +229,8 @@ def main() -> None:
         for strategy, reshard in ways:
             results[side, strategy, reshard] = measure(run, strategy, reshard, args)
     total = results["raymodel", "ddp", True]["total"]
-    print(f"\n{total / 1e6:.1f}M parameters, 2 workers, batch {args.batch}, Adam; glibc trim: {bool(env)}")
+    memory = "CUDA peak allocated" if args.gpu else f"peak RSS (glibc trim: {bool(env)})"
+    print(f"\n{total / 1e6:.1f}M parameters, 2 workers, batch {args.batch}, Adam; {memory}")
     print(f"{'':13} {'strategy':32} {'held per worker':>18} {'peak MiB':>9} {'step s':>7} {'vs DDP':>16}")
     for (side, strategy, reshard), r in results.items():
         name = strategy if strategy == "ddp" else f"fsdp (reshard_after_forward={reshard})"
