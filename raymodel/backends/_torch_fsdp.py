@@ -81,18 +81,6 @@ def set_gradient_sync(roots: Iterable[nn.Module], sync: bool) -> None:
         root.set_requires_gradient_sync(sync)
 
 
-def held_parameters(modules: Iterable[nn.Module]) -> tuple[int, int]:
-    """``(this worker's share, the whole)`` of the parameters: local shards against full sizes."""
-    from torch.distributed.tensor import DTensor
-
-    held = total = 0
-    for m in modules:
-        for p in m.parameters():
-            total += p.numel()
-            held += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
-    return held, total
-
-
 # ------------------------------------------------------------------ checkpoints
 def _root(modules: dict[str, nn.Module]) -> nn.Module:
     return nn.ModuleDict(modules)  # FQNs "<attribute>.<parameter>" across the module attributes

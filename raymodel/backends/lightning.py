@@ -1,6 +1,6 @@
 """PyTorch Lightning: ``RayLightningModel`` on ``TorchTrainer`` + Lightning's ``Trainer``.
 
-Each worker runs ``Trainer.fit`` with Ray's ``RayDDPStrategy`` and
+Each worker runs ``Trainer.fit`` with Ray's ``RayDDPStrategy`` (``RayFSDPStrategy`` with ``strategy="fsdp"``) and
 ``RayLightningEnvironment`` (checked by ``ray.train.lightning.prepare_trainer``);
 an epoch is a Lightning epoch. The module's own ``training_step``,
 ``validation_step`` and ``configure_optimizers`` are used unchanged.

@@ -1,4 +1,4 @@
-"""PyTorch: ``RayTorchModel`` on Ray Train's ``TorchTrainer`` with DDP.
+"""PyTorch: ``RayTorchModel`` on Ray Train's ``TorchTrainer`` with DDP (or FSDP: ``strategy="fsdp"``).
 
 Hooks: every hook of ``raymodel.hooks``, in the documented order. An
 epoch is one pass over the worker's shard of the training split.
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class RayTorchModel(RayModel):
-    """A PyTorch model trained with DDP on Ray Train's ``TorchTrainer``.
+    """A PyTorch model trained with DDP (or FSDP, ``strategy="fsdp"``) on Ray Train's ``TorchTrainer``.
 
     Define ``setup(config)`` (assign ``torch.nn`` modules to attributes),
     ``configure_optimizers()``, ``forward(x)`` and ``train_step(batch)``
