@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -300,7 +301,7 @@ def test_an_alias_switch_under_load_fails_no_request(ray_session, registry, digi
 def _wait_for(url: str, proc: subprocess.Popen, timeout: float = 120) -> requests.Response:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited"
+        assert proc.poll() is None, _said(proc)
         try:
             answer = requests.get(url, timeout=5)
             if answer.status_code == 200:
@@ -311,6 +312,27 @@ def _wait_for(url: str, proc: subprocess.Popen, timeout: float = 120) -> request
     raise AssertionError(f"{url} never answered")
 
 
+def _said(proc: subprocess.Popen) -> str:
+    """What a command wrote to its stderr file (never a pipe: Ray's logs would fill it, and the command
+    would block writing to it before it printed its own line)."""
+    return Path(proc.err_path).read_text() if hasattr(proc, "err_path") else "exited"
+
+
+def _first_line(proc: subprocess.Popen, timeout: float = 180) -> str:
+    import select
+
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"no line on stdout in {timeout} s; stderr: {_said(proc)[-2000:]}"
+    return proc.stdout.readline()
+
+
+def _start(args: list[str], env: dict[str, str], err: Path, stdout: Any) -> subprocess.Popen:
+    with open(err, "w") as fh:
+        proc = subprocess.Popen(args, env=env, stdout=stdout, stderr=fh, text=True)
+    proc.err_path = str(err)
+    return proc
+
+
 def test_serving_from_the_command_lines(ray_session, registry, tmp_path):
     _versions(registry)
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
@@ -318,7 +340,7 @@ def test_serving_from_the_command_lines(ray_session, registry, tmp_path):
     (tmp_path / "served_app.py").write_text(
         "import raymodel as rm\napp = rm.Servable('digits@production', '/ray-cli').as_application()\n"
     )
-    proc = subprocess.Popen(
+    proc = _start(
         [
             str(Path(PYTHON).parent / "serve"),
             "run",
@@ -328,10 +350,9 @@ def test_serving_from_the_command_lines(ray_session, registry, tmp_path):
             "--app-dir",
             str(tmp_path),
         ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        env,
+        tmp_path / "serve-run.err",
+        subprocess.DEVNULL,
     )
     try:
         assert _wait_for("http://127.0.0.1:8000/ray-cli/info", proc).json()["serving"] == "digits:1"
@@ -339,18 +360,18 @@ def test_serving_from_the_command_lines(ray_session, registry, tmp_path):
         proc.terminate()
         proc.wait(timeout=60)
     # `raymodel serve` (ours), which stops serving cleanly on SIGTERM.
-    proc = subprocess.Popen(
+    proc = _start(
         [PYTHON, "-m", "raymodel.cli", "serve", "digits:2", "--route", "/our-cli"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        env,
+        tmp_path / "our-serve.err",
+        subprocess.PIPE,
     )
     try:
-        assert proc.stdout.readline().startswith("serving digits:2 at http://127.0.0.1:8000/our-cli")
+        line = _first_line(proc)  # the host is Serve's (127.0.0.1, or 0.0.0.0 when this test starts Serve)
+        assert line.startswith("serving digits:2 at http://") and ":8000/our-cli" in line, line
         assert _wait_for("http://127.0.0.1:8000/our-cli/info", proc).json()["serving"] == "digits:2"
     finally:
         proc.terminate()
-        out, err = proc.communicate(timeout=60)
-    assert "stopped serving digits:2" in out, err
+        out, _ = proc.communicate(timeout=60)
+    assert "stopped serving digits:2" in out, _said(proc)
     assert requests.get("http://127.0.0.1:8000/our-cli/info", timeout=10).status_code == 404  # shut down
