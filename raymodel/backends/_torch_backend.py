@@ -107,13 +107,14 @@ class TorchBackend(Backend):
         state = torch.load(directory / "model.pt", map_location="cpu", weights_only=False)
         if not (directory / _SHARDED).is_dir():
             return state
+        from raymodel._internal.checkpoint import MANIFEST
         from raymodel.backends import _torch_fsdp as fsdp
 
         modules = self.modules(model)
         if getattr(model, "_fsdp_roots", None):
             fsdp.load_shards(directory / _SHARDED, modules, model._optimizers)
             return state
-        manifest = json.loads((directory.parent / "raymodel.json").read_text())  # verified before this
+        manifest = json.loads((directory.parent / MANIFEST).read_text())  # verified before this
         return {**state, "modules": fsdp.whole_state(directory, manifest["manifest_sha256"])}
 
     def set_state(self, model: Model, state: dict[str, Any]) -> None:
