@@ -71,7 +71,7 @@ class ModelServer:
         poll_s: float = 2.0,
     ) -> None:
         self.source = source
-        self.model = sources.load(source, source.get("version"))
+        self.model = sources.load(source, source.get("version")) if source else None  # None: per request
         self.info = info
         self.max_body_bytes = max_body_bytes
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
@@ -84,7 +84,7 @@ class ModelServer:
             _json_error_page()
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
-        if "registry" in source and not isinstance(source.get("version"), int):
+        if source and "registry" in source and not isinstance(source.get("version"), int):
             threading.Thread(target=self._follow, args=(poll_s,), name="raymodel-follow", daemon=True).start()
 
     def _follow(self, poll_s: float) -> None:
@@ -182,15 +182,15 @@ class ModelServer:
         }
 
     # -------------------------------------------------------------- the model
-    async def _answer(self, payload: Any) -> tuple[int, Any, int, Any]:
+    async def _answer(self, payload: Any, model: Any = None) -> tuple[int, Any, int, Any]:
         began = time.monotonic()
         try:
-            return await self._respond(payload)
+            return await self._respond(payload, model)
         finally:
             self.requests.append((time.time(), time.monotonic() - began))
 
-    async def _respond(self, payload: Any) -> tuple[int, Any, int, Any]:
-        model = self.model  # this request's model, even if a new version is swapped in meanwhile
+    async def _respond(self, payload: Any, model: Any = None) -> tuple[int, Any, int, Any]:
+        model = model or self.model  # this request's model, even if a new version is swapped in meanwhile
         payload, errors = schemas_of(type(model)).check_input(payload)
         if errors:
             return (

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from raymodel._internal import runtime, storage
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.registry import sources
+from raymodel.serve._routes import _is_multiplexed, _plan, _routed_application
 from raymodel.serve._settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -19,9 +20,38 @@ if TYPE_CHECKING:
 class ServedModel:
     """A model being served. ``url`` is the HTTP endpoint; ``predict`` goes through a Serve handle."""
 
-    def __init__(self, name: str, route: str, url: str, handle: Any, info: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, route: str, url: str, handle: Any, info: dict[str, Any], servable: Servable | None = None
+    ) -> None:
         self.name, self.route, self.url, self.info = name, route, url, info
         self._handle = handle
+        self._servable = servable
+
+    def set_split(self, split: Mapping[str, float]) -> None:
+        """New weights for a split route, live: Serve reconfigures the route's router in place (no
+        replica restarts, no request fails); returns once the router answers with them.
+
+        Args:
+            split: ``{reference: weight}``, weights positive and summing to 1, e.g.
+                ``{"digits@production": 0.5, "digits@candidate": 0.5}``.
+        """
+        servable = self._servable
+        if servable is None or servable.plan is None or servable.plan.get("multiplex"):
+            raise ServeError(
+                f"`set_split` changes a split route's weights; `{self.route}` serves one model or a multiplexed "
+                "key. Deploy `rm.Servable({'digits@production': 0.9, 'digits@candidate': 0.1}, route)` for a split."
+            )
+        servable._set_split(split)  # every check first: a bad split changes nothing
+        from ray import serve
+
+        serve.run(servable.as_application(), name=self.name, route_prefix=self.route, blocking=False)
+        wanted = servable.plan["split"]
+        deadline = time.monotonic() + 60
+        while self._handle.describe.remote().result(timeout_s=10).get("split") != wanted:
+            if time.monotonic() > deadline:
+                raise ServeError(f"`{self.route}` did not take the split {wanted} within 60 s; Serve's logs say why.")
+            time.sleep(0.1)
+        self.info["split"] = dict(wanted)
 
     def predict(self, payload: Any) -> Any:
         """Answer ``payload`` in-cluster (preprocess, batched forward, postprocess)."""
@@ -71,14 +101,20 @@ class Servable:
         *,
         settings: ServeSettings | Mapping[str, Any] | None = None,
         registry: str | None = None,
+        shadow: str | None = None,
+        shadow_fraction: float = 1.0,
     ) -> None:
         self.settings = ServeSettings.coerce(settings)
         self.route = _check_route(route)
         self.name = self.settings.name or (re.sub(r"[^A-Za-z0-9_-]", "_", self.route.strip("/")) or "root")
         self.model: Any = None
         self.source: dict[str, Any] = {}
+        self.plan: dict[str, Any] | None = None  # a route of several versions (split, shadow, multiplexed)
         self._written: str | None = None  # the serve checkpoint ``as_application`` wrote
-        if isinstance(model_or_ref, str) or type(model_or_ref).__name__ == "ModelRef":
+        self._registry = registry
+        if isinstance(model_or_ref, Mapping) or shadow is not None or _is_multiplexed(model_or_ref):
+            self.plan, self.info = _plan(model_or_ref, shadow, shadow_fraction, registry, self.settings)
+        elif isinstance(model_or_ref, str) or type(model_or_ref).__name__ == "ModelRef":
             self.source, self.info = sources.registry_source(str(model_or_ref), registry)
             self.info.pop("resolved", None)
         elif hasattr(model_or_ref, "backend") and callable(getattr(model_or_ref, "save", None)):
@@ -105,6 +141,8 @@ class Servable:
 
         from raymodel.serve._deployment import ModelServer
 
+        if self.plan is not None:
+            return _routed_application(self)
         source = self.source or {"checkpoint": _checkpoint_of(self.model, self.name)}
         self._written = source.get("checkpoint") if not self.source else None
         info = {
@@ -164,7 +202,14 @@ class Servable:
                 serve.delete(self.name)
                 self._discard_written()
             raise
-        return ServedModel(self.name, self.route, url, handle, self.info)
+        if self.plan is not None:
+            handle.warm.remote().result(timeout_s=300)  # the route's versions, loaded before its first request
+        return ServedModel(self.name, self.route, url, handle, self.info, self)
+
+    def _set_split(self, split: Mapping[str, float]) -> None:
+        assert self.plan is not None
+        plan, info = _plan(split, self.plan.get("shadow"), self.plan["shadow_fraction"], self._registry, self.settings)
+        self.plan, self.info = plan, {**info, "route": self.route}
 
     def _discard_written(self) -> None:
         """Delete the serve checkpoint ``as_application`` wrote, for a deployment that did not happen."""
@@ -172,6 +217,8 @@ class Servable:
             storage.delete(self._written)
 
     def __repr__(self) -> str:
+        if self.plan is not None:
+            return f"Servable({self.plan.get('split') or self.plan.get('multiplex')!r}, route={self.route!r})"
         what = f"{self.source['key']}@{self.source.get('version')}" if self.source else self.info["class"]
         return f"Servable({what!r}, route={self.route!r})"
 

@@ -40,6 +40,9 @@ class ServeSettings(SettingsBase):
             newest version) checks whether it moved.
         access_log: One log line per request in the replica's log (off: it cost
             a tenth of a small model's replica CPU).
+        max_models_per_replica: Versions one replica holds at once on a route of
+            several versions (a split, a shadow, ``"digits@*"``): an LRU, as Ray
+            Serve's model multiplexing keeps it; the least recently used goes first.
     """
 
     num_replicas: Any = 1
@@ -58,6 +61,7 @@ class ServeSettings(SettingsBase):
     max_body_bytes: int = 1 << 20
     registry_poll_s: float = 2.0
     access_log: bool = False
+    max_models_per_replica: int = 3
 
     def _validate(self) -> list[str]:
         problems = collect(
@@ -77,6 +81,7 @@ class ServeSettings(SettingsBase):
             check_int("max_body_bytes", self.max_body_bytes, minimum=1),
             check_number("registry_poll_s", self.registry_poll_s, minimum=0.05),
             check_type("access_log", self.access_log, (bool,), "True or False"),
+            check_int("max_models_per_replica", self.max_models_per_replica, minimum=1),
             *check_actor_options("ray_actor_options", self.ray_actor_options),
         )
         if self.num_replicas != "auto" and check_int("num_replicas", self.num_replicas, minimum=1):

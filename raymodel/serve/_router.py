@@ -1,0 +1,289 @@
+"""The model server's two deployments: a route of several registry versions.
+
+``ModelRouter`` is the route's HTTP ingress. Per request it chooses a version (a weighted split,
+sticky per ``x-raymodel-key``; or, on a multiplexed route, the ``x-raymodel-model`` header),
+sends the payload to ``VersionServer`` through a Serve handle with that version as the
+multiplexed model id, and answers with ``x-raymodel-model`` naming it. A shadow gets a copy of
+the payload after the answer is sent; its answer is compared and counted, never returned.
+
+``VersionServer`` is a ``ModelServer`` whose model is chosen per request: Serve's model
+multiplexing keeps an LRU of ``max_models_per_replica`` versions per replica and its router sends
+a request to a replica that has the version loaded. The multiplexed id goes by handle, not by
+HTTP header: Ray's HAProxy ingress (raymodel's default) balances requests over replicas without
+looking at the ``serve_multiplexed_model_id`` header (its config template only strips that header
+when an ingress request router is configured), so the id is set where Serve's own router reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+import traceback
+from typing import Any
+
+import orjson
+from ray import serve
+
+from raymodel._internal.names import parse_ref
+from raymodel.exceptions import RegistryError
+from raymodel.serve._deployment import ModelServer, _error, _json, _label
+from raymodel.serve._routing import KEY_HEADER, MODEL_HEADER, VersionStats, compare, pick, point
+
+logger = logging.getLogger("ray.serve")
+
+
+class VersionServer(ModelServer):
+    """A replica serving whichever registry version (``key:N``) each request's multiplexed id names."""
+
+    def __init__(
+        self, registry: str, max_models: int, max_batch_size: int, batch_wait_timeout_s: float, max_body_bytes: int
+    ) -> None:
+        super().__init__({}, {}, max_batch_size, batch_wait_timeout_s, max_body_bytes)
+        from ray.serve.multiplex import _ModelMultiplexWrapper
+
+        self.registry = registry
+        # ``@serve.multiplexed`` fixes its LRU size where it decorates; this replica's comes from the
+        # settings, so the wrapper the decorator would make on first use is made here with it.
+        self._lru = _ModelMultiplexWrapper(VersionServer._load_version, self, max_models)
+        setattr(self, "__serve_multiplex_wrapper", self._lru)
+
+    async def _load_version(self, label: str) -> Any:
+        from raymodel.registry import sources
+
+        key, version = parse_ref(label)
+        source = {"registry": self.registry, "key": key}
+        return await asyncio.get_running_loop().run_in_executor(None, sources.load, source, version)
+
+    @serve.multiplexed(max_num_models_per_replica=3)  # the marker Serve looks for; the LRU is `self._lru`
+    async def _version(self, label: str) -> Any:
+        return await self._load_version(label)
+
+    async def answer(self, payload: Any) -> tuple[int, Any, int]:
+        """The multiplexed version's answer: ``(status, JSON content, batch size)``."""
+        model = await self._version(serve.get_multiplexed_model_id())
+        status, content, size, _ = await self._answer(payload, model)
+        return status, content, size
+
+    async def warm(self) -> list[str]:
+        """Load the request's version (a route's versions are loaded before its first request)."""
+        await self._version(serve.get_multiplexed_model_id())
+        return self.loaded()
+
+    async def openapi_of(self, route: str) -> dict[str, Any]:
+        from raymodel._internal.schema import openapi
+
+        model = await self._version(serve.get_multiplexed_model_id())
+        return openapi(type(model), route, f"{type(model).__name__} (raymodel)", _label(model))
+
+    def loaded(self) -> list[str]:
+        """The versions this replica holds, least recently used first."""
+        return list(self._lru.models)
+
+
+class ModelRouter:
+    """The HTTP ingress of a split, shadow or multiplexed route (see the module's docstring)."""
+
+    def __init__(self, backend: Any, plan: dict[str, Any], info: dict[str, Any], max_body_bytes: int) -> None:
+        from raymodel.registry import Registry
+
+        self.backend, self.plan, self.info = backend, plan, info
+        self.max_body_bytes = max_body_bytes
+        self.registry = Registry(plan["registry"])
+        self.shares: list[tuple[str, float]] = list((plan.get("split") or {}).items())
+        self.labels: dict[str, str] = {}  # reference -> the version it names now
+        self.cache: dict[str, tuple[float, Any]] = {}  # a multiplexed route's header -> (when, label or error)
+        self.figures = VersionStats()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.poll_s = float(plan.get("poll_s", 2.0))
+        self._resolve_all()
+        threading.Thread(target=self._follow, name="raymodel-follow", daemon=True).start()
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        """``served.set_split``: the new weights, from Serve's ``user_config`` (no restart)."""
+        if config.get("split"):
+            self.shares = list(config["split"].items())
+            self._resolve_all()
+            logger.info("split now %s", self.shares)
+
+    # ------------------------------------------------------------ references
+    def _refs(self) -> list[str]:
+        shadow = self.plan.get("shadow")
+        return [ref for ref, _ in self.shares] + ([shadow] if shadow else [])
+
+    def _resolve_all(self) -> None:
+        for ref in self._refs():
+            key, version = parse_ref(ref)
+            self.labels[ref] = f"{key}:{self.registry.resolve(key, version)}"
+
+    def _follow(self) -> None:
+        """An alias (or a key's newest version) that moves is followed, as a one-version route does."""
+        while True:
+            time.sleep(self.poll_s)
+            try:
+                before = dict(self.labels)
+                self._resolve_all()
+                for ref, label in self.labels.items():
+                    if before.get(ref) != label:
+                        self.backend.options(multiplexed_model_id=label).warm.remote().result()
+                        logger.info("%s now names %s", ref, label)
+            except Exception:  # noqa: BLE001 - a registry hiccup never stops the route
+                logger.warning("could not follow the route's references\n%s", traceback.format_exc())
+
+    def _choose(self, headers: Any) -> tuple[str | None, Any]:
+        """``(label, None)``, or ``(None, error response)`` for a multiplexed request naming no version."""
+        multiplex = self.plan.get("multiplex")
+        if multiplex is None:
+            return self.labels[pick(self.shares, point(headers.get(KEY_HEADER)))], None
+        wanted = headers.get(MODEL_HEADER) or (multiplex if multiplex != "*" else "")
+        if not wanted:
+            return None, _error(400, "no model named", f"Name a version in the `{MODEL_HEADER}` header, e.g. `digits:3`.")
+        now = time.monotonic()
+        hit = self.cache.get(wanted)
+        if hit is None or now - hit[0] > self.poll_s:
+            hit = self.cache[wanted] = (now, self._resolve_header(wanted, multiplex))
+            if len(self.cache) > 1000:
+                self.cache.pop(next(iter(self.cache)))
+        label = hit[1]
+        if isinstance(label, str):
+            return label, None
+        return None, _error(404, "no such model", label["detail"])
+
+    def _resolve_header(self, wanted: str, multiplex: str) -> Any:
+        try:
+            key, version = parse_ref(wanted)
+            if multiplex != "*" and key != multiplex:
+                raise RegistryError(f"This route serves versions of `{multiplex}` only (asked for `{wanted}`).")
+            return f"{key}:{self.registry.resolve(key, version)}"
+        except RegistryError as exc:
+            detail = str(exc)
+            try:
+                key = parse_ref(wanted)[0] if multiplex == "*" else multiplex
+                records = self.registry.list(key)
+                detail += " Served here: " + ", ".join(
+                    f"{r.key}:{r.version}" + "".join(f" ({r.key}@{a})" for a in r.aliases) for r in records
+                )
+            except Exception:  # noqa: BLE001 - the first message names what exists already
+                pass
+            return {"detail": detail}
+
+    # ------------------------------------------------------------------ HTTP
+    async def __call__(self, request: Any) -> Any:
+        scope = request.scope
+        sub = scope["path"][len(scope.get("root_path", "")) :].strip("/")
+        if sub in ("health", "info", "openapi.json"):
+            if request.method != "GET":
+                return _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
+            if sub == "health":
+                return _json({"status": "ok"})
+            if sub == "info":
+                return _json(await self.describe())
+            label, refused = self._choose(request.headers)
+            if refused is not None:
+                return refused
+            call = self.backend.options(multiplexed_model_id=label).openapi_of
+            return _json(await call.remote(self.info.get("route") or "/"))
+        if sub:
+            return _error(
+                404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health`, `info` or `openapi.json`."
+            )
+        if request.method != "POST":
+            return _error(405, "method not allowed", "POST a JSON body to this route.", headers={"Allow": "POST"})
+        body = await request.body()
+        if len(body) > self.max_body_bytes:
+            return _error(
+                413,
+                "payload too large",
+                f"The body has {len(body)} bytes; the limit is "
+                f"{self.max_body_bytes} (`ServeSettings(max_body_bytes=...)`).",
+            )
+        try:
+            payload = orjson.loads(body)
+        except ValueError as exc:
+            return _error(400, "invalid JSON", f"The body is not valid JSON: {exc}")
+        label, refused = self._choose(request.headers)
+        if refused is not None:
+            return refused
+        began = time.monotonic()
+        status, content, size = await self._call(label, payload)
+        self.figures.record(label, time.monotonic() - began, status >= 500)
+        shadow = self.plan.get("shadow")
+        if shadow and random.random() < self.plan.get("shadow_fraction", 1.0):
+            task = asyncio.get_running_loop().create_task(self._shadow(payload, label, status, content))
+            self.tasks.add(task)  # kept until done: the loop holds tasks weakly
+            task.add_done_callback(self.tasks.discard)
+        return _json(content, status, {"x-raymodel-batch-size": str(size), MODEL_HEADER: label})
+
+    async def predict(self, payload: Any) -> Any:
+        """In-cluster calls through a Serve handle (the split's choice, no key: random)."""
+        label, refused = self._choose({})
+        if refused is not None:
+            raise RuntimeError(f"Name a version: {refused.body.decode()}")
+        status, content, _ = await self._call(label, payload)
+        if status != 200:
+            raise RuntimeError(f"{content['error']}: {content['detail']}")
+        return content
+
+    async def _call(self, label: str, payload: Any) -> tuple[int, Any, int]:
+        return await self.backend.options(multiplexed_model_id=label).answer.remote(payload)
+
+    async def _shadow(self, payload: Any, answered_label: str, status: int, answered: Any) -> None:
+        label = self.labels[self.plan["shadow"]]
+        try:
+            s_status, s_content, _ = await self._call(label, payload)
+        except Exception:  # noqa: BLE001 - a shadow's failure is counted, never the client's
+            s_status, s_content = 500, None
+        if status == 200 and s_status == 200:
+            agree, diffs = compare(answered, s_content)
+            self.figures.record_shadow(label, answered_label, agree, diffs, False)
+        else:
+            self.figures.record_shadow(label, answered_label, None, [], s_status >= 500)
+
+    # ---------------------------------------------------------------- figures
+    async def warm(self) -> dict[str, list[str]]:
+        """Load every version the route names now (on the replicas the calls reach)."""
+        return {
+            label: await self.backend.options(multiplexed_model_id=label).warm.remote()
+            for label in sorted(set(self.labels.values()))
+        }
+
+    async def describe(self) -> dict[str, Any]:
+        figures = self.figures.summary()
+        try:
+            loaded = await self.backend.loaded.remote()
+        except Exception:  # noqa: BLE001 - figures without the replica's list
+            loaded = None
+        return {
+            **self.info,
+            "split": dict(self.shares) if self.plan.get("multiplex") is None else None,
+            "serving": {ref: self.labels.get(ref) for ref in self._refs()},
+            "shadow": self.plan.get("shadow"),
+            "shadow_fraction": self.plan.get("shadow_fraction") if self.plan.get("shadow") else None,
+            "multiplex": self.plan.get("multiplex"),
+            "loaded": loaded,
+            "versions": figures["versions"],
+            "shadows": figures["shadow"],
+            "window_s": figures["window_s"],
+        }
+
+    async def stats(self, window_s: float = 60.0) -> dict[str, Any]:
+        """The dashboard's figures: the whole route's, and per version."""
+        figures = await self.describe()
+        versions = figures["versions"]
+        total = sum(v["requests"] for v in versions.values())
+        p50s = [v["p50_ms"] for v in versions.values() if v["p50_ms"] is not None]
+        return {
+            "route": self.info.get("route"),
+            "serving": ", ".join(sorted(versions)) or ", ".join(sorted(set(self.labels.values()))),
+            "requests": total,
+            "rate_per_s": sum(v["rate_per_s"] for v in versions.values()),
+            "p50_ms": max(p50s) if p50s else None,
+            "p99_ms": max((v["p99_ms"] for v in versions.values() if v["p99_ms"] is not None), default=None),
+            "mean_batch_size": None,
+            "window_s": window_s,
+            "versions": versions,
+            "shadows": figures["shadows"],
+            "split": figures["split"],
+        }
