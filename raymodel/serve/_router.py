@@ -139,7 +139,8 @@ class ModelRouter:
             return self.labels[pick(self.shares, point(headers.get(KEY_HEADER)))], None
         wanted = headers.get(MODEL_HEADER) or (multiplex if multiplex != "*" else "")
         if not wanted:
-            return None, _error(400, "no model named", f"Name a version in the `{MODEL_HEADER}` header, e.g. `digits:3`.")
+            detail = f"Name a version in the `{MODEL_HEADER}` header, e.g. `digits:3`."
+            return None, _error(400, "no model named", detail)
         now = time.monotonic()
         hit = self.cache.get(wanted)
         if hit is None or now - hit[0] > self.poll_s:

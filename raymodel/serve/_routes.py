@@ -130,4 +130,3 @@ def _routed_application(servable: Any) -> Any:
         user_config={"split": split} if split else None,
     )
     return router.bind(backend, plan, info, s.max_body_bytes)
-
