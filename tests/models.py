@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -252,3 +253,11 @@ class RowsNet(TinyNet):
         "minItems": 1,
         "items": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4},
     }
+
+
+def digits_data():
+    """scikit-learn's digits, a fifth held out: the data of jobs by reference (`--data models:digits_data`)."""
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    return rm.data.from_numpy((X / 16.0).astype(np.float32), y, valid_fraction=0.2)

@@ -1,7 +1,8 @@
 """The ``raymodel`` command: the registry (``models list|show|alias|delete``), serving
 (``serve KEY@ALIAS --route /digits``), batch scoring (``predict KEY@ALIAS --input
 data.parquet --output scores/``), the training server (``server start|stop|status``)
-its jobs (``jobs list|show|logs|stop|wait``) and the web ``dashboard`` from a shell.
+its jobs (``jobs list|show|logs|stop|wait``), jobs by reference (``train|tune KEY@ALIAS
+--data pkg.module:OBJECT --register KEY@ALIAS``) and the web ``dashboard`` from a shell.
 
 The registry is ``RAYMODEL_REGISTRY`` (a folder or URI), else
 ``$RAYMODEL_HOME/registry``; ``--registry URI`` overrides both. Every error
@@ -16,7 +17,7 @@ import os
 import sys
 from typing import Sequence
 
-from raymodel.cli import _jobs, _models, _serving
+from raymodel.cli import _by_ref, _jobs, _models, _serving
 from raymodel.exceptions import RayModelError
 
 
@@ -46,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     _models.add_commands(sub)
     _serving.add_commands(sub)
     _jobs.add_commands(sub)
+    _by_ref.add_commands(sub)
     dash = sub.add_parser(
         "dashboard",
         help="the web dashboard: jobs and their curves, trials, models, routes, "

@@ -18,10 +18,11 @@ from typing import Any
 
 from raymodel._internal import runtime, serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
+from raymodel.jobs._by_ref import submit
 from raymodel.jobs._names import DONE, NAME, NAMESPACE
 from raymodel.jobs._views import LONG_POLL_S, Stream, held
 
-__all__ = ["Job", "list", "records", "get", "held", "server", "pools", "release_pools", "Pool"]
+__all__ = ["Job", "list", "records", "get", "held", "server", "pools", "release_pools", "Pool", "submit"]
 
 _list = list
 
@@ -286,21 +287,24 @@ def submit_train(model: Any, settings: Any, data: Any) -> Job:
     return _submit_checked(model, settings, spec)
 
 
-def _submit_checked(model: Any, settings: Any, spec: Any, hub: Any = None) -> Job:
+def _submit_checked(model: Any, settings: Any, spec: Any, hub: Any = None, extra: dict[str, Any] | None = None) -> Job:
     """Queue a training job whose settings and data ``prepare`` checked; ``hub``: a blocking caller's,
-    for its progress output."""
+    for its progress output; ``extra``: more for the server (``register``)."""
     import ray
 
     from raymodel.train._job import train_request
 
     blob, info = train_request(model, settings, spec, hub=hub)
+    info.update(extra or {})
     record = ray.get(server().submit.remote("train", blob, info))
     if record["status"] == "FAILED" and hub is not None:
         raise TrainingError(record["error"])  # a blocking call: it can never run here
     return Job(record)
 
 
-def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) -> Job:
+def submit_tune(
+    model: Any, space: Any, settings: Any, data: Any, resume: bool, extra: dict[str, Any] | None = None
+) -> Job:
     """``model.tune(..., wait=False)``: checked as ``tune()`` checks, then queued."""
     from raymodel.train import worker_resources
     from raymodel.tune import Tunable
@@ -332,6 +336,7 @@ def submit_tune(model: Any, space: Any, settings: Any, data: Any, resume: bool) 
         mode=tunable.settings.mode,
         priority=tunable.settings.priority,
         preemptible=tunable.settings.preemptible,
+        **(extra or {}),
     )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import ray
 
 from raymodel._internal import runtime, storage
+from raymodel.jobs._by_ref import register_result
 from raymodel.jobs._control import JobControl
 from raymodel.jobs._keeper import DEFAULT_POOL_IDLE_S, PoolKeeper
 from raymodel.jobs._names import ACTIVE
@@ -98,6 +99,8 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
             "resource_wait_s": info.get("resource_wait_s"),
             "changes": [],
             "preemptions": 0,
+            "register": info.get("register"),
+            "registered": None,
         }
         if info.get("pool"):
             record["pool_key"] = info["pool"]["key"]
@@ -246,6 +249,10 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
                     self._finish(job_id, "FAILED", error=outcome["error"], detail=outcome.get("traceback"))
                 elif record.get("preempt_by") and not stopped and not _all_epochs(record, outcome["result"]):
                     self._requeue(record)
+                elif not stopped and record.get("register"):
+                    registered, error = register_result(record, outcome["result"])
+                    record["registered"] = registered
+                    self._finish(job_id, "FAILED" if error else "SUCCEEDED", result=outcome["result"], error=error)
                 else:
                     self._finish(job_id, "STOPPED" if stopped else "SUCCEEDED", result=outcome["result"])
                 pool = self.pools.get(record.get("pool_id") or "")

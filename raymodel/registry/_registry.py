@@ -65,7 +65,15 @@ class Registry:
         self.store = Store(uri)
 
     # ------------------------------------------------------------------ put
-    def put(self, obj: Any, key: str, alias: str | None = None, metadata: Mapping[str, Any] | None = None) -> ModelRef:
+    def put(
+        self,
+        obj: Any,
+        key: str,
+        alias: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        lineage: Mapping[str, Any] | None = None,
+    ) -> ModelRef:
         """Store ``obj`` as the next version of ``key``.
 
         Args:
@@ -74,6 +82,8 @@ class Registry:
             key: Name of the model, e.g. ``"digits"``.
             alias: Point this alias (e.g. ``"production"``) at the new version.
             metadata: Your own JSON-able notes, kept with the version.
+            lineage: More of where it came from, kept in its lineage, e.g.
+                ``{"parent": "digits:3"}`` (what a job by reference records).
 
         Returns:
             ``ModelRef(key, version)``; versions count 1, 2, 3, ... per key and are never reused.
@@ -81,6 +91,7 @@ class Registry:
         names.key(key)
         if alias is not None:
             names.alias(alias)
+        lineage_more = lineage
         with tmp.tempdir("put") as staging:
             source, lineage = _materialize(obj, staging)
             manifest = ckpt.verify(source)  # never publish a corrupt checkpoint
@@ -89,7 +100,7 @@ class Registry:
                 "created": time.time(),
                 "metrics": ckpt.jsonable(lineage.pop("metrics", None) or manifest.get("metrics") or {}),
                 "metadata": ckpt.jsonable(dict(metadata or {})),
-                "lineage": ckpt.jsonable({"config": manifest.get("config"), **lineage}),
+                "lineage": ckpt.jsonable({"config": manifest.get("config"), **lineage, **dict(lineage_more or {})}),
                 "model_class": f"{manifest['class']['module']}.{manifest['class']['qualname']}",
                 "backend": manifest.get("backend"),
             }
