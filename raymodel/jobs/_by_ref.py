@@ -56,11 +56,12 @@ def submit(
     key, version = names.parse_ref(ref)
     registry_uri = registry or default_uri()
     reg = Registry(registry_uri)
-    n = reg.resolve(key, version)  # raises, naming the versions and aliases that exist
+    record = reg.show(key, version)  # raises, naming the versions and aliases that exist
+    n = record.version
+    check_config_keys(config or {}, record.lineage.get("config") or {}, f"`{key}:{n}`")
     target = check_register(register) if register is not None else None
     data = load_data(data)
     model = reg.get(key, n, config=dict(config or {}))
-    check_config_keys(config or {}, model, f"`{key}:{n}`")
     extra = {
         "register": None
         if target is None
@@ -111,12 +112,13 @@ def load_data(data: Any) -> Any:
     return obj() if inspect.isfunction(obj) else obj
 
 
-def check_config_keys(config: Mapping[str, Any], model: Any, what: str) -> None:
-    unknown = sorted(set(config) - set(model.config))
+def check_config_keys(config: Mapping[str, Any], known: Mapping[str, Any], what: str) -> None:
+    """Config entries for a version must be keys of its stored config (a typo is not a new key)."""
+    unknown = sorted(set(config) - set(known))
     if unknown:
         raise SettingsError(
             f"{', '.join(f'`{k}`' for k in unknown)}: not in the config of {what} "
-            f"({', '.join(sorted(model.config)) or 'empty'}), nor a setting."
+            f"({', '.join(sorted(known)) or 'empty'})."
         )
 
 

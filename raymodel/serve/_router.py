@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import threading
 import time
@@ -81,6 +82,10 @@ class VersionServer(ModelServer):
     def loaded(self) -> list[str]:
         """The versions this replica holds, least recently used first."""
         return list(self._lru.models)
+
+    def replica(self) -> dict[str, Any]:
+        """This replica's process and the versions it holds (least recently used first)."""
+        return {"pid": os.getpid(), "loaded": self.loaded()}
 
 
 class ModelRouter:
@@ -253,9 +258,9 @@ class ModelRouter:
     async def describe(self) -> dict[str, Any]:
         figures = self.figures.summary()
         try:
-            loaded = await self.backend.loaded.remote()
+            replica = await self.backend.replica.remote()
         except Exception:  # noqa: BLE001 - figures without the replica's list
-            loaded = None
+            replica = {"pid": None, "loaded": None}
         return {
             **self.info,
             "split": dict(self.shares) if self.plan.get("multiplex") is None else None,
@@ -263,7 +268,9 @@ class ModelRouter:
             "shadow": self.plan.get("shadow"),
             "shadow_fraction": self.plan.get("shadow_fraction") if self.plan.get("shadow") else None,
             "multiplex": self.plan.get("multiplex"),
-            "loaded": loaded,
+            "loaded": replica["loaded"],
+            "replica_pid": replica["pid"],
+            "router_pid": os.getpid(),
             "versions": figures["versions"],
             "shadows": figures["shadow"],
             "window_s": figures["window_s"],
@@ -287,4 +294,5 @@ class ModelRouter:
             "versions": versions,
             "shadows": figures["shadows"],
             "split": figures["split"],
+            "refs": figures["serving"],
         }

@@ -104,12 +104,30 @@ const views = {
   },
 
   async routes() {
+    // A route of several versions (a split, a shadow, "digits@*"): one row of figures per version.
+    const ms = (v) => (v == null ? "–" : num(v, 3) + " ms");
+    const versionRows = (s) => {
+      const versions = Object.entries(s.versions || {});
+      const shadows = Object.entries(s.shadows || {});
+      if (!versions.length && !shadows.length) return "";
+      const refs = Object.entries(s.refs || {});
+      const share = (label) => refs.filter(([ref, l]) => l === label && s.split && s.split[ref] != null)
+        .map(([ref]) => `${esc(ref)} ${(100 * s.split[ref]).toFixed(0)}%`).join(", ");
+      const rows = versions.map(([label, f]) => `<tr><td><code>${esc(label)}</code></td><td>${share(label) || "–"}</td>
+        <td class="num">${f.requests}</td><td class="num">${num(f.rate_per_s, 3)}/s</td><td class="num">${ms(f.p50_ms)}</td>
+        <td class="num">${ms(f.p99_ms)}</td><td class="num">${f.errors}</td><td></td></tr>`).join("");
+      const mirrored = shadows.map(([label, f]) => `<tr class="shadow"><td><code>${esc(label)}</code></td><td>shadow of ${esc(f.answered)}</td>
+        <td class="num">${f.sent}</td><td colspan="3"></td><td class="num">${f.errors}</td>
+        <td>agreement ${f.agreement == null ? "–" : (100 * f.agreement).toFixed(1) + "%"} of ${f.compared}${f.mean_abs_diff == null ? "" : `; mean |diff| ${num(f.mean_abs_diff, 3)}`}</td></tr>`).join("");
+      return `<tr><td></td><td colspan="7"><table class="versions"><thead><tr><th>version</th><th>split</th><th>requests</th><th>rate</th>
+        <th>p50</th><th>p99</th><th>errors</th><th>agreement</th></tr></thead><tbody>${rows}${mirrored}</tbody></table></td></tr>`;
+    };
     const routes = await get("/api/routes");
     if (!routes.length) return `<h1>Routes</h1><p class="muted">Nothing is served. <code>model.serve("/digits")</code> starts a route.</p>`;
     const rows = routes.map((r) => { const s = r.stats || {}; return `<tr><td><code>${esc(r.route || "–")}</code></td><td>${esc(r.name)} <span class="muted">(${r.replicas} replica${r.replicas === 1 ? "" : "s"})</span></td>
       <td>${badge(r.healthy ? "HEALTHY" : r.status)}</td><td>${esc(s.serving || "–")}</td><td class="num">${s.rate_per_s == null ? "–" : num(s.rate_per_s, 3) + "/s"}</td>
       <td class="num">${s.p50_ms == null ? "–" : num(s.p50_ms, 3) + " ms"}</td><td class="num">${s.p99_ms == null ? "–" : num(s.p99_ms, 3) + " ms"}</td>
-      <td class="num">${num(s.mean_batch_size, 3)}</td></tr>`; }).join("");
+      <td class="num">${num(s.mean_batch_size, 3)}</td></tr>${versionRows(s)}`; }).join("");
     return `<h1>Routes</h1><table><thead><tr><th>route</th><th>application</th><th>health</th><th>serving</th><th>requests</th>
       <th>p50</th><th>p99</th><th>mean batch</th></tr></thead><tbody>${rows}</tbody></table>
       <p class="muted">Rates and latencies: the last minute, as a replica of each route saw it.</p>`;

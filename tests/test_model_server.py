@@ -1,0 +1,357 @@
+"""The model server: registry versions behind one route (weighted split, shadow, multiplexed), per-version
+figures, and training by reference. Real Ray Serve over HTTP on raymodel's default ingress (HAProxy), a
+real `wrk`, Debian's chromium for the dashboard, the `raymodel` command in a subprocess."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+from models import DigitsNet
+from sklearn.datasets import load_digits
+from waiting import until
+
+import raymodel as rm
+from raymodel.exceptions import DataError, RegistryError, SettingsError
+from raymodel.jobs._by_ref import check_register, load_data, split_sets
+from raymodel.serve._routing import VersionStats, check_split, compare, pick, point
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import loadgen
+
+TESTS = str(Path(__file__).resolve().parent)
+SMALL = {"ray_actor_options": {"num_cpus": 0.25}}  # three routes' replicas fit beside the session's jobs
+
+
+# ---------------------------------------------------------------- without a cluster
+def test_a_split_is_checked_and_keys_land_by_weight_and_stay():
+    assert check_split({"digits@production": 0.9, "digits@candidate": 0.1}) == {
+        "digits@production": 0.9,
+        "digits@candidate": 0.1,
+    }
+    for bad, says in (
+        ({"digits@production": 0.9, "digits@candidate": 0.2}, "sum to 1"),
+        ({"digits@production": 1.1, "digits@candidate": -0.1}, "positive"),
+        ({"digits@production": 0.5, "digits@candidate": True}, "positive"),
+        ({}, "a dict of registry references"),
+        ({"digits@": 1.0}, "not a registry reference"),
+    ):
+        with pytest.raises(SettingsError, match=says):
+            check_split(bad)
+    shares = [("a", 0.9), ("b", 0.1)]
+    landed = collections.Counter(pick(shares, point(f"user-{i}")) for i in range(20000))
+    assert abs(landed["b"] / 20000 - 0.1) < 0.01
+    assert {pick(shares, point("user-7")) for _ in range(50)} == {pick(shares, point("user-7"))}
+    # a new split moves only the keys whose point changes share: 0.9/0.1 -> 0.5/0.5 keeps every "b"
+    wider = [("a", 0.5), ("b", 0.5)]
+    assert all(pick(wider, point(f"user-{i}")) == "b" for i in range(5000) if pick(shares, point(f"user-{i}")) == "b")
+
+
+def test_a_shadows_answers_are_compared_by_their_decisions_and_numbers():
+    assert compare({"digit": [3, 1]}, {"digit": [3, 1]}) == (True, [])
+    assert compare({"digit": [3, 1]}, {"digit": [3, 2]})[0] is False
+    agree, diffs = compare({"label": 2, "p": [0.25, 0.75]}, {"label": 2, "p": [0.5, 0.5]})
+    assert agree and diffs == [0.25, 0.25]  # same class, different scores: agreement, and the difference
+    assert compare([1.0, 2.0], [1.0, 2.0 + 1e-9])[0] and not compare([1.0], [1.5])[0]  # a regression: close
+    assert compare({"digit": [1]}, {"digit": [1, 2]})[0] is False  # another shape
+    stats = VersionStats()
+    for latency in (0.010, 0.020, 0.030):
+        stats.record("digits:1", latency, failed=False)
+    stats.record("digits:2", 0.5, failed=True)
+    stats.record_shadow("digits:3", "digits:1", True, [0.5], False)
+    stats.record_shadow("digits:3", "digits:1", False, [1.5], False)
+    stats.record_shadow("digits:3", "digits:1", None, [], True)
+    summary = stats.summary()
+    assert summary["versions"]["digits:1"]["requests"] == 3 and summary["versions"]["digits:1"]["p50_ms"] == 20.0
+    assert summary["versions"]["digits:2"]["errors"] == 1
+    assert summary["shadow"]["digits:3"] == {
+        "answered": "digits:1",
+        "sent": 3,
+        "compared": 2,
+        "agreement": 0.5,
+        "mean_abs_diff": 1.0,
+        "errors": 1,
+    }
+
+
+def test_jobs_by_reference_refuse_bad_names_data_and_keys_before_anything_starts(tmp_path, monkeypatch, capsys):
+    from raymodel.cli import main
+
+    assert check_register("digits@candidate") == ("digits", "candidate") and check_register("digits") == (
+        "digits",
+        None,
+    )
+    with pytest.raises(SettingsError, match="KEY or KEY@ALIAS"):
+        check_register("digits:4")
+    with pytest.raises(DataError, match="package.module:OBJECT"):
+        load_data("models.digits_data")
+    with pytest.raises(DataError, match="has no `nothing`; it has: .*digits_data"):
+        load_data("models:nothing")
+    with pytest.raises(DataError, match="cannot import `no_such_module`"):
+        load_data("no_such_module:data")
+    assert type(load_data("models:digits_data")).__name__ == "DataSpec"  # a function there is called for the data
+    assert split_sets({"num_epochs": 3, "lr": 0.1}, "train", {"lr": 0.01}) == ({"num_epochs": 3}, {"lr": 0.1})
+    assert split_sets({"num_samples": 2, "train.num_workers": 2}, "tune", {})[0] == {
+        "num_samples": 2,
+        "train": {"num_workers": 2},
+    }
+    with pytest.raises(SettingsError, match="`batchsize` is neither a TrainSettings field nor a key"):
+        split_sets({"batchsize": 3}, "train", {"lr": 0.01})
+    monkeypatch.setenv("RAYMODEL_REGISTRY", str(tmp_path / "registry"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    rm.registry.put(_digits_net(1), "digits", alias="production")
+    for args, says in (
+        (["digits@nope", "--data", "models:digits_data"], "`digits` has no alias `nope`; aliases: production->1"),
+        (["digits", "--data", "models:nothing"], "`models` has no `nothing`"),
+        (["digits", "--data", "models:digits_data", "--set", "batchsize=3"], "`batchsize` is neither"),
+        (["digits", "--data", "models:digits_data", "--register", "digits:9"], "KEY or KEY@ALIAS"),
+    ):
+        assert main(["train", *args]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err  # one line, before any cluster is joined
+    with pytest.raises(RegistryError, match="No model `iris`"):
+        rm.jobs.submit("iris@production", "train", data="models:digits_data")
+    with pytest.raises(SettingsError, match="not in the config of `digits:1`"):
+        rm.jobs.submit("digits", "train", data="models:digits_data", config={"lr_typo": 1})
+
+
+def test_a_route_of_several_versions_is_checked_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYMODEL_REGISTRY", str(tmp_path / "registry"))
+    rm.registry.put(_digits_net(1), "digits", alias="production")
+    rm.registry.put(_digits_net(2), "digits", alias="candidate")
+    for make, error, says in (
+        (lambda: rm.Servable({"digits@production": 0.8, "digits@candidate": 0.1}, "/d"), SettingsError, "sum to 1"),
+        (lambda: rm.Servable({"digits@production": 0.5, "digits@nope": 0.5}, "/d"), RegistryError, "no alias `nope`"),
+        (
+            lambda: rm.Servable("digits@production", "/d", shadow="digits@production"),
+            SettingsError,
+            "also in the split",
+        ),
+        (lambda: rm.Servable("digits@*", "/d", shadow="digits:1"), SettingsError, "has no shadow"),
+        (lambda: rm.Servable("iris@*", "/d"), RegistryError, "No model `iris`"),
+        (
+            lambda: rm.Servable("digits:1", "/d", shadow="digits:2", shadow_fraction=0),
+            SettingsError,
+            "shadow_fraction",
+        ),
+        (
+            lambda: rm.Servable(
+                {"digits:1": 0.5, "digits:2": 0.5},
+                "/d",
+                shadow="digits@candidate",
+                settings={"max_models_per_replica": 2},
+            ),
+            SettingsError,
+            "max_models_per_replica=3",
+        ),
+    ):
+        with pytest.raises(error, match=says):
+            make()
+
+
+# ---------------------------------------------------------------- on the session's Ray
+_BASE: dict[str, torch.Tensor] = {}
+
+
+def _digits_net(seed: int) -> DigitsNet:
+    """Version ``seed``: a DigitsNet fit here for a moment (60 full-batch Adam steps, about 1 s), then
+    moved by seeded noise, so versions answer alike mostly but not always; and no job that starts
+    from scratch (its config's seed) could give these weights back."""
+    model = DigitsNet(config={"seed": 0})
+    model.ensure_setup()
+    if not _BASE:
+        X, y = load_digits(return_X_y=True)
+        x, t = torch.tensor((X / 16.0).astype(np.float32)), torch.tensor(y)
+        optimizer = torch.optim.Adam(model.net.parameters(), lr=0.01)
+        for _ in range(60):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model.net(x), t).backward()
+            optimizer.step()
+        _BASE.update({k: v.detach().clone() for k, v in model.net.state_dict().items()})
+    model.net.load_state_dict(_BASE)
+    noise = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.net.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=noise))
+    return model
+
+
+@pytest.fixture(scope="module")
+def versions(ray_session, tmp_path_factory):
+    """``digits`` 1 (production), 2 (candidate) and 3 in a registry of the module's own."""
+    saved = os.environ.get("RAYMODEL_REGISTRY")
+    os.environ["RAYMODEL_REGISTRY"] = str(tmp_path_factory.mktemp("model_server") / "registry")
+    for seed, alias in ((1, "production"), (2, "candidate"), (3, None)):
+        rm.registry.put(_digits_net(seed), "digits", alias=alias)
+    X, _ = load_digits(return_X_y=True)
+    yield {"X": (X / 16.0).astype(np.float32), "local": {n: rm.registry.get("digits", n) for n in (1, 2, 3)}}
+    if saved is None:
+        os.environ.pop("RAYMODEL_REGISTRY", None)
+    else:
+        os.environ["RAYMODEL_REGISTRY"] = saved
+
+
+@pytest.fixture(scope="module")
+def split(versions):
+    served = rm.Servable({"digits@production": 0.9, "digits@candidate": 0.1}, "/split", settings=SMALL).deploy()
+    yield served
+    served.shutdown()
+
+
+def _post(session: requests.Session, url: str, body, **headers) -> requests.Response:
+    return session.post(url, json=body, headers=headers, timeout=30)
+
+
+def _many(url: str, bodies_and_headers, workers: int = 8) -> list[requests.Response]:
+    local = threading.local()
+
+    def one(item):
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        body, headers = item
+        return _post(local.session, url, body, **headers)
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, bodies_and_headers))
+
+
+@pytest.mark.integration
+def test_a_split_route_lands_keys_by_weight_sticks_and_changes_live_under_load(split, versions):
+    X, local = versions["X"], versions["local"]
+    body = {"pixels": X[:2].tolist()}
+    answers = _many(split.url, [(body, {"x-raymodel-key": f"user-{i}"}) for i in range(2000)])
+    assert {a.status_code for a in answers} == {200}
+    named = [a.headers["x-raymodel-model"] for a in answers]
+    counts = collections.Counter(named)
+    assert set(counts) == {"digits:1", "digits:2"} and abs(counts["digits:2"] / 2000 - 0.1) <= 0.03, counts
+    for a, label in zip(answers[:50], named):  # each answer is the version it names
+        assert a.json() == local[int(label.split(":")[1])].predict(body)
+    with requests.Session() as s:
+        for i in range(0, 2000, 97):  # the same key, the same version
+            assert {
+                _post(s, split.url, body, **{"x-raymodel-key": f"user-{i}"}).headers["x-raymodel-model"]
+                for _ in range(3)
+            } == {named[i]}
+    info = requests.get(split.url + "/info", timeout=30).json()
+    assert info["split"] == {"digits@production": 0.9, "digits@candidate": 0.1}
+    assert info["versions"]["digits:2"]["requests"] >= counts["digits:2"] and info["versions"]["digits:1"]["p99_ms"] > 0
+    pids = info["router_pid"], info["replica_pid"]
+    with pytest.raises(SettingsError, match="sum to 1"):
+        split.set_split({"digits@production": 0.5, "digits@candidate": 0.4})
+    # set_split under a running wrk: nothing fails, nothing restarts
+    done = {}
+    load = threading.Thread(target=lambda: done.update(loadgen.wrk(split.url, body, connections=8, seconds=8)))
+    load.start()
+    time.sleep(3)
+    split.set_split({"digits@production": 0.5, "digits@candidate": 0.5})
+    load.join()
+    assert done["requests"] > 100 and done["non_2xx"] == 0 and done["socket_errors"] == 0, done
+    info = requests.get(split.url + "/info", timeout=30).json()
+    assert info["split"] == {"digits@production": 0.5, "digits@candidate": 0.5}
+    assert (info["router_pid"], info["replica_pid"]) == pids  # reconfigured in place, no replica restarted
+    assert sorted(info["loaded"]) == ["digits:1", "digits:2"]
+    again = _many(split.url, [(body, {"x-raymodel-key": f"user-{i}"}) for i in range(1000)])
+    moved = [a.headers["x-raymodel-model"] for a in again]
+    assert abs(moved.count("digits:2") / 1000 - 0.5) <= 0.05
+    assert all(m == "digits:2" for m, before in zip(moved, named) if before == "digits:2")  # only 1 -> 2 moved
+
+
+@pytest.mark.integration
+def test_a_shadow_is_compared_with_the_answered_version_and_never_answers(versions):
+    X, local = versions["X"], versions["local"]
+    served = rm.Servable("digits@production", "/shadowed", shadow="digits@candidate", settings=SMALL).deploy()
+    try:
+        bodies = [{"pixels": X[i : i + 1].tolist()} for i in range(200)]
+        answers = _many(served.url, [(b, {}) for b in bodies])
+        assert {a.headers["x-raymodel-model"] for a in answers} == {"digits:1"}
+        assert [a.json() for a in answers] == [local[1].predict(b) for b in bodies]  # production's answers only
+        expected = sum(local[1].predict(b) == local[2].predict(b) for b in bodies) / len(bodies)
+        url = served.url + "/info"
+        until(lambda: requests.get(url, timeout=30).json()["shadows"].get("digits:2", {}).get("compared") == 200)
+        shadow = requests.get(url, timeout=30).json()["shadows"]["digits:2"]
+        assert shadow["answered"] == "digits:1" and shadow["errors"] == 0
+        assert shadow["agreement"] == pytest.approx(expected, abs=1e-4), (shadow, expected)
+        assert 0 < expected < 1  # the two versions disagree on some digits: the figure can tell
+    finally:
+        served.shutdown()
+
+
+@pytest.mark.integration
+def test_a_multiplexed_route_serves_versions_by_header_in_an_lru_of_two(versions):
+    X, local = versions["X"], versions["local"]
+    body = {"pixels": X[:3].tolist()}
+    served = rm.Servable("digits@*", "/any", settings={**SMALL, "max_models_per_replica": 2}).deploy()
+    try:
+        with requests.Session() as s:
+            for ref, label in (("digits:1", "digits:1"), ("digits@candidate", "digits:2"), ("digits:3", "digits:3")):
+                answer = _post(s, served.url, body, **{"x-raymodel-model": ref})
+                assert answer.status_code == 200 and answer.headers["x-raymodel-model"] == label
+                assert answer.json() == local[int(label[-1])].predict(body)
+            assert requests.get(served.url + "/info", timeout=30).json()["loaded"] == ["digits:2", "digits:3"]
+            _post(s, served.url, body, **{"x-raymodel-model": "digits:1"})  # back: the LRU's oldest goes
+            assert requests.get(served.url + "/info", timeout=30).json()["loaded"] == ["digits:3", "digits:1"]
+            missing = _post(s, served.url, body, **{"x-raymodel-model": "digits:9"})
+            assert missing.status_code == 404 and "has no version 9; versions: 1, 2, 3" in missing.json()["detail"]
+            assert "digits:2 (digits@candidate)" in missing.json()["detail"]
+            other = _post(s, served.url, body, **{"x-raymodel-model": "iris:1"})
+            assert other.status_code == 404 and "versions of `digits` only" in other.json()["detail"]
+            newest = _post(s, served.url, body)  # no header: the key's newest version
+            assert newest.headers["x-raymodel-model"] == "digits:3"
+    finally:
+        served.shutdown()
+
+
+@pytest.mark.integration
+def test_train_by_reference_registers_a_child_the_split_route_then_serves(split, versions):
+    import ray
+
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+        "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    command = [sys.executable, "-m", "raymodel.cli", "train", "digits@production", "--data", "models:digits_data"]
+    command += ["--set", "num_epochs=1", "--set", "lr=0", "--set", "progress=false", "--register", "digits@candidate"]
+    done = subprocess.run([*command, "--wait"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SUCCEEDED: registered digits:4" in done.stdout, done.stdout
+    record = rm.registry.show("digits", 4)
+    assert record.lineage["parent"] == "digits:1" and record.aliases == ["candidate"]
+    assert record.lineage["config"]["lr"] == 0
+    body = {"pixels": versions["X"][:5].tolist()}
+    # lr=0: the weights it registered are the ones it started from, version 1's (not its seed's)
+    assert rm.registry.get("digits", 4).predict(body) == versions["local"][1].predict(body)
+    assert versions["local"][1].predict(body) != DigitsNet(config={"seed": 0}).predict(body)
+    # the split route follows the alias that moved: the candidate's share is answered by version 4
+    keys = [{"x-raymodel-key": f"user-{i}"} for i in range(200)]
+    until(lambda: "digits:4" in {a.headers["x-raymodel-model"] for a in _many(split.url, [(body, k) for k in keys])})
+    assert {a.headers["x-raymodel-model"] for a in _many(split.url, [(body, k) for k in keys])} == {
+        "digits:1",
+        "digits:4",
+    }
+
+
+@pytest.mark.integration
+def test_tune_by_reference_registers_its_best_trial_with_its_parent(versions):
+    job = rm.jobs.submit(
+        "digits@production",
+        "tune",
+        settings={"num_samples": 2, "max_epochs": 1, "metric": "val_loss", "train": {"progress": False}},
+        space={"lr": rm.tune.choice([0.0, 0.01])},
+        data="models:digits_data",
+        register="digits",
+    )
+    result = job.wait(timeout=300)
+    made = job._record()["registered"]
+    record = rm.registry.show("digits", int(made.split(":")[1]))
+    assert record.lineage["parent"] == "digits:1" and record.lineage["trial_id"] == result.best_trial_id
