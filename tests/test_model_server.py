@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -282,8 +283,28 @@ def test_a_shadow_is_compared_with_the_answered_version_and_never_answers(versio
         assert shadow["answered"] == "digits:1" and shadow["errors"] == 0
         assert shadow["agreement"] == pytest.approx(expected, abs=1e-4), (shadow, expected)
         assert 0 < expected < 1  # the two versions disagree on some digits: the figure can tell
+        _dashboard_shows(served, shadow, expected)
     finally:
         served.shutdown()
+
+
+def _dashboard_shows(served, shadow, expected) -> None:
+    """The dashboard's routes view (headless chromium) has a row per version and the shadow's agreement."""
+    from s3server import free_port
+    from test_dashboard import ARTIFACTS, _browser, _chromium
+
+    browser = _chromium()
+    base, token = rm.dashboard(port=free_port()).split("/?token=")
+    page = f"{base}/?token={token}#/routes"
+    dom = _browser(browser, page)
+    assert '<table class="versions">' in dom and "<code>/shadowed</code>" in dom
+    row = re.search(
+        r"<tr><td><code>digits:1</code></td><td>digits@production 100%</td>\s*<td class=\"num\">(\d+)</td>", dom
+    )
+    assert row and int(row.group(1)) >= 200, dom[-3000:]
+    assert f"agreement {100 * expected:.1f}% of {shadow['compared']}" in dom and "shadow of digits:1" in dom
+    ARTIFACTS.mkdir(exist_ok=True)
+    _browser(browser, page, f"--screenshot={ARTIFACTS / 'routes_versions.png'}", "--window-size=1280,800")
 
 
 @pytest.mark.integration
