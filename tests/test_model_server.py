@@ -330,6 +330,16 @@ def test_a_multiplexed_route_serves_versions_by_header_in_an_lru_of_two(versions
             assert newest.headers["x-raymodel-model"] == "digits:3"
     finally:
         served.shutdown()
+    every = rm.Servable("*", "/every", settings=SMALL).deploy()  # any key
+    try:
+        with requests.Session() as s:
+            answer = _post(s, every.url, body, **{"x-raymodel-model": "digits@production"})
+            assert answer.status_code == 200 and answer.headers["x-raymodel-model"] == "digits:1"
+            unnamed = _post(s, every.url, body)
+            assert unnamed.status_code == 400 and "x-raymodel-model" in unnamed.json()["detail"]
+            assert _post(s, every.url, body, **{"x-raymodel-model": "iris:1"}).status_code == 404
+    finally:
+        every.shutdown()
 
 
 @pytest.mark.integration
@@ -373,6 +383,6 @@ def test_tune_by_reference_registers_its_best_trial_with_its_parent(versions):
         register="digits",
     )
     result = job.wait(timeout=300)
-    made = job._record()["registered"]
+    made = job.registered
     record = rm.registry.show("digits", int(made.split(":")[1]))
     assert record.lineage["parent"] == "digits:1" and record.lineage["trial_id"] == result.best_trial_id

@@ -4,12 +4,11 @@ a job on the training server that starts from a registry version (``rm.jobs.subm
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from raymodel import jobs, registry
 from raymodel._internal import names
-from raymodel.cli._jobs import attach
+from raymodel.cli._jobs import attach, parse_pairs
 from raymodel.jobs._by_ref import check_register, load_data, split_sets
 
 
@@ -44,7 +43,7 @@ def _by_ref(args: argparse.Namespace) -> int:
     if args.register is not None:
         check_register(args.register)
     data = load_data(args.data)
-    settings, config = split_sets(_pairs(args.pairs), args.kind, record.lineage.get("config") or {})
+    settings, config = split_sets(parse_pairs(args.pairs), args.kind, record.lineage.get("config") or {})
     attach()
     job = jobs.submit(
         f"{key}:{record.version}",
@@ -59,19 +58,6 @@ def _by_ref(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     job.wait()
-    made = job._record().get("registered")
+    made = job.registered
     print(f"{job.id} {job.status}" + (f": registered {made}" if made else ""))
     return 0
-
-
-def _pairs(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep or not name.strip():
-            raise SystemExit(f"raymodel: error: `--set {pair}`: write KEY=VALUE, e.g. `--set num_epochs=5`.")
-        try:
-            out[name.strip()] = json.loads(text)
-        except ValueError:
-            out[name.strip()] = text
-    return out

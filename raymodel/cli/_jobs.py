@@ -212,16 +212,23 @@ def parse_changes(pairs: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``["lr=1e-4", "num_epochs=40"]`` -> ``(config, settings)``; values are JSON where they parse."""
     config: dict[str, Any] = {}
     settings: dict[str, Any] = {}
+    for key, value in parse_pairs(pairs).items():
+        (settings if key in UPDATABLE else config)[key] = value
+    return config, settings
+
+
+def parse_pairs(pairs: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs -> ``{key: value}``; a value is JSON where it parses, else text."""
+    out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
             raise SystemExit(f"raymodel: error: `--set {pair}`: write KEY=VALUE, e.g. `--set lr=1e-4`.")
         try:
-            value = json.loads(text)
+            out[key.strip()] = json.loads(text)
         except ValueError:
-            value = text
-        (settings if key.strip() in UPDATABLE else config)[key.strip()] = value
-    return config, settings
+            out[key.strip()] = text
+    return out
 
 
 def _jobs_update(args: argparse.Namespace) -> int:

@@ -18,7 +18,6 @@ from typing import Any
 
 from raymodel._internal import runtime, serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
-from raymodel.jobs._by_ref import submit
 from raymodel.jobs._names import DONE, NAME, NAMESPACE
 from raymodel.jobs._views import LONG_POLL_S, Stream, held
 
@@ -87,6 +86,11 @@ class Job:
         """Seconds until a PENDING job is expected to start, or a RUNNING job to end (from the running
         jobs' epochs left and their mean epoch time); ``None`` when not known yet or done."""
         return self._record().get("eta")
+
+    @property
+    def registered(self) -> str | None:
+        """The version a job by reference registered (``"digits:4"``) once it succeeded; else ``None``."""
+        return self._record().get("registered")
 
     @property
     def changes(self) -> list[dict[str, Any]]:
@@ -277,6 +281,38 @@ def get(job_id: str) -> Job:
             f"Recent jobs: {', '.join(known) if known else '(none)'}."
         )
     return Job(record, handle)
+
+
+def submit(
+    ref: str,
+    kind: str = "train",
+    *,
+    settings: Any = None,
+    data: Any = None,
+    config: dict[str, Any] | None = None,
+    space: dict[str, Any] | None = None,
+    register: str | None = None,
+    registry: str | None = None,
+) -> Job:
+    """Train (or tune) the registry version ``ref`` names (``"digits@production"``, ``"digits:3"``,
+    ``"digits"``) as a job of the server, from its weights and config (``config`` merged over).
+
+    ``kind``: ``"train"`` (further) or ``"tune"`` (over ``space`` or ``hyperparameter_space``);
+    ``settings``: ``TrainSettings`` (``TuneSettings``) or a dict; ``data``: what ``train`` takes, or
+    ``"package.module:OBJECT"`` (a function there is called for it). ``register="KEY[@ALIAS]"``: when
+    the job succeeds, its final (a tune job's best) checkpoint becomes the next version of ``KEY``,
+    whose lineage's ``parent`` names ``ref``'s version; ``job.registered`` says which. Every check
+    runs here first (reference, config keys, name, data, settings): nothing is queued if one fails.
+    """
+    from raymodel.jobs._by_ref import resolve
+
+    model, data, extra = resolve(ref, kind, data, config, register, registry)
+    if kind == "train":
+        from raymodel.train import prepare
+
+        checked, spec = prepare(model, settings, data)
+        return _submit_checked(model, checked, spec, extra=extra)
+    return submit_tune(model, space, settings, data, False, extra=extra)
 
 
 def submit_train(model: Any, settings: Any, data: Any) -> Job:

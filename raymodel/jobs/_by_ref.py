@@ -15,40 +15,12 @@ from raymodel.exceptions import DataError, SettingsError
 KINDS = ("train", "tune")
 
 
-def submit(
-    ref: str,
-    kind: str = "train",
-    *,
-    settings: Any = None,
-    data: Any = None,
-    config: Mapping[str, Any] | None = None,
-    space: Mapping[str, Any] | None = None,
-    register: str | None = None,
-    registry: str | None = None,
-) -> Any:
-    """Train (or tune) the registry version ``ref`` names, as a job of the training server.
-
-    Every check runs first, in this process: the reference, the data, the settings and config
-    keys, the name to register under; nothing is queued if one fails.
-
-    Args:
-        ref: ``"digits@production"``, ``"digits:3"`` or ``"digits"`` (the newest version).
-        kind: ``"train"`` (further, from the version's weights) or ``"tune"`` (from its config,
-            over ``space`` or the model's ``hyperparameter_space``).
-        settings: ``TrainSettings`` (``TuneSettings`` for ``"tune"``) or a dict of their fields.
-        data: What ``model.train`` takes, or ``"package.module:OBJECT"`` naming it (a function
-            there is called, with no arguments, for the data).
-        config: Entries merged over the version's config.
-        space: The search space of a tune job.
-        register: ``"KEY"`` or ``"KEY@ALIAS"``: when the job succeeds, its final checkpoint (a tune
-            job's best trial's) becomes the next version of ``KEY`` (and ``ALIAS`` points at it);
-            its lineage's ``parent`` names the version it started from. The record's
-            ``registered`` says which version it made.
-        registry: The registry's URI (default: ``RAYMODEL_REGISTRY`` or ``$RAYMODEL_HOME/registry``).
-
-    Returns:
-        The ``Job``; ``job.wait()`` gives the ``TrainResult`` or ``TuneResult``.
-    """
+def resolve(
+    ref: str, kind: str, data: Any, config: Mapping[str, Any] | None, register: str | None, registry: str | None
+) -> tuple[Any, Any, dict[str, Any]]:
+    """``(model, data, extra)`` of a job by reference (``rm.jobs.submit``), every check first: the kind,
+    the reference, the config keys, the name to register under, the data. The model is the version's
+    (its weights and config, ``config`` merged over); ``extra`` is what the server needs to register."""
     from raymodel.registry import Registry, default_uri
 
     if kind not in KINDS:
@@ -62,19 +34,8 @@ def submit(
     target = check_register(register) if register is not None else None
     data = load_data(data)
     model = reg.get(key, n, config=dict(config or {}))
-    extra = {
-        "register": None
-        if target is None
-        else {"registry": registry_uri, "key": target[0], "alias": target[1], "parent": f"{key}:{n}"}
-    }
-    from raymodel.jobs import _submit_checked, submit_tune
-
-    if kind == "train":
-        from raymodel.train import prepare
-
-        checked, spec = prepare(model, settings, data)
-        return _submit_checked(model, checked, spec, extra=extra)
-    return submit_tune(model, space, settings, data, False, extra=extra)
+    wanted = None if target is None else {"registry": registry_uri, "key": target[0], "alias": target[1]}
+    return model, data, {"register": wanted and {**wanted, "parent": f"{key}:{n}"}}
 
 
 def check_register(text: Any) -> tuple[str, str | None]:

@@ -128,24 +128,9 @@ class ModelServer:
                     "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes)),
                 }
             )
-        if sub:
-            return _error(
-                404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health`, `info` or `openapi.json`."
-            )
-        if request.method != "POST":
-            return _error(405, "method not allowed", "POST a JSON body to this route.", headers={"Allow": "POST"})
-        body = await request.body()
-        if len(body) > self.max_body_bytes:
-            return _error(
-                413,
-                "payload too large",
-                f"The body has {len(body)} bytes; the limit is "
-                f"{self.max_body_bytes} (`ServeSettings(max_body_bytes=...)`).",
-            )
-        try:
-            payload = orjson.loads(body)
-        except ValueError as exc:
-            return _error(400, "invalid JSON", f"The body is not valid JSON: {exc}")
+        payload, refused = await read_payload(request, sub, self.max_body_bytes)
+        if refused is not None:
+            return refused
         status, content, size, model = await self._answer(payload)
         return _json(content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
 
@@ -291,6 +276,28 @@ def _forward_many(model: Any, inputs: list[Any]) -> list[Any]:
     with backend.inference(model):
         output = model.forward(batch)
     return backend.split(output, sizes)
+
+
+async def read_payload(request: Any, sub: str, max_body_bytes: int) -> tuple[Any, Any]:
+    """``(payload, None)`` of a POST to the route itself, or ``(None, the error answer)``: 404 for another
+    path, 405 for another method, 413 for a body over ``max_body_bytes``, 400 for one that is not JSON."""
+    if sub:
+        return None, _error(
+            404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health`, `info` or `openapi.json`."
+        )
+    if request.method != "POST":
+        return None, _error(405, "method not allowed", "POST a JSON body to this route.", headers={"Allow": "POST"})
+    body = await request.body()
+    if len(body) > max_body_bytes:
+        return None, _error(
+            413,
+            "payload too large",
+            f"The body has {len(body)} bytes; the limit is {max_body_bytes} (`ServeSettings(max_body_bytes=...)`).",
+        )
+    try:
+        return orjson.loads(body), None
+    except ValueError as exc:
+        return None, _error(400, "invalid JSON", f"The body is not valid JSON: {exc}")
 
 
 def _ingress() -> str:

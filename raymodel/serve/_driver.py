@@ -11,7 +11,7 @@ from raymodel._internal import runtime, storage
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.registry import sources
 from raymodel.serve._routes import _is_multiplexed, _plan, _routed_application
-from raymodel.serve._settings import ServeSettings
+from raymodel.serve._settings import ServeSettings, replica_options
 
 if TYPE_CHECKING:
     from raymodel.contract import Model
@@ -78,11 +78,20 @@ class Servable:
     Args:
         model_or_ref: A model instance (its current weights are served), a
             registry reference ``"digits@production"``, ``"digits:3"`` or
-            ``"digits"`` (the newest version), or a ``ModelRef``.
+            ``"digits"`` (the newest version), or a ``ModelRef``. The model
+            server (docs/model-server.md): a weighted split
+            ``{"digits@production": 0.9, "digits@candidate": 0.1}`` (weights
+            positive, summing to 1; sticky per ``x-raymodel-key`` header), or
+            ``"digits@*"`` (``"*"``: any key) for any version chosen per request
+            by the ``x-raymodel-model`` header.
         route: The URL path, e.g. ``"/digits"``.
         settings: A ``ServeSettings`` or a dict of its fields.
         registry: The registry of a reference (default: ``RAYMODEL_REGISTRY``
             or ``$RAYMODEL_HOME/registry``).
+        shadow: A registry reference that gets a copy of every request after
+            the answer is sent; its answers are compared with the answered
+            version's (agreement, mean absolute difference) and never returned.
+        shadow_fraction: The share of requests copied to the shadow, in (0, 1].
 
     A route served by alias (or by key, for the newest version) follows it:
     each replica checks every ``registry_poll_s`` seconds and, when the alias
@@ -150,22 +159,7 @@ class Servable:
             "source": dict(self.model.source) if self.model is not None and self.model.source else dict(source),
         }
         s = self.settings
-        options: dict[str, Any] = {
-            "name": f"{self.name}-model",
-            "max_ongoing_requests": s.max_ongoing_requests,
-            "ray_actor_options": s.ray_actor_options or {},
-            "logging_config": {"enable_access_log": s.access_log},
-        }
-        if s.num_replicas == "auto":
-            options["autoscaling_config"] = {
-                "min_replicas": s.min_replicas,
-                "max_replicas": s.max_replicas,
-                "target_ongoing_requests": s.target_ongoing_requests or max(2, s.max_batch_size),
-                "upscale_delay_s": s.upscale_delay_s,
-                "downscale_delay_s": s.downscale_delay_s,
-            }
-        else:
-            options["num_replicas"] = s.num_replicas
+        options = {"name": f"{self.name}-model", **replica_options(s)}
         return (
             serve.deployment(ModelServer)
             .options(**options)

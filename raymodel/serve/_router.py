@@ -25,12 +25,11 @@ import time
 import traceback
 from typing import Any
 
-import orjson
 from ray import serve
 
 from raymodel._internal.names import parse_ref
 from raymodel.exceptions import RegistryError
-from raymodel.serve._deployment import ModelServer, _error, _json, _label
+from raymodel.serve._deployment import ModelServer, _error, _json, _label, read_payload
 from raymodel.serve._routing import KEY_HEADER, MODEL_HEADER, VersionStats, compare, pick, point
 
 logger = logging.getLogger("ray.serve")
@@ -99,6 +98,7 @@ class ModelRouter:
         self.registry = Registry(plan["registry"])
         self.shares: list[tuple[str, float]] = list((plan.get("split") or {}).items())
         self.labels: dict[str, str] = {}  # reference -> the version it names now
+        self.handles: dict[str, Any] = {}
         self.cache: dict[str, tuple[float, Any]] = {}  # a multiplexed route's header -> (when, label or error)
         self.figures = VersionStats()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -132,7 +132,7 @@ class ModelRouter:
                 self._resolve_all()
                 for ref, label in self.labels.items():
                     if before.get(ref) != label:
-                        self.backend.options(multiplexed_model_id=label).warm.remote().result()
+                        self._to(label).warm.remote().result()
                         logger.info("%s now names %s", ref, label)
             except Exception:  # noqa: BLE001 - a registry hiccup never stops the route
                 logger.warning("could not follow the route's references\n%s", traceback.format_exc())
@@ -189,26 +189,11 @@ class ModelRouter:
             label, refused = self._choose(request.headers)
             if refused is not None:
                 return refused
-            call = self.backend.options(multiplexed_model_id=label).openapi_of
+            call = self._to(label).openapi_of
             return _json(await call.remote(self.info.get("route") or "/"))
-        if sub:
-            return _error(
-                404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health`, `info` or `openapi.json`."
-            )
-        if request.method != "POST":
-            return _error(405, "method not allowed", "POST a JSON body to this route.", headers={"Allow": "POST"})
-        body = await request.body()
-        if len(body) > self.max_body_bytes:
-            return _error(
-                413,
-                "payload too large",
-                f"The body has {len(body)} bytes; the limit is "
-                f"{self.max_body_bytes} (`ServeSettings(max_body_bytes=...)`).",
-            )
-        try:
-            payload = orjson.loads(body)
-        except ValueError as exc:
-            return _error(400, "invalid JSON", f"The body is not valid JSON: {exc}")
+        payload, refused = await read_payload(request, sub, self.max_body_bytes)
+        if refused is not None:
+            return refused
         label, refused = self._choose(request.headers)
         if refused is not None:
             return refused
@@ -233,7 +218,16 @@ class ModelRouter:
         return content
 
     async def _call(self, label: str, payload: Any) -> tuple[int, Any, int]:
-        return await self.backend.options(multiplexed_model_id=label).answer.remote(payload)
+        return await self._to(label).answer.remote(payload)
+
+    def _to(self, label: str) -> Any:
+        """The versions deployment's handle for ``label`` (made once: ``options`` copies the handle)."""
+        handle = self.handles.get(label)
+        if handle is None:
+            handle = self.handles[label] = self.backend.options(multiplexed_model_id=label)
+            if len(self.handles) > 1000:
+                self.handles.pop(next(iter(self.handles)))
+        return handle
 
     async def _shadow(self, payload: Any, answered_label: str, status: int, answered: Any) -> None:
         label = self.labels[self.plan["shadow"]]
@@ -250,10 +244,7 @@ class ModelRouter:
     # ---------------------------------------------------------------- figures
     async def warm(self) -> dict[str, list[str]]:
         """Load every version the route names now (on the replicas the calls reach)."""
-        return {
-            label: await self.backend.options(multiplexed_model_id=label).warm.remote()
-            for label in sorted(set(self.labels.values()))
-        }
+        return {label: await self._to(label).warm.remote() for label in sorted(set(self.labels.values()))}
 
     async def describe(self) -> dict[str, Any]:
         figures = self.figures.summary()

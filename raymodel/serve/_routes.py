@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from raymodel.exceptions import SettingsError
 from raymodel.registry import Registry, default_uri, sources
 from raymodel.serve._routing import check_ref, check_split
+from raymodel.serve._settings import replica_options
 
 
 def _is_multiplexed(ref: Any) -> bool:
@@ -94,24 +95,7 @@ def _routed_application(servable: Any) -> Any:
     # is reconfigured in place. The version is what the route is, less its weights. (Serve's Python
     # API gives every ``serve.run`` a random version, a restart; the option is private since 2.x.)
     version = hashlib.sha256(repr((sorted(plan.items()), s)).encode()).hexdigest()[:16]
-    options: dict[str, Any] = {
-        "name": f"{servable.name}-versions",
-        "version": version,
-        "_internal": True,
-        "max_ongoing_requests": s.max_ongoing_requests,
-        "ray_actor_options": s.ray_actor_options or {},
-        "logging_config": {"enable_access_log": s.access_log},
-    }
-    if s.num_replicas == "auto":
-        options["autoscaling_config"] = {
-            "min_replicas": s.min_replicas,
-            "max_replicas": s.max_replicas,
-            "target_ongoing_requests": s.target_ongoing_requests or max(2, s.max_batch_size),
-            "upscale_delay_s": s.upscale_delay_s,
-            "downscale_delay_s": s.downscale_delay_s,
-        }
-    else:
-        options["num_replicas"] = s.num_replicas
+    options = {"name": f"{servable.name}-versions", "version": version, "_internal": True, **replica_options(s)}
     backend = (
         serve.deployment(VersionServer)
         .options(**options)

@@ -93,3 +93,24 @@ class ServeSettings(SettingsBase):
         ):
             problems.append(f"`min_replicas` ({self.min_replicas}) must be <= `max_replicas` ({self.max_replicas}).")
         return problems
+
+
+def replica_options(s: ServeSettings) -> dict[str, Any]:
+    """The Serve deployment options of a route's model replicas: how many (or autoscaling), their
+    resources, concurrency and access log."""
+    options: dict[str, Any] = {
+        "max_ongoing_requests": s.max_ongoing_requests,
+        "ray_actor_options": s.ray_actor_options or {},
+        "logging_config": {"enable_access_log": s.access_log},
+    }
+    if s.num_replicas == "auto":
+        options["autoscaling_config"] = {
+            "min_replicas": s.min_replicas,
+            "max_replicas": s.max_replicas,
+            "target_ongoing_requests": s.target_ongoing_requests or max(2, s.max_batch_size),
+            "upscale_delay_s": s.upscale_delay_s,
+            "downscale_delay_s": s.downscale_delay_s,
+        }
+    else:
+        options["num_replicas"] = s.num_replicas
+    return options
