@@ -343,6 +343,33 @@ def test_a_multiplexed_route_serves_versions_by_header_in_an_lru_of_two(versions
 
 
 @pytest.mark.integration
+def test_a_multiplexed_request_goes_to_the_replica_that_holds_its_version(versions):
+    """Two replicas holding one version each: Serve's router sends each version's requests to its
+    replica (the router calls by handle; HAProxy alone would spread them and each replica would
+    load and evict on every other request)."""
+    body = {"pixels": versions["X"][:1].tolist()}
+    settings = {**SMALL, "num_replicas": 2, "max_models_per_replica": 1}
+    served = rm.Servable("digits@*", "/two", settings=settings).deploy()
+    try:
+        with requests.Session() as s:
+            ask = lambda label: _post(s, served.url, body, **{"x-raymodel-model": label})  # noqa: E731
+            ask("digits:1")
+            time.sleep(0.5)  # each replica tells the router what it holds every 0.1 s
+            ask("digits:2")
+            time.sleep(0.5)
+            answered = collections.defaultdict(set)
+            for i in range(40):
+                label = f"digits:{1 + i % 2}"
+                answer = ask(label)
+                assert answer.status_code == 200 and answer.headers["x-raymodel-model"] == label
+                answered[label].add(answer.headers["x-raymodel-replica"])
+        assert all(len(pids) == 1 for pids in answered.values()), answered
+        assert answered["digits:1"] != answered["digits:2"], answered  # one replica per version, no thrash
+    finally:
+        served.shutdown()
+
+
+@pytest.mark.integration
 def test_train_by_reference_registers_a_child_the_split_route_then_serves(split, versions):
     import ray
 

@@ -30,7 +30,7 @@ from ray import serve
 from raymodel._internal.names import parse_ref
 from raymodel.exceptions import RegistryError
 from raymodel.serve._deployment import ModelServer, _error, _json, _label, read_payload
-from raymodel.serve._routing import KEY_HEADER, MODEL_HEADER, VersionStats, compare, pick, point
+from raymodel.serve._routing import KEY_HEADER, MODEL_HEADER, REPLICA_HEADER, VersionStats, compare, pick, point
 
 logger = logging.getLogger("ray.serve")
 
@@ -45,6 +45,7 @@ class VersionServer(ModelServer):
         from ray.serve.multiplex import _ModelMultiplexWrapper
 
         self.registry = registry
+        self.loads = 0  # versions this replica has loaded (a route that thrashes its LRU shows it here)
         # ``@serve.multiplexed`` fixes its LRU size where it decorates; this replica's comes from the
         # settings, so the wrapper the decorator would make on first use is made here with it.
         self._lru = _ModelMultiplexWrapper(VersionServer._load_version, self, max_models)
@@ -55,17 +56,18 @@ class VersionServer(ModelServer):
 
         key, version = parse_ref(label)
         source = {"registry": self.registry, "key": key}
+        self.loads += 1
         return await asyncio.get_running_loop().run_in_executor(None, sources.load, source, version)
 
     @serve.multiplexed(max_num_models_per_replica=3)  # the marker Serve looks for; the LRU is `self._lru`
     async def _version(self, label: str) -> Any:
         return await self._load_version(label)
 
-    async def answer(self, payload: Any) -> tuple[int, Any, int]:
-        """The multiplexed version's answer: ``(status, JSON content, batch size)``."""
+    async def answer(self, payload: Any) -> tuple[int, Any, int, int]:
+        """The multiplexed version's answer: ``(status, JSON content, batch size, this replica's pid)``."""
         model = await self._version(serve.get_multiplexed_model_id())
         status, content, size, _ = await self._answer(payload, model)
-        return status, content, size
+        return status, content, size, os.getpid()
 
     async def warm(self) -> list[str]:
         """Load the request's version (a route's versions are loaded before its first request)."""
@@ -84,7 +86,7 @@ class VersionServer(ModelServer):
 
     def replica(self) -> dict[str, Any]:
         """This replica's process and the versions it holds (least recently used first)."""
-        return {"pid": os.getpid(), "loaded": self.loaded()}
+        return {"pid": os.getpid(), "loaded": self.loaded(), "loads": self.loads}
 
 
 class ModelRouter:
@@ -109,31 +111,42 @@ class ModelRouter:
     def reconfigure(self, config: dict[str, Any]) -> None:
         """``served.set_split``: the new weights, from Serve's ``user_config`` (no restart)."""
         if config.get("split"):
-            self.shares = list(config["split"].items())
-            self._resolve_all()
+            shares = list(config["split"].items())
+            labels = self._resolved([ref for ref, _ in shares] + self._shadow_refs())
+            self.labels = {**self.labels, **labels}  # first: every reference the new shares name has its version
+            self.shares = shares
             logger.info("split now %s", self.shares)
 
     # ------------------------------------------------------------ references
+    def _shadow_refs(self) -> list[str]:
+        return [self.plan["shadow"]] if self.plan.get("shadow") else []
+
     def _refs(self) -> list[str]:
-        shadow = self.plan.get("shadow")
-        return [ref for ref, _ in self.shares] + ([shadow] if shadow else [])
+        return [ref for ref, _ in self.shares] + self._shadow_refs()
+
+    def _resolved(self, refs: list[str]) -> dict[str, str]:
+        """``{reference: "key:N"}``: the version each names in the registry now."""
+        out = {}
+        for ref in refs:
+            key, version = parse_ref(ref)
+            out[ref] = f"{key}:{self.registry.resolve(key, version)}"
+        return out
 
     def _resolve_all(self) -> None:
-        for ref in self._refs():
-            key, version = parse_ref(ref)
-            self.labels[ref] = f"{key}:{self.registry.resolve(key, version)}"
+        self.labels = self._resolved(self._refs())
 
     def _follow(self) -> None:
-        """An alias (or a key's newest version) that moves is followed, as a one-version route does."""
+        """An alias (or a key's newest version) that moves is followed, as a one-version route does:
+        the new version is loaded first, then requests go to it."""
         while True:
             time.sleep(self.poll_s)
             try:
-                before = dict(self.labels)
-                self._resolve_all()
-                for ref, label in self.labels.items():
-                    if before.get(ref) != label:
+                labels = self._resolved(self._refs())
+                for ref, label in labels.items():
+                    if self.labels.get(ref) != label:
                         self._to(label).warm.remote().result()
                         logger.info("%s now names %s", ref, label)
+                self.labels = {**self.labels, **labels}
             except Exception:  # noqa: BLE001 - a registry hiccup never stops the route
                 logger.warning("could not follow the route's references\n%s", traceback.format_exc())
 
@@ -198,26 +211,28 @@ class ModelRouter:
         if refused is not None:
             return refused
         began = time.monotonic()
-        status, content, size = await self._call(label, payload)
+        status, content, size, pid = await self._call(label, payload)
         self.figures.record(label, time.monotonic() - began, status >= 500)
         shadow = self.plan.get("shadow")
         if shadow and random.random() < self.plan.get("shadow_fraction", 1.0):
             task = asyncio.get_running_loop().create_task(self._shadow(payload, label, status, content))
             self.tasks.add(task)  # kept until done: the loop holds tasks weakly
             task.add_done_callback(self.tasks.discard)
-        return _json(content, status, {"x-raymodel-batch-size": str(size), MODEL_HEADER: label})
+        return _json(
+            content, status, {"x-raymodel-batch-size": str(size), MODEL_HEADER: label, REPLICA_HEADER: str(pid)}
+        )
 
     async def predict(self, payload: Any) -> Any:
         """In-cluster calls through a Serve handle (the split's choice, no key: random)."""
         label, refused = self._choose({})
         if refused is not None:
             raise RuntimeError(f"Name a version: {refused.body.decode()}")
-        status, content, _ = await self._call(label, payload)
+        status, content, _, _ = await self._call(label, payload)
         if status != 200:
             raise RuntimeError(f"{content['error']}: {content['detail']}")
         return content
 
-    async def _call(self, label: str, payload: Any) -> tuple[int, Any, int]:
+    async def _call(self, label: str, payload: Any) -> tuple[int, Any, int, int]:
         return await self._to(label).answer.remote(payload)
 
     def _to(self, label: str) -> Any:
@@ -232,7 +247,7 @@ class ModelRouter:
     async def _shadow(self, payload: Any, answered_label: str, status: int, answered: Any) -> None:
         label = self.labels[self.plan["shadow"]]
         try:
-            s_status, s_content, _ = await self._call(label, payload)
+            s_status, s_content, _, _ = await self._call(label, payload)
         except Exception:  # noqa: BLE001 - a shadow's failure is counted, never the client's
             s_status, s_content = 500, None
         if status == 200 and s_status == 200:
@@ -260,6 +275,7 @@ class ModelRouter:
             "shadow_fraction": self.plan.get("shadow_fraction") if self.plan.get("shadow") else None,
             "multiplex": self.plan.get("multiplex"),
             "loaded": replica["loaded"],
+            "loads": replica.get("loads"),
             "replica_pid": replica["pid"],
             "router_pid": os.getpid(),
             "versions": figures["versions"],

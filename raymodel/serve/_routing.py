@@ -24,6 +24,8 @@ KEY_HEADER = "x-raymodel-key"
 #: The answer header naming the version that answered; on a multiplexed route, also the request
 #: header that chooses it.
 MODEL_HEADER = "x-raymodel-model"
+#: On a route of several versions, the answer header naming the process of the replica that answered.
+REPLICA_HEADER = "x-raymodel-replica"
 
 
 def check_split(split: Any) -> dict[str, float]:
