@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import storage, tmp
 from raymodel.contract import register
-from raymodel.exceptions import CheckpointError, DataError, ModelDefinitionError
+from raymodel.exceptions import (
+    CheckpointError,
+    DataError,
+    ModelDefinitionError,
+    RayModelError,
+    SettingsError,
+)
 from raymodel.hooks import ModelHooks, call_sync, is_default
 
 if TYPE_CHECKING:
@@ -57,11 +63,21 @@ class RayModel(ModelHooks):
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         if config is not None and not isinstance(config, Mapping):
-            raise TypeError(f"`config` must be a dict (got {config!r} that is a {type(config).__name__}).")
+            raise SettingsError(
+                f"`config` of `{type(self).__name__}` must be a dict of its settings, e.g. "
+                f"`{type(self).__name__}(config={{'lr': 0.01}})` (got {_short(config)} that is a "
+                f"{type(config).__name__})."
+            )
+        bad = [k for k in config or {} if not isinstance(k, str)]
+        if bad:
+            raise SettingsError(f"`config` keys of `{type(self).__name__}` must be strings (got {bad[0]!r}).")
         self.config: dict[str, Any] = {**copy.deepcopy(dict(self.default_config)), **dict(config or {})}
         self._is_setup = False
         #: Where the current weights came from (a checkpoint path or registry ref), if anywhere.
         self.source: dict[str, Any] = {}
+        #: The shape beyond the rows and dtype of the inputs it was trained on (recorded at training, kept
+        #: in its checkpoints); ``predict``, serving and ``predict_batch`` check requests against it.
+        self.input_signature: dict[str, Any] | None = None
 
     # ------------------------------------------------------ user-defined parts
     def setup(self, config: dict[str, Any]) -> Any:
@@ -103,7 +119,15 @@ class RayModel(ModelHooks):
             return
         if not is_default(self, "before_setup"):
             call_sync(self.before_setup)
-        returned = call_sync(self.setup, self.config)
+        try:
+            returned = call_sync(self.setup, self.config)
+        except RayModelError:
+            raise
+        except Exception as exc:  # a config value that setup cannot use: name the config, keep the cause
+            raise ModelDefinitionError(
+                f"`{type(self).__name__}.setup(config)` failed with config {_short(self.config, 200)}: "
+                f"{type(exc).__name__}: {exc}. Check the config's values (their types and sizes)."
+            ) from exc
         self.backend.after_user_setup(self, returned)
         self._is_setup = True
         if not is_default(self, "after_setup"):
@@ -118,6 +142,7 @@ class RayModel(ModelHooks):
             >>> model.predict({"pixels": X[:2].tolist()})
             {'digit': [0, 1]}
         """
+        from raymodel._internal import signature
         from raymodel._internal.schema import describe, schemas_of
 
         schemas = schemas_of(type(self))
@@ -126,12 +151,17 @@ class RayModel(ModelHooks):
         if errors:
             raise DataError(f"The payload does not match `{schemas.input.where}`: {describe(errors)}")
         try:
+            signature.check_payload(payload)
             x = self.preprocess(checked)
+        except DataError:
+            raise
         except Exception as exc:
             raise DataError(
                 f"`{type(self).__name__}.preprocess` cannot use the payload {_short(payload)} "
                 f"(a {type(payload).__name__}): {type(exc).__name__}: {exc}"
             ) from exc
+        if schemas.input is None:  # a declared input_schema wins over the recorded signature
+            signature.check(self.input_signature, x)
         with self.backend.inference(self):
             try:
                 out = self.forward(x)
@@ -335,7 +365,8 @@ class RayModel(ModelHooks):
                 )
             self.ensure_setup()
             state = ckpt.read_state(self, directory)
-            self.backend.set_state(self, state)
+            ckpt.set_state(self, state, manifest, path)
+            self.input_signature = manifest.get("input_signature") or self.input_signature
             if not is_default(self, "on_load_checkpoint"):
                 call_sync(self.on_load_checkpoint, state)
         self.source = {"checkpoint": os.fspath(path)}

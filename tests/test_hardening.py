@@ -146,7 +146,7 @@ def test_a_put_whose_alias_step_fails_publishes_nothing(registry, monkeypatch):
 
     with monkeypatch.context() as patch:
         patch.setattr(type(registry), "set_alias", broken)
-        with pytest.raises(OSError, match="disk full"):
+        with pytest.raises(RegistryError, match="disk full"):
             rm.registry.put(_model(1), key="whole", alias="production")
     assert [r.version for r in rm.registry.list("whole")] == [1]  # a retry cannot duplicate it
     assert rm.registry.put(_model(1), key="whole", alias="production").version == 3

@@ -149,7 +149,7 @@ def test_two_routes_reserve_without_drops_and_shutdown(ray_session, served, digi
 
 
 def test_serve_settings_are_validated(tiny):
-    with pytest.raises(SettingsError, match="`num_replicas` must be an int >= 1 or 'auto'"):
+    with pytest.raises(SettingsError, match="`num_replicas` must be an int from 1 to 10000 or 'auto'"):
         rm.ServeSettings(num_replicas=0)
     with pytest.raises(SettingsError, match="Did you mean `max_batch_size`"):
         rm.ServeSettings(max_batchsize=4)

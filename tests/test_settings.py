@@ -24,14 +24,14 @@ def test_unknown_key_suggests_the_right_one():
 @pytest.mark.parametrize(
     "key,value,fragment",
     [
-        ("num_workers", -1, "`num_workers` must be an int >= 0 (got -1)"),
-        ("num_epochs", 0, "`num_epochs` must be an int >= 1 (got 0)"),
-        ("batch_size", 2.5, "`batch_size` must be an int >= 1 (got 2.5)"),
+        ("num_workers", -1, "`num_workers` must be an int from 0 to 10000 (got -1)"),
+        ("num_epochs", 0, "`num_epochs` must be an int from 1 to 1000000 (got 0)"),
+        ("batch_size", 2.5, "`batch_size` must be an int from 1 to 16777216 (got 2.5)"),
         ("mode", "lowest", "`mode` must be one of 'min', 'max' (got 'lowest')"),
         ("use_gpu", "yes", "`use_gpu` must be True or False"),
         ("resources_per_worker", {"CPU": -1}, "`resources_per_worker` must be a dict"),
         ("callbacks", [object()], "`callbacks` must hold `raymodel.Callback` instances"),
-        ("max_failures", -2, "`max_failures` must be an int >= -1"),
+        ("max_failures", -2, "`max_failures` must be an int from -1 to 10000"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(key, value, fragment):

@@ -99,7 +99,7 @@ def test_tune_settings_are_validated_before_ray(tiny):
         rm.TuneSettings(num_sample=3)
     with pytest.raises(SettingsError, match="`scheduler` must be one of 'asha', 'fifo'"):
         rm.TuneSettings(scheduler="hyperband")
-    with pytest.raises(SettingsError, match=r"(?s)`train`: .*`num_workers` must be an int >= 0 \(got -3\)"):
+    with pytest.raises(SettingsError, match=r"(?s)`train`: .*`num_workers` must be an int from 0 to 10000 \(got -3\)"):
         rm.TuneSettings(train={"num_workers": -3})
     with pytest.raises(SettingsError, match="`grace_period` \\(5\\) must be <= `max_epochs` \\(3\\)"):
         rm.TuneSettings(grace_period=5, max_epochs=3)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from raymodel._internal import serialization, tmp
-from raymodel.exceptions import CheckpointError, ChecksumError
+from raymodel.exceptions import CheckpointError, ChecksumError, RayModelError, SettingsError
 
 MANIFEST = "raymodel.json"
 CLASS_FILE = "class.pkl"
@@ -118,6 +118,7 @@ def write(
         "backend": model.backend.name,
         "config": jsonable(dict(model.config)),
         "versions": library_versions(backend.packages),
+        "input_signature": getattr(model, "input_signature", None),
         "created": time.time(),
         **jsonable(extra or {}),
         "files": files,
@@ -258,6 +259,14 @@ def load_model(path: str | os.PathLike[str], config: dict[str, Any] | None = Non
     """
     import warnings
 
+    if config is not None and not isinstance(config, dict):
+        from collections.abc import Mapping
+
+        if not isinstance(config, Mapping):
+            raise SettingsError(
+                f"`config` must be a dict of entries merged over the checkpoint's config (got {config!r} "
+                f"that is a {type(config).__name__})."
+            )
     with local_copy(path) as directory:
         manifest = verify(directory)
         diffs = version_differences(manifest)
@@ -303,6 +312,11 @@ def local_copy(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a local directory for ``path``, downloading it first when it is a URI."""
     from raymodel._internal import storage
 
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise CheckpointError(
+            f"`path` must be a checkpoint folder or URI (a non-empty str or path), got {path!r} that is a "
+            f"{type(path).__name__}. Pass e.g. `result.checkpoint.path` or the folder `model.save()` wrote."
+        )
     try:
         with storage.local_folder(os.fspath(path), "ckpt") as directory:
             yield directory
@@ -310,3 +324,66 @@ def local_copy(path: str | os.PathLike[str]) -> Iterator[Path]:
         if isinstance(exc, FileNotFoundError) or "://" not in os.fspath(path):
             raise
         raise CheckpointError(f"Cannot read the checkpoint at `{path}`: {exc}") from exc
+
+
+def set_state(model: Any, state: dict[str, Any], manifest: dict[str, Any], path: Any) -> None:
+    """Load ``state`` into ``model``; a checkpoint that does not fit (its config made other shapes) is a
+    ``CheckpointError`` naming the first parameter that differs, with both shapes."""
+    where = f"The checkpoint at `{os.fspath(path)}` does not fit `{type(model).__name__}`"
+    differs = config_differences(manifest.get("config") or {}, model.config)
+    because = f" (its config differs from the checkpoint's: {differs})" if differs else ""
+    mismatch = state_mismatch(model.backend.get_state(model), state)
+    if mismatch:
+        mismatch = mismatch.replace("`modules.", "`").replace("`weights[", "`weight array [")
+        raise CheckpointError(f"{where}: {mismatch}{because}. Load it with the config it was saved with.")
+    try:
+        model.backend.set_state(model, state)
+    except RayModelError:
+        raise
+    except Exception as exc:  # the framework's own error for anything else that does not fit
+        raise CheckpointError(f"{where}{because}: {type(exc).__name__}: {exc}") from exc
+
+
+def state_mismatch(current: Any, loaded: Any, where: str = "") -> str | None:
+    """The first parameter whose shape differs between a model's state and a checkpoint's, or that one
+    of them lacks: ``"`net.0.weight` has shape (8, 4) in the checkpoint and (16, 4) in the model"``;
+    ``None`` when they fit (entries only one side has, such as optimizer state, are not compared)."""
+    if isinstance(current, dict) and isinstance(loaded, dict):
+        leaves = lambda d: d and all(hasattr(v, "shape") for v in d.values())  # noqa: E731 - a state_dict
+        if leaves(current) and leaves(loaded):
+            only_model, only_checkpoint = current.keys() - loaded.keys(), loaded.keys() - current.keys()
+            for side, other, names in (("model", "checkpoint", only_model), ("checkpoint", "model", only_checkpoint)):
+                if names:
+                    return f"`{_join(where, sorted(map(str, names))[0])}` is in the {side} but not in the {other}"
+        for key in loaded:
+            if key in current:
+                found = state_mismatch(current[key], loaded[key], _join(where, str(key)))
+                if found:
+                    return found
+        return None
+    if isinstance(current, (list, tuple)) and isinstance(loaded, (list, tuple)):
+        arrays = current and loaded and all(hasattr(v, "shape") for v in (*current, *loaded))
+        if arrays and len(current) != len(loaded):
+            counts = f"{len(loaded)} arrays in the checkpoint and {len(current)} in the model"
+            return f"`{where or 'weights'}` holds {counts}"
+        for i, (a, b) in enumerate(zip(current, loaded)):
+            found = state_mismatch(a, b, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    a, b = getattr(current, "shape", None), getattr(loaded, "shape", None)
+    if a is not None and b is not None and tuple(a) != tuple(b):
+        return f"`{where}` has shape {tuple(b)} in the checkpoint and {tuple(a)} in the model"
+    return None
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> str:
+    """``hidden=16 (checkpoint: 8)`` for each config entry the model has that differs from the checkpoint's."""
+    now = jsonable(current)
+    return ", ".join(
+        f"{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in sorted(now) if k in saved and saved[k] != now[k]
+    )

@@ -20,6 +20,52 @@ from raymodel.exceptions import SettingsError
 
 S = TypeVar("S")
 
+#: Seeds feed numpy's generators, which take 0 <= seed < 2**32.
+MAX_SEED = 2**32 - 1
+
+_DAY = 86_400
+#: The upper bound of every numeric setting (of ``TrainSettings``, ``TuneSettings`` and ``ServeSettings``),
+#: by name: far above any real use, low enough that a typo (``num_epochs=10**18``) is refused at once
+#: instead of running for ever or reserving absurd memory. ``priority`` is bounded below by its negative.
+LIMITS: dict[str, float] = {
+    # TrainSettings
+    "num_workers": 10_000,
+    "num_epochs": 1_000_000,
+    "batch_size": 1 << 24,
+    "max_failures": 10_000,
+    "checkpoint_every": 1_000_000,
+    "keep_checkpoints": 100_000,
+    "priority": 1_000_000,
+    "resource_wait_s": 7 * _DAY,
+    "elastic_resize_s": _DAY,
+    "accumulate_grad_batches": 1_000_000,
+    "grad_clip_norm": 1e9,
+    "grad_clip_value": 1e9,
+    # TuneSettings
+    "num_samples": 100_000,
+    "max_epochs": 1_000_000,
+    "grace_period": 1_000_000,
+    "reduction_factor": 1_000,
+    "perturbation_interval": 1_000_000,
+    "time_budget_s": 365 * _DAY,
+    "max_concurrent_trials": 10_000,
+    # ServeSettings
+    "num_replicas": 10_000,
+    "min_replicas": 10_000,
+    "max_replicas": 10_000,
+    "target_ongoing_requests": 100_000,
+    "upscale_delay_s": _DAY,
+    "downscale_delay_s": _DAY,
+    "max_batch_size": 100_000,
+    "batch_wait_timeout_s": 60,
+    "max_ongoing_requests": 100_000,
+    "max_body_bytes": 1 << 31,
+    "registry_poll_s": _DAY,
+    "max_models_per_replica": 1_000,
+}
+#: Settings bounded below by the negative of their limit.
+_SIGNED = {"priority"}
+
 
 def settings_class(cls: type[S]) -> type[S]:
     """Make ``cls`` a frozen, keyword-only dataclass whose constructor validates its keys.
@@ -108,6 +154,8 @@ def check_int(
 ) -> str | None:
     if value is None and allow_none:
         return None
+    maximum = LIMITS.get(name, maximum) if maximum is None else maximum
+    minimum = -LIMITS[name] if minimum is None and name in _SIGNED else minimum  # type: ignore[assignment]
     if not _is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         floor = f" >= {minimum}" if minimum is not None else ""
         ceiling = f" <= {maximum}" if maximum is not None else ""
@@ -165,6 +213,7 @@ def check_number(
 ) -> str | None:
     if value is None and allow_none:
         return None
+    maximum = LIMITS.get(name, maximum) if maximum is None else maximum
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok and minimum is not None:
         ok = value > minimum if exclusive_min else value >= minimum
@@ -172,10 +221,15 @@ def check_number(
         ok = value <= maximum
     if not ok:
         lo = "" if minimum is None else (f" > {minimum}" if exclusive_min else f" >= {minimum}")
-        hi = "" if maximum is None else f" <= {maximum}"
+        hi = "" if maximum is None else f"{' and' if lo else ''} <= {_plain(maximum)}"
         none = " or None" if allow_none else ""
         return f"`{name}` must be a finite number{lo}{hi}{none} (got {value!r})."
     return None
+
+
+def _plain(number: float) -> str:
+    """``31536000`` rather than ``3.1536e+07``; ``0.05`` as it is."""
+    return str(int(number)) if float(number).is_integer() else repr(number)
 
 
 def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> str | None:
@@ -191,6 +245,13 @@ def check_type(name: str, value: Any, types: tuple[type, ...], what: str, allow_
     if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
         return f"`{name}` must be {what} (got {value!r} that is a {type(value).__name__})."
     return None
+
+
+def check_seed(name: str, value: Any, error: type[Exception] = SettingsError) -> None:
+    """Raise ``error`` unless ``value`` is a seed numpy takes (an int from 0 to ``MAX_SEED``)."""
+    problem = check_int(name, value, minimum=0, maximum=MAX_SEED)
+    if problem:
+        raise error(problem)
 
 
 def collect(*problems: str | None) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from raymodel._internal.settings import check_seed
 from raymodel.data._loading import aprefetch, prefetch, shard_indices, worker_rows
 from raymodel.data._splits import (
     Arrays,
@@ -58,6 +59,7 @@ def from_numpy(X: Any, y: Any = None, valid_fraction: float = 0.2, seed: int = 0
     """
     if not isinstance(valid_fraction, (int, float)) or isinstance(valid_fraction, bool) or not 0 <= valid_fraction < 1:
         raise DataError(f"`valid_fraction` must be a number in [0, 1) (got {valid_fraction!r}).")
+    check_seed("seed", seed, DataError)
     arrays = make_arrays(X, y, "`from_numpy`")
     n = len(arrays)
     n_valid = int(round(n * valid_fraction))
@@ -88,7 +90,13 @@ def from_pandas(
     columns = list(df.columns)
     if label is not None and label not in columns:
         raise DataError(f"`label={label!r}` is not a column of the DataFrame; columns are {columns}.")
+    check_seed("seed", seed, DataError)
     feature_cols = list(features) if features is not None else [c for c in columns if c != label]
+    if label is not None and label in feature_cols:
+        raise DataError(
+            f"`label={label!r}` is also listed in `features`: the model would see its target as an input "
+            "(a leak). Leave it out of `features`."
+        )
     missing = [c for c in feature_cols if c not in columns]
     if missing:
         raise DataError(f"`features` names columns the DataFrame lacks: {missing}; columns are {columns}.")

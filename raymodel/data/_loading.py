@@ -9,6 +9,8 @@ from typing import Any, AsyncIterator, Iterable, Iterator
 
 import numpy as np
 
+from raymodel.exceptions import DataError
+
 _DONE = object()
 
 
@@ -35,11 +37,27 @@ def shard_indices(n: int, rank: int, world: int, *, shuffle: bool, seed: int, ep
     DDP's gradient all-reduce needs; validation does not pad, so every row
     counts exactly once.
     """
+    _check_shard(n, rank, world, seed, epoch)
     order = np.random.default_rng(seed + epoch).permutation(n) if shuffle else np.arange(n)
     if pad and n % world:
         extra = world - n % world
         order = np.concatenate([order, order[:extra]])
     return order[rank::world]
+
+
+def _check_shard(n: Any, rank: Any, world: Any, seed: Any, epoch: Any) -> None:
+    """The sharding helpers' arguments, checked like ``TrainSettings``' (a ``DataError`` naming the bad one)."""
+    from raymodel._internal.settings import MAX_SEED, check_int, check_seed
+
+    check_seed("seed", seed, DataError)
+    problem = (
+        check_int("n", n, minimum=0)
+        or check_int("world", world, minimum=1)
+        or check_int("rank", rank, minimum=0, maximum=max(int(world) - 1, 0))
+        or check_int("epoch", epoch, minimum=0, maximum=MAX_SEED - seed)
+    )
+    if problem:
+        raise DataError(problem)
 
 
 def worker_batches(iterable: Iterable[Any], rank: int, world: int, *, train: bool) -> Iterator[Any]:

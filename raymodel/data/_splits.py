@@ -84,6 +84,12 @@ class DataSpec:
     splits: dict[str, Any] = dataclasses.field(default_factory=dict)
     module: Any = None  # an object with setup(config) -> splits, run on each worker
     module_blob: bytes | None = None  # the module, cloudpickled by value for the workers
+    #: The training inputs' shape beyond the rows and dtype (``raymodel._internal.signature``), when known.
+    signature: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.signature is None and "train" in self.splits:
+            self.signature = _signature_of(self.splits["train"])
 
     @property
     def ray_datasets(self) -> dict[str, Any]:
@@ -110,7 +116,7 @@ class DataSpec:
         blob = self.module_blob
         if self.module is not None:
             blob = serialization.dumps(self.module, self.module)
-        return DataSpec(splits, None, blob)
+        return DataSpec(splits, None, blob, signature=self.signature)
 
     def materialize(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """On a worker: the splits, with arrays fetched and a data module set up."""
@@ -119,6 +125,25 @@ class DataSpec:
             returned = module.setup(dict(config))
             return dict(_splits_from_mapping(returned, where=f"`{type(module).__name__}.setup(config)`").splits)
         return {name: split.fetch() if isinstance(split, Arrays) else split for name, split in self.splits.items()}
+
+
+def _signature_of(split: Any) -> dict[str, Any] | None:
+    """The shape and dtype of a training split's inputs, where it can be seen without reading it:
+    arrays, a torch ``Dataset``'s first item, a list's first batch."""
+    from raymodel._internal import signature
+
+    try:
+        if isinstance(split, Arrays):
+            return signature.of_array(split.x)
+        if isinstance(split, TorchDataset):
+            item = split.dataset[0]
+            return signature.of_array(item[0] if isinstance(item, (tuple, list)) else item, rows=False)
+        if isinstance(split, Batches) and isinstance(split.iterable, cabc.Sequence) and len(split.iterable):
+            batch = split.iterable[0]
+            return signature.of_array(batch[0] if isinstance(batch, (tuple, list)) else batch)
+    except Exception:  # noqa: BLE001 - a dataset whose first item cannot be read here records none
+        return None
+    return None
 
 
 def kind_of(split: Any) -> str:
@@ -218,6 +243,11 @@ def to_split(value: Any, name: str, where: str) -> Any:
                 f"{where} is a one-shot iterator (e.g. a generator), which cannot be re-read each epoch. "
                 "Pass a re-iterable: a list of batches, a `DataLoader`, or an object whose `__iter__` "
                 "starts over."
+            )
+        if isinstance(value, cabc.Sized) and len(value) == 0:
+            raise DataError(
+                f"{where} is empty (no batches): training on it would return an untrained model. "
+                "Pass at least one batch, or `(X, y)` arrays."
             )
         return Batches(value)
     raise DataError(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
-from raymodel._internal import runtime
-from raymodel.exceptions import ModelDefinitionError
+from raymodel._internal import runtime, signature
+from raymodel._internal.schema import schemas_of
+from raymodel.exceptions import DataError, ModelDefinitionError
 from raymodel.registry import sources
 
 
@@ -24,6 +26,7 @@ class Scorer:
         self.model = sources.load(source, source.get("version"))
         self.feature_columns, self.keep_columns = feature_columns, keep_columns
         runtime.set_threads(cpus)
+        self.warned = False
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         model = self.model
@@ -32,6 +35,12 @@ class Scorer:
         else:
             features = {name: values for name, values in batch.items() if name not in self.keep_columns}
         x = model.predict_batch_preprocess(features)
+        if model.input_signature and schemas_of(type(model)).input is None:  # a declared schema wins
+            try:
+                signature.check(model.input_signature, x, warn=self._warn)
+            except DataError as exc:
+                where = f"`predict_batch` of `{type(model).__name__}` (columns {list(features)})"
+                raise DataError(f"{where}: {exc}.") from None
         with model.backend.inference(model):
             output = model.forward(x)
         columns = model.predict_batch_postprocess(output)
@@ -40,6 +49,11 @@ class Scorer:
         for name in self.keep_columns:
             columns[name] = batch[name]
         return columns
+
+    def _warn(self, message: str) -> None:
+        if not self.warned:  # once per actor, not once per batch
+            self.warned = True
+            logging.getLogger("ray.data").warning("predict_batch: %s (scored anyway).", message)
 
 
 def _check_columns(name: str, columns: Any, rows: int) -> None:

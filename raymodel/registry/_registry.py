@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import names, runtime, tmp
 from raymodel.exceptions import RegistryError
+from raymodel.registry._checks import check_json, os_errors
 from raymodel.registry._store import RECORD, TOMBSTONE
 
 
@@ -65,6 +66,7 @@ class Registry:
         self.store = Store(uri)
 
     # ------------------------------------------------------------------ put
+    @os_errors
     def put(
         self,
         obj: Any,
@@ -91,6 +93,8 @@ class Registry:
         names.key(key)
         if alias is not None:
             names.alias(alias)
+        check_json("metadata", metadata)
+        check_json("lineage", lineage)
         lineage_more = lineage
         with tmp.tempdir("put") as staging:
             source, lineage = _materialize(obj, staging)
@@ -114,6 +118,7 @@ class Registry:
         return ModelRef(key, version)
 
     # ------------------------------------------------------------------ get
+    @os_errors
     def get(self, key: str, version: int | str | None = None, config: Mapping[str, Any] | None = None) -> Any:
         """Load a version as a model instance with its weights.
 
@@ -129,6 +134,7 @@ class Registry:
         model.source = {"registry": f"{key}:{n}", "uri": self.uri}
         return model
 
+    @os_errors
     def resolve(self, key: str, version: int | str | None = None) -> int:
         """The version number that ``version`` (None, int or alias) names."""
         names.key(key)
@@ -154,9 +160,11 @@ class Registry:
         return aliases[wanted]
 
     # ----------------------------------------------------------------- list
+    @os_errors
     def keys(self) -> builtins.list[str]:
         return [k for k in self.store.listdir("") if names.name_problem(k, "") is None and self._versions(k)]
 
+    @os_errors
     def list(self, key: str | None = None) -> builtins.list[ModelRecord]:
         """Records of every version (of ``key``, or of every key), oldest first.
 
@@ -174,6 +182,7 @@ class Registry:
                     warnings.warn(f"Skipping `{k}:{n}`: {exc}", RuntimeWarning, stacklevel=2)
         return records
 
+    @os_errors
     def show(self, key: str, version: int | str | None = None) -> ModelRecord:
         return self._record(key, self.resolve(key, version), self._aliases(key))
 
@@ -199,6 +208,7 @@ class Registry:
             raise RegistryError(f"`{self.store.describe(rel)}` is corrupt: {exc}") from exc
 
     # -------------------------------------------------------------- changes
+    @os_errors
     def set_alias(self, key: str, alias: str, version: int | str) -> None:
         names.key(key), names.alias(alias), names.version(version)
         with self.store.lock(key):
@@ -210,6 +220,7 @@ class Registry:
                 self.store.delete_file(f"{key}/aliases/{alias}.json")
                 raise RegistryError(f"`{key}:{n}` was deleted while `{alias}` was being set; nothing changed.")
 
+    @os_errors
     def remove_alias(self, key: str, alias: str) -> None:
         names.key(key), names.alias(alias)
         with self.store.lock(key):
@@ -218,6 +229,7 @@ class Registry:
             self._migrate_aliases(key)
             self.store.delete_file(f"{key}/aliases/{alias}.json")
 
+    @os_errors
     def delete(self, key: str, version: int | str) -> None:
         """Delete one version (and the aliases pointing at it); its number is never reused."""
         names.key(key), names.version(version)

@@ -33,9 +33,10 @@ import orjson
 from ray import serve
 from starlette.responses import Response
 
-from raymodel._internal import runtime
+from raymodel._internal import runtime, signature
 from raymodel._internal.schema import describe, openapi, schemas_of
 from raymodel.contract import batch_len, to_jsonable
+from raymodel.exceptions import DataError
 from raymodel.registry import sources
 
 logger = logging.getLogger("ray.serve")
@@ -77,6 +78,7 @@ class ModelServer:
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
         self.requests: collections.deque[tuple[float, float]] = collections.deque(maxlen=5000)  # (end, latency s)
         self.started = time.time()
+        self._warned_at = -60.0
         self.ingress = _ingress()
         self.threads = runtime.set_threads(_cpu_share())
         self._runner = BatchRunner(_run_batch)
@@ -196,12 +198,22 @@ class ModelServer:
             request_id = _request_id()
             logger.error("request %s: preprocess failed\n%s", request_id, traceback.format_exc())
             return 500, {"error": "model error", "detail": _message(exc), "request_id": request_id}, 0, model
+        if model.input_signature and schemas_of(type(model)).input is None:  # a declared schema wins
+            try:
+                signature.check(model.input_signature, x, warn=self._warn_nonfinite)
+            except DataError as exc:
+                return 422, {"error": "invalid payload", "detail": str(exc)}, 0, model
         output, size = await self._batched((x, model))
         if isinstance(output, _Failed):
             request_id = _request_id()
             logger.error("request %s failed\n%s", request_id, output.trace)
             return 500, {"error": "model error", "detail": _message(output.exc), "request_id": request_id}, size, model
         return 200, output, size, model
+
+    def _warn_nonfinite(self, message: str) -> None:  # nonfinite="warn": logged at most once a minute
+        if time.monotonic() - self._warned_at >= 60.0:
+            self._warned_at = time.monotonic()
+            logger.warning("a request's input: %s (answered anyway; logged at most once a minute)", message)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def _batched(self, items: list[tuple[Any, Any]]) -> list[tuple[Any, int]]:

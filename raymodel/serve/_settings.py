@@ -84,8 +84,9 @@ class ServeSettings(SettingsBase):
             check_int("max_models_per_replica", self.max_models_per_replica, minimum=1),
             *check_actor_options("ray_actor_options", self.ray_actor_options),
         )
-        if self.num_replicas != "auto" and check_int("num_replicas", self.num_replicas, minimum=1):
-            problems.append(f"`num_replicas` must be an int >= 1 or 'auto' (got {self.num_replicas!r}).")
+        replicas = None if self.num_replicas == "auto" else check_int("num_replicas", self.num_replicas, minimum=1)
+        if replicas:
+            problems.append(replicas.replace(" (got", " or 'auto' (got"))
         if (
             isinstance(self.min_replicas, int)
             and isinstance(self.max_replicas, int)

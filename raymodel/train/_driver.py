@@ -119,6 +119,8 @@ class Trainable:
         self._ray_callbacks = list(callbacks)
         self._hub = hub  # the caller's hub (it stops it), used for gathers too
         self._info = {"name": self.name, "path": self.path, **(info or {})}
+        if self.spec.signature is not None:  # recorded in every checkpoint of the run
+            self._info["input_signature"] = {**self.spec.signature, "nonfinite": self.settings.nonfinite}
         self._control = control
         if resume_from is not None:
             self._info["resume_from"] = resume_from

@@ -61,6 +61,7 @@ class WorkerRun(JobChanges):
         cls, config = serialization.loads(payload["model"])
         self.model = cls(config=config)
         self.backend = self.model.backend
+        self.model.input_signature = payload.get("info", {}).get("input_signature")
         self.settings = payload["settings"]
         self.info: dict[str, Any] = payload.get("info", {})
         self.initial_state: dict[str, bytes] | None = payload.get("initial_state")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from raymodel._internal.settings import (
+    LIMITS,
+    MAX_SEED,
     SettingsBase,
     check_choice,
     check_int,
@@ -22,9 +24,6 @@ PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 #: How a model is spread over the workers (torch and Lightning).
 STRATEGIES = ("ddp", "fsdp")
 STEP_SETTINGS = {"precision": "32", "accumulate_grad_batches": 1, "grad_clip_norm": None, "grad_clip_value": None}
-
-#: Seeds feed numpy's generators, which take 0 <= seed < 2**32.
-MAX_SEED = 2**32 - 1
 
 
 @settings_class
@@ -210,9 +209,12 @@ class TrainSettings(SettingsBase):
 def _check_workers(value: Any) -> str | None:
     if isinstance(value, tuple):
         ok = len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        if ok and 1 <= value[0] <= value[1]:
+        if ok and 1 <= value[0] <= value[1] <= LIMITS["num_workers"]:
             return None
-        return f"`num_workers` as a range must be `(min, max)` with 1 <= min <= max, e.g. `(1, 4)` (got {value!r})."
+        return (
+            f"`num_workers` as a range must be `(min, max)` with 1 <= min <= max <= {LIMITS['num_workers']}, "
+            f"e.g. `(1, 4)` (got {value!r})."
+        )
     return check_int("num_workers", value, minimum=0)
 
 

@@ -1,0 +1,133 @@
+"""A model's input signature: the shape (beyond the batch dimension) and dtype of what it was trained on.
+
+Like MLflow's inferred model signature, it is recorded at training (in every
+checkpoint's manifest, as ``input_signature``) and checked wherever the model
+predicts (``predict``, a served route, ``predict_batch``) on what ``preprocess``
+made of a request, before ``forward``: a request of another shape is the
+client's error (a ``DataError``, over HTTP a 422), not the model's. NaN, None
+(NaN once cast) and infinity in an input follow the ``nonfinite`` policy the
+model was trained with; complex values are refused, as in training. A declared
+``input_schema`` wins: a model with one is not checked against its signature.
+
+The signature is known for array data (``(X, y)``, ``rm.data.from_numpy``/
+``from_pandas``, a torch ``Dataset`` of ``(x, y)`` items, a list of ``(x, y)``
+batches); a ``ray.data`` Dataset, a data module or dict batches record none, and
+a model without one is not checked.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+from raymodel.exceptions import DataError
+
+#: Numpy dtype kinds of a numeric input (bool, ints, floats).
+_NUMERIC = "biuf"
+
+
+def of_array(x: Any, rows: bool = True) -> dict[str, Any] | None:
+    """``{"shape": [...], "dtype": "float32"}`` of an array or tensor of rows (``rows=False``: of one
+    item, which has no batch dimension); ``None`` for anything else."""
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is None or dtype is None or type(x).__name__ == "ObjectRef":
+        return None
+    shape = [int(n) for n in tuple(shape)]
+    if rows and not shape:
+        return None
+    return {"shape": shape[1:] if rows else shape, "dtype": dtype_name(dtype)}
+
+
+def dtype_name(dtype: Any) -> str:
+    """``float32`` for a numpy or a torch dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
+def describe_shape(shape: list[int]) -> str:
+    """``rows of 64 values`` for a 1-D signature, ``inputs of shape (N, 8, 8)`` otherwise."""
+    if len(shape) == 1:
+        return f"rows of {shape[0]} value{'s' if shape[0] != 1 else ''}"
+    if not shape:
+        return "single values (shape (N,))"
+    return f"inputs of shape (N, {', '.join(map(str, shape))})"
+
+
+def check(
+    signature: dict[str, Any] | None,
+    x: Any,
+    warn: Callable[[str], None] | None = None,
+) -> None:
+    """Raise ``DataError`` when ``x`` (what ``preprocess`` made of a request) does not fit ``signature``.
+
+    ``warn`` receives the message about non-finite values under the ``"warn"`` policy
+    (default: a ``RuntimeWarning``).
+    """
+    if not signature or getattr(x, "shape", None) is None or getattr(x, "dtype", None) is None:
+        return
+    expected = [int(n) for n in signature.get("shape", [])]
+    got = [int(n) for n in tuple(x.shape)]
+    if got[1:] != expected and got != expected:  # a batch of rows, or one row without its batch dimension
+        raise DataError(f"expected {describe_shape(expected)}, got {_got(got, expected)}")
+    kind = np.dtype(_numpy_dtype(x.dtype)).kind if _numpy_dtype(x.dtype) else "O"
+    if kind == "c":
+        raise DataError(
+            "the input holds complex values; the model takes real numbers (pass the real and imaginary "
+            "parts as separate features)"
+        )
+    if kind not in _NUMERIC:
+        raise DataError(f"expected numbers ({signature.get('dtype', 'numeric')}), got {dtype_name(x.dtype)} values")
+    policy = signature.get("nonfinite", "warn")
+    if kind != "f" or policy == "allow":
+        return
+    values = _numpy(x)
+    bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+    if not bad:
+        return
+    message = (
+        f"the input holds {bad} NaN, None or infinite value(s) of {values.size}; the model was trained "
+        f"with `nonfinite={policy!r}`"
+    )
+    if policy == "error":
+        raise DataError(message)
+    (warn or _warn)(message)
+
+
+def check_payload(payload: Any) -> None:
+    """A payload that is already an array or tensor of complex values is refused before ``preprocess``
+    casts it (a cast to float would drop the imaginary part silently)."""
+    dtype = getattr(payload, "dtype", None)
+    name = _numpy_dtype(dtype) if dtype is not None else None
+    if name is not None and np.dtype(name).kind == "c":
+        raise DataError(
+            f"the input is complex ({dtype_name(dtype)}); the model takes real numbers (pass the real "
+            "and imaginary parts as separate features)"
+        )
+
+
+def _got(got: list[int], expected: list[int]) -> str:
+    if len(expected) == 1 and len(got) == 2:
+        return f"{got[1]}"
+    if len(expected) == 1 and len(got) == 1:
+        return f"a single value per row (shape {tuple(got)})"
+    return f"shape {tuple(got)}"
+
+
+def _numpy_dtype(dtype: Any) -> str | None:
+    name = dtype_name(dtype)
+    try:
+        return np.dtype(name).name
+    except TypeError:
+        return {"bfloat16": "float32", "complex32": "complex64"}.get(name)
+
+
+def _numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().float() if dtype_name(x.dtype) == "bfloat16" else x.detach().cpu()
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message[:1].upper() + message[1:] + ".", RuntimeWarning, stacklevel=4)
