@@ -63,6 +63,9 @@ LIMITS: dict[str, float] = {
     "registry_poll_s": _DAY,
     "max_models_per_replica": 1_000,
 }
+#: Of every amount in a Ray resource dict (``resources_per_worker``, ``ray_actor_options``): 10 TB of
+#: ``memory`` in bytes; Ray keeps amounts as fixed-point int64, which overflows not far above.
+MAX_RESOURCE = 10**13
 #: Settings bounded below by the negative of their limit.
 _SIGNED = {"priority"}
 
@@ -175,10 +178,10 @@ def check_resources(name: str, value: Any, allow_none: bool = True) -> str | Non
         and isinstance(v, (int, float))
         and not isinstance(v, bool)
         and math.isfinite(v)
-        and v >= 0
+        and 0 <= v <= MAX_RESOURCE
         for k, v in value.items()
     ):
-        return f"`{name}` must be a dict like {{'CPU': 1}} of finite numbers >= 0 (got {value!r})."
+        return f"`{name}` must be a dict like {{'CPU': 1}} of finite numbers from 0 to {MAX_RESOURCE} (got {value!r})."
     return None
 
 
@@ -189,7 +192,9 @@ def check_actor_options(name: str, value: Any) -> list[str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         return [f"`{name}` must be a dict like {{'num_cpus': 1}} (got {value!r})."]
     problems = [
-        check_number(f"{name}['{k}']", value[k], minimum=0) for k in ("num_cpus", "num_gpus", "memory") if k in value
+        check_number(f"{name}['{k}']", value[k], minimum=0, maximum=MAX_RESOURCE)
+        for k in ("num_cpus", "num_gpus", "memory")
+        if k in value
     ]
     if "resources" in value:
         problems.append(check_resources(f"{name}['resources']", value["resources"], allow_none=False))
