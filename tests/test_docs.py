@@ -53,3 +53,16 @@ def test_every_page_of_the_manual_is_in_its_nav():
         f"pages not in mkdocs.yml's nav: {sorted(on_disk - in_nav)}; "
         f"nav entries without a page: {sorted(in_nav - on_disk)}"
     )
+
+
+def test_the_settings_bounds_table_is_the_code_s():
+    from raymodel._internal.settings import LIMITS
+
+    text = (DOCS / "reference" / "settings.md").read_text()
+    documented = {
+        name: float(bound.replace(",", ""))
+        for name, bound in re.findall(r"^\| `(\w+)` \| [^|]+ \| ([\d,.]+) \|", text, re.M)
+    }
+    assert {k: documented.get(k) for k in LIMITS} == {k: float(v) for k, v in LIMITS.items()}, (
+        "docs/reference/settings.md's bounds table differs from raymodel._internal.settings.LIMITS"
+    )

@@ -393,10 +393,16 @@ def test_train_by_reference_registers_a_child_the_split_route_then_serves(split,
     # the split route follows the alias that moved: the candidate's share is answered by version 4
     keys = [{"x-raymodel-key": f"user-{i}"} for i in range(200)]
     until(lambda: "digits:4" in {a.headers["x-raymodel-model"] for a in _many(split.url, [(body, k) for k in keys])})
-    assert {a.headers["x-raymodel-model"] for a in _many(split.url, [(body, k) for k in keys])} == {
-        "digits:1",
-        "digits:4",
-    }
+    answers = _many(split.url, [(body, k) for k in keys])
+    assert {a.headers["x-raymodel-model"] for a in answers} == {"digits:1", "digits:4"}
+    # The job recorded the signature of what it trained on; a request of another width is the client's error
+    child = rm.registry.get("digits", 4)
+    assert child.input_signature == {"shape": [64], "dtype": "float32", "nonfinite": "warn"}
+    with pytest.raises(DataError, match="^expected rows of 64 values, got 4$"):
+        child.predict({"pixels": [[0.0] * 4]})
+    key = next(k for k, a in zip(keys, answers) if a.headers["x-raymodel-model"] == "digits:4")
+    refused = _post(requests.Session(), split.url, {"pixels": [[0.0] * 4]}, **key)
+    assert refused.status_code == 422 and refused.json()["detail"] == "expected rows of 64 values, got 4"
 
 
 @pytest.mark.integration

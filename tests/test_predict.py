@@ -16,6 +16,7 @@ from models import Scaler
 import raymodel as rm
 from raymodel.cli import main as cli
 from raymodel.contract import columns_of, features_of
+from raymodel.exceptions import DataError
 
 ACTOR = {"num_cpus": 0.25}
 
@@ -73,6 +74,16 @@ def test_input_forms_references_and_the_cli(ray_session, tmp_path, registry, cap
     )  # the newest version
     checkpoint = tripler.save(tmp_path / "checkpoint")
     np.testing.assert_allclose(rm.predict_batch(checkpoint, rows, **ACTOR).to_numpy("double"), 3.0 * rows[:, 0])
+    # With a signature (rows of two, as training records it), rows of three are refused before `forward`:
+    # a model instance's before any actor starts (from the data's schema), ...
+    tripler.input_signature = {"shape": [2], "dtype": "float32", "nonfinite": "warn"}
+    refused = r"`predict_batch` of `Scaler` \(columns .*\): expected rows of 2 values, got 3"
+    with pytest.raises(DataError, match=refused):
+        tripler.predict_batch(pd.DataFrame({"x": rows[:, 0], "noise": rows[:, 1], "more": rows[:, 1]}), **ACTOR)
+    # ... and a checkpoint's (or a registry version's) by each actor, on its first batch
+    signed = tripler.save(tmp_path / "signed")
+    with pytest.raises(Exception, match=refused):
+        rm.predict_batch(signed, np.zeros((8, 3), np.float32), **ACTOR).materialize()
 
     # The CLI: a registry version over a folder of Parquet files, to a new folder of Parquet files.
     target = tmp_path / "scores"

@@ -6,7 +6,9 @@
   pointing at live versions;
 * settings: valid dicts construct, invalid ones raise one `SettingsError` naming every bad key;
 * checkpoints: any mutation of the files or the manifest is a `CheckpointError`, and nothing is
-  unpickled.
+  unpickled; loaded with any config, a checkpoint fits or is a raymodel error naming the parameter;
+* prediction inputs of random shapes and dtypes answer or are a `DataError` (never torch's error);
+  the same over HTTP, never a 500, is in test_serve.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -282,3 +285,91 @@ def test_eight_racing_processes_keep_the_registry_consistent(tmp_path, monkeypat
     for alias_file in (root / "race" / "aliases").glob("*.json"):
         assert json.loads(alias_file.read_text())["version"] in live, alias_file.name
     assert not any((root / "race" / ".staging").iterdir())  # no writer left anything behind
+
+
+# ------------------------------------------------------- checkpoints loaded with other configs
+SIZES = st.one_of(
+    st.integers(min_value=-3, max_value=24),  # real sizes, zero and negatives (small: memory stays small)
+    st.floats(allow_nan=True, width=32),
+    st.text(max_size=4),
+    st.none(),
+    st.booleans(),
+    st.lists(st.integers(0, 4), max_size=2),
+)
+
+
+@BUDGET
+@given(config=st.dictionaries(st.sampled_from(["hidden", "in_features", "classes"]), SIZES, max_size=3))
+def test_a_checkpoint_loaded_with_any_config_fits_or_is_a_raymodel_error(checkpoint, config):
+    """`from_checkpoint(path, config=...)` with sizes that make other shapes, or values `setup` cannot
+    use: it loads (when the shapes are the saved ones) or raises one of raymodel's errors, never torch's."""
+    from raymodel.exceptions import ModelDefinitionError, RayModelError
+
+    saved = {"hidden": 8, "in_features": 4, "classes": 2}
+    try:
+        model = TinyNet.from_checkpoint(checkpoint, config=config)
+    except RayModelError as exc:
+        assert isinstance(exc, (CheckpointError, ModelDefinitionError)), exc
+        if isinstance(exc, CheckpointError):  # a shape mismatch names the parameter and both shapes
+            assert re.search(r"`net\.\d\.(weight|bias)` has shape \([\d, ]*\) in the checkpoint and", str(exc))
+        return
+    merged = {**saved, **config}
+    assert all(int(merged[k]) == saved[k] for k in saved)  # only a config of the saved shapes loads
+    assert model.input_signature is None or model.input_signature["shape"] == [4]
+
+
+# ------------------------------------------------------------------- prediction inputs
+DTYPES = st.sampled_from(
+    ["float16", "float32", "float64", "int8", "int64", "uint8", "bool", "complex64", "complex128", "U3", "object"]
+)
+
+
+def _arrays(draw_shape):
+    from hypothesis.extra import numpy as hnp
+
+    return DTYPES.flatmap(
+        lambda dtype: hnp.arrays(
+            dtype,
+            draw_shape,
+            elements=None
+            if dtype != "object"
+            else st.one_of(st.floats(allow_nan=True), st.none(), st.text(max_size=2)),
+        )
+    )
+
+
+INPUTS = st.one_of(
+    _arrays(st.sampled_from([(0,), (4,), (3,), (2, 4), (2, 3), (1, 2, 2), (2, 4, 1), ()])),
+    st.recursive(
+        st.one_of(st.floats(allow_nan=True), st.integers(-(10**30), 10**30), st.none(), st.text(max_size=2)),
+        lambda inner: st.lists(inner, max_size=5),
+        max_leaves=16,
+    ),
+)
+
+
+@BUDGET
+@given(x=INPUTS, policy=st.sampled_from(["warn", "error", "allow"]))
+def test_a_prediction_input_of_any_shape_and_dtype_answers_or_is_a_data_error(x, policy):
+    """A model trained on rows of 4 (its signature): any input answers (rows of 4 real numbers) or is a
+    `DataError` (never torch's error); complex is always refused; non-finite values follow the policy."""
+    import warnings
+
+    import numpy as np
+
+    from raymodel.exceptions import DataError
+
+    model = _model()
+    model.input_signature = {"shape": [4], "dtype": "float32", "nonfinite": policy}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            out = model.predict(x)
+        except DataError:
+            return
+        rows = np.asarray(x, dtype=np.float32)  # it answered: the input was numbers of the signature's shape
+    assert rows.shape[1:] == (4,) or rows.shape == (4,), rows.shape
+    assert np.asarray(x).dtype.kind != "c"
+    if policy == "error":
+        assert np.isfinite(rows).all()
+    assert np.asarray(out).shape[-1] == 2

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from models import DigitsNet, TinyNet
 
 import raymodel as rm
@@ -28,6 +30,7 @@ SMALL = {
 def served(ray_session, digits):
     model = DigitsNet(config={"hidden": 16})
     model.ensure_setup()
+    model.input_signature = {"shape": [64], "dtype": "float32", "nonfinite": "warn"}  # as training records it
     app = model.serve("/digits", settings=SMALL)
     yield model, app
     app.shutdown()
@@ -64,7 +67,11 @@ def test_a_small_models_batches_run_on_the_event_loop(served, digits):
     [
         (lambda url: requests.post(url, data=b"{not json", timeout=30), 400, "not valid JSON"),
         (lambda url: requests.post(url, json={"pixel": [[0.0] * 64]}, timeout=30), 422, "KeyError: pixels"),
-        (lambda url: requests.post(url, json={"pixels": [[0.0] * 3]}, timeout=30), 500, "mat1 and mat2"),
+        (
+            lambda url: requests.post(url, json={"pixels": [[0.0] * 4]}, timeout=30),
+            422,
+            "expected rows of 64 values, got 4",
+        ),
         (lambda url: requests.get(url, timeout=30), 405, "POST a JSON body"),
         (lambda url: requests.post(url, json={"pixels": [[0.0] * 64] * 200}, timeout=30), 413, "limit is 20000"),
     ],
@@ -75,17 +82,44 @@ def test_errors_are_json_and_the_replica_keeps_serving(served, digits, call, sta
     assert response.status_code == status
     body = response.json()
     assert set(body) >= {"error", "detail"} and fragment in body["detail"]
-    if status == 500:
-        assert body["request_id"] == response.headers["x-request-id"]  # Serve's id: its logs name it too
     X, _ = digits
     assert requests.post(app.url, json={"pixels": X[:1].tolist()}, timeout=30).status_code == 200
+
+
+NUMBERS = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False, width=32), st.integers(-(2**62), 2**62), st.none(), st.booleans()
+)
+JSON = st.recursive(
+    st.one_of(NUMBERS, st.text(max_size=5)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    max_leaves=12,
+)
+ROWS = st.integers(0, 3).flatmap(  # nested lists of numbers of a random shape: rows of a random width, ...
+    lambda depth: (
+        st.lists(st.lists(NUMBERS, min_size=0, max_size=70), max_size=3)
+        if depth < 2
+        else st.lists(st.lists(st.lists(NUMBERS, max_size=4), max_size=3), max_size=2)
+    )
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(payload=st.one_of(JSON, ROWS.map(lambda rows: {"pixels": rows}), st.fixed_dictionaries({"pixels": JSON})))
+def test_no_client_input_is_ever_a_server_error(served, payload):
+    """Random JSON, and rows of random shapes and values, at a route whose model has a signature:
+    every answer is a 200 or the client's error (4xx, JSON naming what is wrong), never a 500."""
+    _, app = served
+    response = requests.post(app.url, json=payload, timeout=30)
+    assert response.status_code < 500, (payload, response.text)
+    if response.status_code != 200:
+        assert response.json()["detail"], payload
 
 
 def test_concurrent_requests_are_batched_and_one_bad_request_spoils_nothing(served, digits):
     model, app = served
     X, _ = digits
     payloads = [{"pixels": X[i : i + 1].tolist()} for i in range(24)]
-    payloads[5] = {"pixels": [[1.0] * 7]}  # passes preprocess, fails in forward
+    payloads[5] = {"pixels": [[1.0] * 7]}  # passes preprocess, refused by the signature
     payloads[11] = {"wrong": 1}  # rejected by preprocess
 
     def post(p):
@@ -96,7 +130,7 @@ def test_concurrent_requests_are_batched_and_one_bad_request_spoils_nothing(serv
         answers = list(pool.map(post, payloads))
     for i, (status, body, _) in enumerate(answers):
         if i == 5:
-            assert status == 500
+            assert status == 422 and body["detail"] == "expected rows of 64 values, got 7"
         elif i == 11:
             assert status == 422
         else:
@@ -142,6 +176,10 @@ def test_two_routes_reserve_without_drops_and_shutdown(ray_session, served, digi
         thread.join()
     assert statuses and set(statuses) == {200}, f"requests dropped during re-serve: {set(statuses)}"
     assert requests.post(replaced.url, json=payload, timeout=30).json() == second.predict(payload)
+    # No signature (never trained): a row forward cannot take is the model's error, a 500 Serve's logs name
+    response = requests.post(replaced.url, json=[[0.0] * 3], timeout=30)
+    assert response.status_code == 500 and "mat1 and mat2" in response.json()["detail"]
+    assert response.json()["request_id"] == response.headers["x-request-id"]
 
     replaced.shutdown()
     assert requests.post(other.url, json=payload, timeout=30).status_code == 404

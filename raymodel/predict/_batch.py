@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from raymodel._internal import runtime, storage, tmp
+from raymodel._internal import runtime, signature, storage, tmp
 from raymodel.exceptions import CheckpointError, DataError, SettingsError
 from raymodel.registry import sources
 
@@ -116,6 +116,7 @@ def predict_batch(
     dataset = reader()
     if feature_columns or keep_columns:
         _check_columns(dataset, [*(feature_columns or ()), *keep_columns])
+    _check_signature(model_or_ref, dataset, feature_columns, keep_columns)
     compute = (
         ray.data.ActorPoolStrategy(min_size=1, max_size=None)
         if concurrency is None
@@ -229,6 +230,31 @@ def _check_columns(dataset: Any, wanted: list[str]) -> None:
     missing = [c for c in wanted if c not in columns]
     if missing:
         raise DataError(f"The data has no column(s) {missing}; it has {columns}.")
+
+
+def _check_signature(model: Any, dataset: Any, feature_columns: Any, keep_columns: Any) -> None:
+    """A model instance with an input signature and the default ``predict_batch_preprocess``: the
+    rows its feature columns make (from the data's schema, nothing read) must fit it, checked before
+    any actor starts. Each actor checks every batch too (what a reference's model or a custom
+    ``predict_batch_preprocess`` makes)."""
+    sig = getattr(model, "input_signature", None)
+    custom = getattr(type(model), "predict_batch_preprocess", None)
+    if not sig or getattr(model, "input_schema", None) is not None or custom is None:
+        return
+    if custom.__qualname__ != "RayModel.predict_batch_preprocess":
+        return
+    schema = dataset.schema()
+    types = dict(zip(schema.names, schema.types))
+    names = list(feature_columns or [n for n in schema.names if n not in keep_columns])
+    shapes = [tuple(getattr(types.get(n), "shape", None) or ()) for n in names]
+    if len(shapes) == 1:
+        row = shapes[0] or (1,)
+    else:
+        row = (sum(int(np.prod(shape)) for shape in shapes),)
+    try:
+        signature.check(sig, np.empty((0, *row), np.float32))
+    except DataError as exc:
+        raise DataError(f"`predict_batch` of `{type(model).__name__}` (columns {names}): {exc}.") from None
 
 
 def _source_of(model_or_ref: Any, registry: str | None) -> dict[str, Any]:
