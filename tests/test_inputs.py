@@ -144,6 +144,8 @@ def test_a_read_only_registry_is_a_registry_error_and_stays_intact():
         ({"run": {"loss": math.inf}}, "metadata['run']['loss'] is inf"),
         ({"model": object()}, "metadata['model'] is a object"),
         ({"when": np.datetime64("2026-01-01")}, "metadata['when'] is a datetime64"),
+        ({"scores": np.arange(3)}, "metadata['scores'] is a ndarray"),
+        ({"auc": np.float32("nan")}, "metadata['auc'] is nan"),
         ({1: "a"}, "has the key 1 that is a int"),
     ],
 )
@@ -153,7 +155,10 @@ def test_metadata_must_be_json(tmp_path, metadata, fragment):
         registry.put(TinyNet(), "digits", metadata=metadata)
     assert fragment in str(info.value)
     assert registry.keys() == []
-    registry.put(TinyNet(), "digits", metadata={"note": "fine", "scores": [1, 2.5, None, True]})
+    ref = registry.put(
+        TinyNet(), "digits", metadata={"note": "fine", "scores": [1, 2.5, None, True], "auc": np.float32(0.5)}
+    )
+    assert registry.show("digits", ref.version).metadata["auc"] == 0.5
 
 
 # ----------------------------------------------------------------------- 2. bad data

@@ -81,12 +81,11 @@ def check(
     policy = signature.get("nonfinite", "warn")
     if kind != "f" or policy == "allow":
         return
-    values = _numpy(x)
-    bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+    bad, size = _nonfinite(x)
     if not bad:
         return
     message = (
-        f"the input holds {bad} NaN, None or infinite value(s) of {values.size}; the model was trained "
+        f"the input holds {bad} NaN, None or infinite value(s) of {size}; the model was trained "
         f"with `nonfinite={policy!r}`"
     )
     if policy == "error":
@@ -110,7 +109,7 @@ def _got(got: list[int], expected: list[int]) -> str:
     if len(expected) == 1 and len(got) == 2:
         return f"{got[1]}"
     if len(expected) == 1 and len(got) == 1:
-        return f"a single value per row (shape {tuple(got)})"
+        return f"a single row of {got[0]}"
     return f"shape {tuple(got)}"
 
 
@@ -122,11 +121,13 @@ def _numpy_dtype(dtype: Any) -> str | None:
         return {"bfloat16": "float32", "complex32": "complex64"}.get(name)
 
 
-def _numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().float() if dtype_name(x.dtype) == "bfloat16" else x.detach().cpu()
-        return x.numpy()
-    return np.asarray(x)
+def _nonfinite(x: Any) -> tuple[int, int]:
+    """How many values of ``x`` are NaN or infinite, of how many; a tensor is counted where it lives
+    (no copy off its device)."""
+    if hasattr(x, "isfinite") and hasattr(x, "numel"):  # a torch tensor
+        return int((~x.isfinite()).sum().item()), int(x.numel())
+    values = np.asarray(x)
+    return int(values.size - np.count_nonzero(np.isfinite(values))), int(values.size)
 
 
 def _warn(message: str) -> None:

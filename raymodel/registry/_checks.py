@@ -6,6 +6,8 @@ import functools
 import math
 from typing import Any, Callable, Mapping, TypeVar
 
+import numpy as np
+
 from raymodel.exceptions import RayModelError, RegistryError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,8 +66,14 @@ def _json_problem(value: Any, where: str) -> str | None:
         return None
     if isinstance(value, (list, tuple)):
         return next((p for i, v in enumerate(value) if (p := _json_problem(v, f"{where}[{i}]"))), None)
+    if isinstance(value, np.generic):  # a numpy scalar counts as its Python value (np.float32(0.9) is fine)
+        return _json_problem(value.item(), where) if value.dtype.kind in "biuf" else _kept_as_repr(value, where)
     if isinstance(value, float) and not math.isfinite(value):
         return f"{where} is {value!r}, which JSON cannot hold"
     if value is None or isinstance(value, (str, bool, int, float)):
         return None
+    return _kept_as_repr(value, where)
+
+
+def _kept_as_repr(value: Any, where: str) -> str:
     return f"{where} is a {type(value).__name__} ({value!r:.60}), which would be kept only as its repr"
