@@ -17,6 +17,7 @@ a model without one is not checked.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable
 
@@ -70,7 +71,7 @@ def check(
     got = [int(n) for n in tuple(x.shape)]
     if got[1:] != expected and got != expected:  # a batch of rows, or one row without its batch dimension
         raise DataError(f"expected {describe_shape(expected)}, got {_got(got, expected)}")
-    kind = np.dtype(_numpy_dtype(x.dtype)).kind if _numpy_dtype(x.dtype) else "O"
+    kind = _kind(str(x.dtype))
     if kind == "c":
         raise DataError(
             "the input holds complex values; the model takes real numbers (pass the real and imaginary "
@@ -97,8 +98,7 @@ def check_payload(payload: Any) -> None:
     """A payload that is already an array or tensor of complex values is refused before ``preprocess``
     casts it (a cast to float would drop the imaginary part silently)."""
     dtype = getattr(payload, "dtype", None)
-    name = _numpy_dtype(dtype) if dtype is not None else None
-    if name is not None and np.dtype(name).kind == "c":
+    if dtype is not None and _kind(str(dtype)) == "c":
         raise DataError(
             f"the input is complex ({dtype_name(dtype)}); the model takes real numbers (pass the real "
             "and imaginary parts as separate features)"
@@ -113,19 +113,22 @@ def _got(got: list[int], expected: list[int]) -> str:
     return f"shape {tuple(got)}"
 
 
-def _numpy_dtype(dtype: Any) -> str | None:
+@functools.lru_cache(maxsize=64)
+def _kind(dtype: str) -> str:
+    """numpy's kind letter (``f``, ``i``, ``c``, ``U``, ...) of a numpy or torch dtype's name."""
     name = dtype_name(dtype)
     try:
-        return np.dtype(name).name
-    except TypeError:
-        return {"bfloat16": "float32", "complex32": "complex64"}.get(name)
+        return np.dtype(name).kind
+    except TypeError:  # torch's own dtypes
+        return {"bfloat16": "f", "complex32": "c"}.get(name, "O")
 
 
 def _nonfinite(x: Any) -> tuple[int, int]:
     """How many values of ``x`` are NaN or infinite, of how many; a tensor is counted where it lives
     (no copy off its device)."""
     if hasattr(x, "isfinite") and hasattr(x, "numel"):  # a torch tensor
-        return int((~x.isfinite()).sum().item()), int(x.numel())
+        finite = x.isfinite()
+        return (0 if finite.all() else int((~finite).sum())), int(x.numel())
     values = np.asarray(x)
     return int(values.size - np.count_nonzero(np.isfinite(values))), int(values.size)
 
