@@ -84,6 +84,8 @@ def compare(title: str, model: rm.RayModel, body: dict, args, wait_s: float, cpu
     from ray import serve
 
     model.ensure_setup()
+    # As a trained model's checkpoint records it: raymodel checks each request's rows against it.
+    model.input_signature = {"shape": [len(body["pixels"][0])], "dtype": "float32", "nonfinite": "warn"}
     torch.manual_seed(0)
     ours = model.serve(
         "/bench-ours",
