@@ -8,6 +8,7 @@ pending demand, or ``make_room`` is called), and is killed when it cannot end.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -133,10 +134,14 @@ class PoolKeeper:
         except Exception as exc:  # noqa: BLE001 - the pool's process died
             why = f"its process died: {exc}"
         with self.changed:
-            self.pools.pop(pool_id, None)
+            pool = self.pools.pop(pool_id, None)
             actor = self.pool_actors.pop(pool_id, None)
             self.changed.notify_all()
-        if actor is not None:
+        if actor is not None and pool is not None and pool["state"] == "busy":
+            # Its job's `run_job` returns the pool's reason within a moment: killed now, the job would
+            # only learn that the actor was killed.
+            threading.Timer(_END_S / 4, ray.kill, [actor]).start()
+        elif actor is not None:
             ray.kill(actor)
         print(f"pool {pool_id} ended: {why}", flush=True)
 
