@@ -117,7 +117,7 @@ def run_raymodel(data, settings) -> float:
 
 
 def rm_home() -> str:
-    from raymodel._internal.runtime import home
+    from raymodel._internal.locations import home
 
     return home()
 

@@ -106,7 +106,7 @@ def _refs(data):
 def _tuner(trainable, resources, epochs: int, name: str):
     from ray import tune
 
-    from raymodel._internal.runtime import runs_root
+    from raymodel._internal.locations import runs_root
 
     return tune.Tuner(
         tune.with_resources(trainable, resources),

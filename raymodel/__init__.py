@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from raymodel import backends, contract, data, exceptions  # noqa: F401 - backends: the plug-ins register themselves
-from raymodel._internal.runtime import init
 from raymodel.exceptions import (
     CheckpointError,
     ChecksumError,
@@ -27,6 +26,9 @@ from raymodel.exceptions import (
     TuneError,
 )
 from raymodel.hooks import Callback, RunContext
+
+# The training server's client: importing it provides the drivers' `TrainingServer` port (raymodel.contract).
+from raymodel.jobs import init
 from raymodel.model import RayModel
 from raymodel.train import Trainable, TrainResult, TrainSettings
 
@@ -38,7 +40,6 @@ _LAZY = {
     "tune": ("raymodel.tune", None),
     "serve": ("raymodel.serve", None),
     "registry": ("raymodel.registry", None),
-    "jobs": ("raymodel.jobs", None),
     "callbacks": ("raymodel.callbacks", None),
     "Job": ("raymodel.jobs", "Job"),
     "predict_batch": ("raymodel.predict", "predict_batch"),

@@ -215,10 +215,10 @@ class RayModel(ModelHooks):
             from raymodel.jobs import submit_train
 
             return submit_train(self, settings, data)
-        if settings.pool and not settings.elastic and settings.num_workers > 0:
-            from raymodel.jobs._blocking import train_on_server
+        if settings.on_pool:
+            from raymodel.jobs import train_and_wait
 
-            return train_on_server(self, settings, data)
+            return train_and_wait(self, settings, data)
         return Trainable(self, settings, data=data).fit()
 
     def tune(
@@ -254,9 +254,7 @@ class RayModel(ModelHooks):
         from raymodel.tune import Tunable
 
         tunable = Tunable(self, space, settings=settings, data=data, resume=resume)
-        if tunable.train_settings.pool and (
-            tunable.train_settings.num_workers > 1 or "train.num_workers" in tunable.space
-        ):
+        if tunable.trials_on_pools:
             from raymodel.jobs import server
 
             server()  # trials with several workers run as jobs of the training server, on pools

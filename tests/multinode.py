@@ -22,7 +22,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).parent))
 
 import raymodel as rm
-from raymodel._internal import runtime, storage
+from raymodel._internal import ingress, locations, storage
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
     scratch, port = Path(sys.argv[1]), int(sys.argv[2])
     # Ports of its own: the test session's Ray instance may be running beside it (and so may its
     # HAProxy: this cluster's Serve gets its own stats and metrics ports, as `rm.init` would give it).
-    os.environ.update(runtime.with_serve_env(os.environ, runtime.resolve_ingress(None)))
+    os.environ.update(ingress.with_serve_env(os.environ, ingress.resolve_ingress(None)))
     cluster = Cluster(initialize_head=True, head_node_args=head_args(scratch))
     for name in ("a", "b"):
         cluster.add_node(
@@ -85,12 +85,12 @@ def main() -> None:
     # The trained instance itself: its weights go to a serve checkpoint under RAYMODEL_HOME (on S3),
     # which the replica on a worker node loads; a redeploy replaces it, a shutdown removes it.
     direct = model.serve("/direct")
-    first = storage.listdir(runtime.home_path("serve", "direct"))
+    first = storage.listdir(locations.home_path("serve", "direct"))
     again = model.serve("/direct")
-    second = storage.listdir(runtime.home_path("serve", "direct"))
+    second = storage.listdir(locations.home_path("serve", "direct"))
     direct_status = requests.post(again.url, json={"pixels": valid.x[:2].tolist()}, timeout=60).status_code
     again.shutdown()
-    serve_checkpoints = [first, second, storage.listdir(runtime.home_path("serve", "direct"))]
+    serve_checkpoints = [first, second, storage.listdir(locations.home_path("serve", "direct"))]
     del direct
 
     nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
@@ -128,13 +128,13 @@ class NodeLog(rm.Callback):
     def after_epoch(self, epoch, metrics):
         import ray
 
-        fs, path = storage.filesystem(runtime.home_path("nodes"))
+        fs, path = storage.filesystem(locations.home_path("nodes"))
         with fs.open_output_stream(f"{path}/{os.getpid()}-{ray.get_runtime_context().get_node_id()}"):
             pass
 
     @staticmethod
     def read() -> list[str]:
-        return [name.split("-", 1)[1] for name in storage.listdir(runtime.home_path("nodes"))]
+        return [name.split("-", 1)[1] for name in storage.listdir(locations.home_path("nodes"))]
 
 
 if __name__ == "__main__":

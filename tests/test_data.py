@@ -194,7 +194,7 @@ def test_every_backend_checks_the_data_form_on_the_driver(monkeypatch, tiny, exa
     import sys
     from pathlib import Path
 
-    from raymodel._internal import runtime
+    from raymodel._internal import cluster
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
     model = next(
@@ -202,7 +202,7 @@ def test_every_backend_checks_the_data_form_on_the_driver(monkeypatch, tiny, exa
         for v in vars(importlib.import_module(example)).values()
         if isinstance(v, type) and issubclass(v, rm.RayModel) and v.__module__ == example
     )()
-    monkeypatch.setattr(runtime, "ensure_ray", lambda *a, **k: pytest.fail("Ray was touched"))
+    monkeypatch.setattr(cluster, "ensure_ray", lambda *a, **k: pytest.fail("Ray was touched"))
     X, y = tiny
     kind = {"async_iterable": "async batches", "torch_dataset": "torch dataset", "list_of_batches": "batches"}
     with pytest.raises(rm.DataError, match=f"The {model.backend.name} backend does not train on {kind[data_kind]}"):

@@ -280,14 +280,14 @@ def test_data_that_cannot_be_right_is_refused_naming_the_array(tiny):
 
 
 def test_nonfinite_values_warn_or_fail_before_ray(tiny, monkeypatch):
-    from raymodel._internal import runtime
+    from raymodel._internal import cluster
 
     X, y = tiny
     X = X.copy()
     X[3, 1] = np.nan
     X[5, 0] = np.inf
     data = rm.data.from_numpy(X, y, valid_fraction=0)
-    monkeypatch.setattr(runtime, "ensure_ray", lambda *a, **k: pytest.fail("Ray was touched"))
+    monkeypatch.setattr(cluster, "ensure_ray", lambda *a, **k: pytest.fail("Ray was touched"))
     with pytest.raises(DataError, match=r"split 'train' X: 2 of 64 values"):
         TinyNet().train({"nonfinite": "error"}, data=data)
     with pytest.warns(RuntimeWarning, match="NaN or infinite"), pytest.raises(pytest.fail.Exception):

@@ -24,7 +24,7 @@ import torch
 from models import DigitsNet, PairDataset, TinyNet
 
 import raymodel as rm
-from raymodel._internal import runtime
+from raymodel._internal import cluster
 from raymodel._internal.settings import LIMITS, MAX_RESOURCE
 from raymodel.exceptions import CheckpointError, DataError, ModelDefinitionError, RegistryError, SettingsError
 
@@ -173,7 +173,7 @@ def test_metadata_must_be_json(tmp_path, metadata, fragment):
     ],
 )
 def test_empty_training_data_is_refused_before_ray(monkeypatch, data, fragment):
-    monkeypatch.setattr(runtime, "ensure_ray", lambda *a, **k: pytest.fail("Ray was touched"))
+    monkeypatch.setattr(cluster, "ensure_ray", lambda *a, **k: pytest.fail("Ray was touched"))
     with pytest.raises(DataError, match=fragment):
         TinyNet().train({"num_workers": 1, "progress": False}, data=data)
 

@@ -127,7 +127,7 @@ def test_a_failed_job_raises_the_workers_own_error(ray_session, tiny_data):
 
 @pytest.mark.integration
 def test_a_job_lost_with_its_server_is_failed_not_left_running(ray_session, tiny_data):
-    from raymodel.jobs._names import NAME, NAMESPACE
+    from raymodel.jobs._address import NAME, NAMESPACE
 
     job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=tiny_data, wait=False)
     until(lambda: job.history())

@@ -1,6 +1,7 @@
-"""The layers of DESIGN.md section 2, as the import-linter contracts in pyproject.toml state them:
-they hold on the code, they fail on an upward import (inside a function or under TYPE_CHECKING too),
-and no import circle remains in raymodel/ (counted with grimp, lazy and TYPE_CHECKING imports included)."""
+"""The layers of docs/architecture.md, as the import-linter contracts in pyproject.toml state them:
+they hold on the code, they fail on an upward import (inside a function or under TYPE_CHECKING too)
+and on a cross-package private import, and no import circle remains in raymodel/ (counted with grimp,
+lazy and TYPE_CHECKING imports included). Only raymodel/jobs/ knows the training server's actor."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_contracts_hold_on_the_code():
     result = _lint(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    assert "16 kept, 0 broken" in result.stdout
 
 
 BREAKS = {
@@ -45,6 +46,11 @@ BREAKS = {
         "raymodel/train/_result.py",
         "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from raymodel.tune import TuneResult\n",
         "raymodel.train._result -> raymodel.tune",
+    ),
+    "a private module of another package": (
+        "raymodel/jobs/_queue.py",
+        "\n\ndef _peek():\n    from raymodel.train._callbacks import ProgressCallback\n\n    return ProgressCallback\n",
+        "raymodel.jobs._queue -> raymodel.train._callbacks",
     ),
     "a plug-in importing another": (
         "raymodel/backends/xgboost.py",
@@ -65,6 +71,37 @@ def test_the_contracts_fail_on(case, tmp_path):
     assert result.returncode != 0, result.stdout
     assert "1 broken" in result.stdout, result.stdout
     assert chain in result.stdout, result.stdout
+
+
+def test_every_private_module_is_protected_by_its_package_contract():
+    """A new ``_module`` in a package is covered by that package's "private modules are its own" contract."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    protected = {c["allowed_importers"][0]: set(c["protected_modules"]) for c in contracts if c["type"] == "protected"}
+    for package in sorted(p for p in (ROOT / "raymodel").iterdir() if p.is_dir() and not p.name.startswith("_")):
+        private = {
+            f"raymodel.{package.name}.{m.stem}"
+            for m in package.iterdir()
+            if m.name.startswith("_") and m.name != "__init__.py" and m.name != "__pycache__"
+        }
+        if private:
+            assert protected.get(f"raymodel.{package.name}") == private, package.name
+
+
+def test_only_the_jobs_package_knows_the_training_server_actor():
+    """Below ``raymodel.jobs`` the server is a port (``raymodel.contract.TrainingServer``): no module outside
+    raymodel/jobs/ holds the actor's name or looks an actor up by it."""
+    from raymodel.jobs._address import NAME
+
+    outside = [p for p in (ROOT / "raymodel").rglob("*.py") if "jobs" not in p.relative_to(ROOT / "raymodel").parts]
+    assert outside
+    for path in outside:
+        text = path.read_text()
+        assert NAME not in text, path
+        assert "job_server" not in text, path
+        if "get_actor(" in text:  # the dashboard asks for Serve's controller, by Serve's own name
+            assert path.name == "_api.py" and "SERVE_CONTROLLER_NAME" in text, path
 
 
 def test_no_import_circle_in_raymodel():
@@ -112,17 +149,3 @@ def _strongly_connected(graph: grimp.ImportGraph) -> list[list[str]]:
                         break
                 components.append(component)
     return components
-
-
-def test_a_plug_in_written_against_the_old_path_still_imports_with_a_warning():
-    code = (
-        "import warnings; warnings.simplefilter('always')\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    from raymodel.backends.base import Backend, WorkerLoop\n"
-        "import raymodel.contract as c\n"
-        "assert Backend is c.Backend and WorkerLoop is c.WorkerLoop\n"
-        "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "moved to `raymodel.contract`" in out.stdout

@@ -24,8 +24,8 @@ from waiting import until
 
 import raymodel as rm
 from raymodel.exceptions import DataError, RegistryError, SettingsError
-from raymodel.jobs._by_ref import check_register, load_data, split_sets
-from raymodel.serve._routing import VersionStats, check_split, compare, pick, point
+from raymodel.jobs._from_registry import check_register, load_data, split_sets
+from raymodel.serve._traffic import VersionStats, check_split, compare, pick, point
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import loadgen

@@ -54,13 +54,13 @@ def test_positional_arguments_are_refused():
 @pytest.fixture
 def no_ray(monkeypatch):
     """Fail the test if anything tries to start or join Ray."""
-    import raymodel._internal.runtime as runtime
+    import raymodel._internal.cluster as cluster
 
     def forbidden(*args, **kwargs):
         raise AssertionError("Ray was touched before the input was checked")
 
-    monkeypatch.setattr(runtime, "ensure_ray", forbidden)
-    monkeypatch.setattr(runtime, "init", forbidden)
+    monkeypatch.setattr(cluster, "ensure_ray", forbidden)
+    monkeypatch.setattr(cluster, "init", forbidden)
 
 
 def test_bad_settings_fail_before_ray(no_ray, tiny):

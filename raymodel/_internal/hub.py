@@ -80,7 +80,7 @@ def start_hub() -> Any:
     """Start a hub actor (asynchronously: the call returns before the process is up)."""
     import ray
 
-    from raymodel._internal.runtime import on_this_node
+    from raymodel._internal.cluster import on_this_node
 
     return ray.remote(num_cpus=0, max_restarts=0)(RunHub).options(scheduling_strategy=on_this_node()).remote()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, Sequence, TypeVar
 
 from raymodel.exceptions import SettingsError
 
@@ -79,6 +79,10 @@ def settings_class(cls: type[S]) -> type[S]:
     cls = dataclasses.dataclass(kw_only=True, frozen=True)(cls)
     dataclass_init = cls.__init__
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    groups: dict[str, tuple[str, ...]] = getattr(cls, "GROUPS", None) or {"": tuple(names)}
+    grouped = [n for members in groups.values() for n in members]
+    if sorted(grouped) != sorted(names):  # a field added without a group (a developer's mistake)
+        raise TypeError(f"`{cls.__name__}.GROUPS` must name each field once (fields: {names}, grouped: {grouped}).")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if args:
@@ -88,7 +92,7 @@ def settings_class(cls: type[S]) -> type[S]:
             )
         unknown = [k for k in kwargs if k not in names]
         dataclass_init(self, **{k: v for k, v in kwargs.items() if k in names})
-        problems = [_unknown_keys_message(cls.__name__, unknown, names)] if unknown else []
+        problems = [_unknown_keys_message(cls.__name__, unknown, groups)] if unknown else []
         problems += self._validate() if hasattr(self, "_validate") else []
         _raise(cls.__name__, problems)
 
@@ -117,13 +121,16 @@ class SettingsBase:
         return []
 
 
-def _unknown_keys_message(owner: str, unknown: list[str], names: list[str]) -> str:
+def _unknown_keys_message(owner: str, unknown: list[str], groups: Mapping[str, Sequence[str]]) -> str:
+    names = [n for members in groups.values() for n in members]
     parts = []
     for key in unknown:
         close = difflib.get_close_matches(key, names, n=1)
         hint = f" Did you mean `{close[0]}`?" if close else ""
         parts.append(f"`{owner}` has no setting `{key}`.{hint}")
-    allowed = ", ".join(f"`{n}`" for n in names)
+    allowed = "; ".join(
+        (f"{group}: " if group else "") + ", ".join(f"`{n}`" for n in members) for group, members in groups.items()
+    )
     return " ".join(parts) + f" Allowed settings: {allowed}."
 
 
@@ -203,7 +210,7 @@ def check_actor_options(name: str, value: Any) -> list[str]:
 
 def check_name(name: str, value: Any) -> str | None:
     """A run or experiment name: one plain folder name (it must not escape its storage folder)."""
-    from raymodel._internal.names import name_problem
+    from raymodel._internal.name_rules import name_problem
 
     return None if value is None else name_problem(value, f"`{name}`")
 

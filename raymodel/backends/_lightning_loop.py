@@ -19,8 +19,7 @@ from raymodel._internal import tmp
 from raymodel.backends._pl import lightning as _lightning
 from raymodel.backends._torch_loop import ShardSampler, TorchLoop, to_tensor
 from raymodel.backends._torch_optim import set_hyperparameters
-from raymodel.data import Arrays, Batches, RayDataset, TorchDataset
-from raymodel.data._loading import worker_batches
+from raymodel.data import Arrays, Batches, RayDataset, TorchDataset, worker_batches
 
 if TYPE_CHECKING:
     from raymodel.contract import Run

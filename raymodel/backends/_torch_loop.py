@@ -19,8 +19,17 @@ from raymodel.backends import _torch_fsdp as fsdp
 from raymodel.backends._torch_optim import configure_optimizers, set_hyperparameters
 from raymodel.backends._torch_step import StepControl, with_last
 from raymodel.contract import WorkerLoop, batch_len
-from raymodel.data import Arrays, Batches, RayDataset, TorchDataset, aprefetch, prefetch, worker_rows
-from raymodel.data._loading import aworker_batches, worker_batches
+from raymodel.data import (
+    Arrays,
+    Batches,
+    RayDataset,
+    TorchDataset,
+    aprefetch,
+    aworker_batches,
+    prefetch,
+    worker_batches,
+    worker_rows,
+)
 from raymodel.exceptions import HookError, ModelDefinitionError
 from raymodel.hooks import maybe_await
 

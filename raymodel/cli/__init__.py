@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Sequence
 
-from raymodel.cli import _by_ref, _jobs, _models, _serving
+from raymodel.cli import _jobs, _models, _serving, _train_tune
 from raymodel.exceptions import RayModelError
 
 
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     _models.add_commands(sub)
     _serving.add_commands(sub)
     _jobs.add_commands(sub)
-    _by_ref.add_commands(sub)
+    _train_tune.add_commands(sub)
     dash = sub.add_parser(
         "dashboard",
         help="the web dashboard: jobs and their curves, trials, models, routes, "

@@ -18,9 +18,10 @@ import time
 from typing import Any
 
 from raymodel import jobs
-from raymodel._internal.runtime import init, resolve_ingress, running_server, server_file, with_serve_env
+from raymodel._internal.cluster import running_server, server_file
+from raymodel._internal.ingress import resolve_ingress, with_serve_env
 from raymodel.exceptions import RayModelError
-from raymodel.jobs._names import UPDATABLE
+from raymodel.jobs import UPDATABLE, init
 
 
 def add_commands(sub: Any) -> None:

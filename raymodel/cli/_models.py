@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from raymodel import registry
-from raymodel._internal import names
+from raymodel._internal import name_rules
 
 
 def add_commands(sub: Any) -> None:
@@ -51,7 +51,7 @@ def _list(args: argparse.Namespace) -> None:
 
 
 def _show(args: argparse.Namespace) -> None:
-    key, version = names.parse_ref(args.ref)
+    key, version = name_rules.parse_ref(args.ref)
     r = _registry(args).show(key, version)
     print(
         json.dumps(
@@ -73,12 +73,12 @@ def _show(args: argparse.Namespace) -> None:
 
 
 def _alias(args: argparse.Namespace) -> None:
-    version = names.version(args.version)
+    version = name_rules.version(args.version)
     _registry(args).set_alias(args.key, args.alias, version)  # type: ignore[arg-type]
     print(f"{args.key}@{args.alias} -> version {version}")
 
 
 def _delete(args: argparse.Namespace) -> None:
-    version = names.version(args.version)
+    version = name_rules.version(args.version)
     _registry(args).delete(args.key, version)  # type: ignore[arg-type]
     print(f"deleted {args.key}:{version}")

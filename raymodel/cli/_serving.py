@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from raymodel._internal import storage, tmp
-from raymodel._internal.runtime import init
 from raymodel.exceptions import SettingsError
+from raymodel.jobs import init
 
 
 def add_commands(sub: Any) -> None:

@@ -6,7 +6,9 @@
   which plug-ins push themselves into when their model base class is defined;
 * the protocols the layers below the plug-ins type against: ``Model``
   (a model, for the drivers) and ``Run`` (a training run, for a worker loop);
-* the array helpers the backends' defaults and the serving path share.
+* the array helpers the backends' defaults and the serving path share;
+* ``TrainingServer``: the port through which the drivers ask the training
+  server for room and for a trial's job (``raymodel.jobs`` provides it).
 
 Example (a plug-in, in its own module):
     >>> from raymodel.contract import Backend, WorkerLoop
@@ -27,6 +29,7 @@ from raymodel.contract._arrays import (
     to_jsonable,
 )
 from raymodel.contract._backend import DATA_KINDS, Backend, Model, Run, WorkerLoop
+from raymodel.contract._server import TrainingServer, provide_training_server, training_server
 from raymodel.contract._table import backends, hook_table, model_classes, register
 
 __all__ = [
@@ -45,4 +48,7 @@ __all__ = [
     "batch_len",
     "split_nested",
     "to_jsonable",
+    "TrainingServer",
+    "training_server",
+    "provide_training_server",
 ]

@@ -12,7 +12,7 @@ Beside them, the two protocols (PEP 544) that the layers below the plug-ins
 type against: ``Model`` (a model, as the drivers use it) and ``Run``
 (a training run, as a worker loop sees it).
 
-``WorkerRun`` (``train/_run.py``) owns the lifecycle around them for every
+``WorkerRun`` (``train/_worker_run.py``) owns the lifecycle around them for every
 backend: setup hooks, resuming, the epoch loop, validation hooks, reporting,
 checkpointing, stopping; a loop sees it through the ``Run``
 protocol. Adding a framework is one module in ``raymodel/backends/``: a

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from raymodel._internal.settings import check_seed
-from raymodel.data._loading import aprefetch, prefetch, shard_indices, worker_rows
+from raymodel.data._loading import aprefetch, aworker_batches, prefetch, shard_indices, worker_batches, worker_rows
 from raymodel.data._splits import (
     Arrays,
     Batches,
@@ -22,6 +22,7 @@ from raymodel.data._splits import (
     TorchDataset,
     kind_of,
     make_arrays,
+    nonfinite,
     resolve,
 )
 from raymodel.exceptions import DataError
@@ -40,6 +41,9 @@ __all__ = [
     "aprefetch",
     "shard_indices",
     "worker_rows",
+    "worker_batches",
+    "aworker_batches",
+    "nonfinite",
 ]
 
 

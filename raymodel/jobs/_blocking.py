@@ -5,21 +5,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raymodel._internal import runtime
+from raymodel._internal import cluster
 from raymodel.exceptions import TrainingError
-from raymodel.jobs import Job, _submit_checked
-from raymodel.jobs._names import DONE
+from raymodel.jobs._client import follow
+from raymodel.jobs._constants import DONE
+from raymodel.jobs._job import Job, _submit_checked
 
 
 def train_on_server(model: Any, settings: Any, data: Any) -> Any:
     """``model.train(settings, data=...)``: a job of the training server on a pool, waited for, with
     the same output as a one-off run (bars in a terminal, a line per epoch elsewhere); the instance
     holds the trained weights afterwards."""
-    from raymodel.train import TrainResult, prepare
-    from raymodel.train._progress import ProgressPrinter
+    from raymodel.train import ProgressPrinter, TrainResult, prepare
 
     settings, spec = prepare(model, settings, data)  # every check, before Ray is touched
-    runtime.ensure_ray(settings.verbose)
+    cluster.ensure_ray(settings.verbose)
     hub = _progress_hub() if settings.progress else None
     printer = None
     if hub is not None:
@@ -67,24 +67,26 @@ def _await(job: Job, printer: Any) -> dict[str, Any]:
     every ``_REPEAT_S``), and when it starts a pool."""
     shown: dict[str, float] = {}
     started = time.monotonic()
+
+    def say(record: dict[str, Any]) -> None:
+        if printer is None or record["status"] in DONE:
+            return
+        reason = record.get("reason")  # PENDING: what it waits for; RUNNING: lost workers
+        if record["status"] == "RUNNING" and not reason:
+            starting = [line for line in record.get("log", ()) if " starting pool " in line]
+            if starting:  # "... starting pool <id> of 2 torch worker(s)"
+                workers = starting[0].split(" of ", 1)[1]
+                reason = f"starting a pool of {workers} (once: later runs reuse them)"
+        now = time.monotonic()
+        due = now - started > _QUIET_S and now - shown.get(reason, -1e9) > _REPEAT_S
+        if reason and due:
+            repeat = reason in shown and not reason.startswith("starting a pool")
+            if repeat or reason not in shown:
+                print(f"[{printer.label}] {reason}", file=printer.stream, flush=True)
+            shown[reason] = now
+
     with printer if printer is not None else _nothing():
-        while True:
-            record = job._record(until_done=1.0)
-            if record["status"] in DONE:
-                return record
-            reason = record.get("reason")  # PENDING: what it waits for; RUNNING: lost workers
-            if record["status"] == "RUNNING" and not reason:
-                starting = [line for line in record.get("log", ()) if " starting pool " in line]
-                if starting:  # "... starting pool <id> of 2 torch worker(s)"
-                    workers = starting[0].split(" of ", 1)[1]
-                    reason = f"starting a pool of {workers} (once: later runs reuse them)"
-            now = time.monotonic()
-            due = now - started > _QUIET_S and now - shown.get(reason, -1e9) > _REPEAT_S
-            if printer is not None and reason and due:
-                repeat = reason in shown and not reason.startswith("starting a pool")
-                if repeat or reason not in shown:
-                    print(f"[{printer.label}] {reason}", file=printer.stream, flush=True)
-                shown[reason] = now
+        return follow(job, say, wait_s=1.0)
 
 
 class _nothing:

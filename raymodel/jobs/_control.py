@@ -18,8 +18,8 @@ from typing import Any
 
 import ray
 
+from raymodel.jobs._constants import ACTIVE, UPDATABLE
 from raymodel.jobs._keeper import pending_demand
-from raymodel.jobs._names import ACTIVE, UPDATABLE
 from raymodel.jobs._queue import fits
 
 #: How long after a failure the server starts to look for a worker group Ray cannot place.

@@ -14,12 +14,10 @@ from typing import Any
 
 import ray
 
-from raymodel._internal import runtime
-from raymodel.jobs._names import NAMESPACE
+from raymodel._internal import cluster
+from raymodel.jobs._address import NAMESPACE
 from raymodel.jobs._queue import fits
 
-#: An idle pool ends after this many seconds (``rm.init(pool_idle_s=...)``).
-DEFAULT_POOL_IDLE_S = 120.0
 #: A pool asked to end that has not after this long is killed.
 _END_S = 30.0
 
@@ -64,7 +62,7 @@ class PoolKeeper:
         pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"
         actor = (
             ray.remote(num_cpus=0)(PoolActor)
-            .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id, scheduling_strategy=runtime.on_this_node())
+            .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id, scheduling_strategy=cluster.on_this_node())
             .remote(pool_id, spec["backend"], spec["num_workers"], spec["per_worker"], spec["use_gpu"])
         )
         actor.start.remote()

@@ -27,7 +27,7 @@ import time
 import traceback
 from typing import Any
 
-from raymodel._internal import runtime, serialization
+from raymodel._internal import locations, serialization
 from raymodel._internal.hub import start_hub, stop_hub
 from raymodel.jobs._pool_session import PoolSession
 
@@ -68,7 +68,7 @@ class PoolActor:
         import ray
         from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-        from raymodel.train._callbacks import PoolFailures
+        from raymodel.jobs._train_callbacks import PoolFailures
 
         me = ray.get_runtime_context().current_actor
         resources = {k: v for k, v in self.per_worker.items() if k != "GPU"}
@@ -81,7 +81,7 @@ class PoolActor:
                 ),
                 run_config=RunConfig(
                     name=self.pool_id,
-                    storage_path=runtime.home_path("pools"),  # Ray Train's own files: no job writes here
+                    storage_path=locations.home_path("pools"),  # Ray Train's own files: no job writes here
                     failure_config=FailureConfig(max_failures=-1),  # each job counts its own
                     callbacks=[PoolFailures(me)],
                     logging_config=LoggingConfig("WARNING"),
@@ -254,14 +254,11 @@ class PoolActor:
 
 def _tell_server(job_id: str, errors: dict[int, str]) -> None:
     """The job's workers failed: the server watches whether Ray can place them again."""
-    import ray
+    from raymodel.jobs._address import running_handle
 
-    from raymodel.jobs._names import NAME, NAMESPACE
-
-    try:
-        ray.get_actor(NAME, namespace=NAMESPACE).worker_lost.remote(job_id, errors)
-    except ValueError:  # no server (a pool outlives it only while being killed)
-        pass
+    server = running_handle()
+    if server is not None:  # else no server (a pool outlives it only while being killed)
+        server.worker_lost.remote(job_id, errors)
 
 
 def pool_worker(config: dict[str, Any]) -> dict[str, Any]:

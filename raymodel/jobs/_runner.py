@@ -8,13 +8,14 @@ from typing import Any
 
 import ray
 
-from raymodel.jobs._names import NAMESPACE
+from raymodel._internal import cluster
+from raymodel.jobs._address import NAMESPACE
 
 
 def new_runner() -> Any:
-    from raymodel._internal.runtime import on_this_node
-
-    runner = JobRunnerActor.options(namespace=NAMESPACE, max_concurrency=8, scheduling_strategy=on_this_node()).remote()
+    runner = JobRunnerActor.options(
+        namespace=NAMESPACE, max_concurrency=8, scheduling_strategy=cluster.on_this_node()
+    ).remote()
     runner.warm.remote()
     return runner
 
@@ -28,8 +29,8 @@ class JobRunner:
 
     def warm(self) -> None:
         """Import what every job needs before one arrives."""
-        import raymodel.jobs._run
-        import raymodel.train._driver
+        import raymodel.jobs._execute
+        import raymodel.train
         import raymodel.tune  # noqa: F401
 
     def run(
@@ -43,7 +44,7 @@ class JobRunner:
         datasets: dict[str, Any] | None = None,
         refs: list[Any] | None = None,
     ) -> dict[str, Any]:
-        from raymodel.jobs._run import run_job
+        from raymodel.jobs._execute import run_job
 
         self.job_id = job_id
         self.stop_event.clear()

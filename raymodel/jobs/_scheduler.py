@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from raymodel.jobs._names import ACTIVE
+from raymodel.jobs._constants import ACTIVE
 from raymodel.jobs._queue import choose_victims, etas, fits, plus, queue_order
 from raymodel.jobs._runner import new_runner
 

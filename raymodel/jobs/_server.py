@@ -27,11 +27,11 @@ from typing import Any
 
 import ray
 
-from raymodel._internal import runtime, storage
-from raymodel.jobs._by_ref import register_result
+from raymodel._internal import locations, storage
+from raymodel.jobs._constants import ACTIVE, DEFAULT_POOL_IDLE_S
 from raymodel.jobs._control import JobControl
-from raymodel.jobs._keeper import DEFAULT_POOL_IDLE_S, PoolKeeper
-from raymodel.jobs._names import ACTIVE
+from raymodel.jobs._from_registry import register_result
+from raymodel.jobs._keeper import PoolKeeper
 from raymodel.jobs._queue import fits
 from raymodel.jobs._runner import new_runner
 from raymodel.jobs._scheduler import Scheduler
@@ -40,7 +40,7 @@ _LOG_LINES = 200
 
 
 def jobs_root() -> str:
-    return runtime.home_path("jobs")
+    return locations.home_path("jobs")
 
 
 class JobServer(Scheduler, PoolKeeper, JobControl):

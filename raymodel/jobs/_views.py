@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Iterator
 
-from raymodel.jobs._names import DONE
+from raymodel.jobs._constants import DONE
 
 #: How long one long poll of the server waits for a row.
 LONG_POLL_S = 5.0

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from raymodel._internal import runtime, signature, storage, tmp
+from raymodel._internal import cluster, locations, signature, storage, tmp
+from raymodel.contract import training_server
 from raymodel.exceptions import CheckpointError, DataError, SettingsError
 from raymodel.registry import sources
 
@@ -107,8 +108,8 @@ def predict_batch(
     _check_options(batch_size, concurrency, num_cpus, num_gpus, feature_columns, keep_columns)
     reader = _reader_of(data)  # bad data fails here, before Ray or the model is touched
     source = _source_of(model_or_ref, registry)
-    runtime.ensure_ray(False)
-    runtime.make_room()  # idle pools of the training server give their resources back first
+    cluster.ensure_ray(False)
+    training_server().make_room()  # idle pools of the training server give their resources back first
     import ray.data
 
     from raymodel.predict._scorer import Scorer
@@ -285,7 +286,7 @@ def _source_of(model_or_ref: Any, registry: str | None) -> dict[str, Any]:
 def _snapshot(model: Model) -> str:
     """A checkpoint of the instance's current weights under ``$RAYMODEL_HOME/predict`` (any node
     reads it there), removed when this process ends: the lazy result may run any time before."""
-    parent = runtime.home_path("predict")
+    parent = locations.home_path("predict")
     if not storage.is_uri(parent):
         Path(parent).mkdir(parents=True, exist_ok=True)
         tmp.collect(Path(parent), "model")  # the snapshots of processes that were killed

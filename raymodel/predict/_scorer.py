@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from raymodel._internal import runtime, signature
+from raymodel._internal import cluster, signature
 from raymodel._internal.schema import schemas_of
 from raymodel.exceptions import DataError, ModelDefinitionError
 from raymodel.registry import sources
@@ -25,7 +25,7 @@ class Scorer:
     ) -> None:
         self.model = sources.load(source, source.get("version"))
         self.feature_columns, self.keep_columns = feature_columns, keep_columns
-        runtime.set_threads(cpus)
+        cluster.set_threads(cpus)
         self.warned = False
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import names, runtime, tmp
+from raymodel._internal import locations, name_rules, tmp
 from raymodel.exceptions import RegistryError
 from raymodel.registry._checks import check_json, os_errors
 from raymodel.registry._store import RECORD, TOMBSTONE
@@ -55,7 +55,7 @@ class Registry:
     Guarantees: a version appears whole or not at all; version numbers only go
     up (a deleted number is never handed out again); a ``put`` with an alias
     publishes both or neither; every key, alias and version is checked by one
-    function (``raymodel._internal.names``) before any path is built; a
+    function (``raymodel._internal.name_rules``) before any path is built; a
     corrupt record spoils only its own version.
     """
 
@@ -90,9 +90,9 @@ class Registry:
         Returns:
             ``ModelRef(key, version)``; versions count 1, 2, 3, ... per key and are never reused.
         """
-        names.key(key)
+        name_rules.key(key)
         if alias is not None:
-            names.alias(alias)
+            name_rules.alias(alias)
         check_json("metadata", metadata)
         check_json("lineage", lineage)
         lineage_more = lineage
@@ -137,8 +137,8 @@ class Registry:
     @os_errors
     def resolve(self, key: str, version: int | str | None = None) -> int:
         """The version number that ``version`` (None, int or alias) names."""
-        names.key(key)
-        wanted = names.version(version)
+        name_rules.key(key)
+        wanted = name_rules.version(version)
         versions = self._versions(key)
         if not versions:
             keys = self.keys()
@@ -162,7 +162,7 @@ class Registry:
     # ----------------------------------------------------------------- list
     @os_errors
     def keys(self) -> builtins.list[str]:
-        return [k for k in self.store.listdir("") if names.name_problem(k, "") is None and self._versions(k)]
+        return [k for k in self.store.listdir("") if name_rules.name_problem(k, "") is None and self._versions(k)]
 
     @os_errors
     def list(self, key: str | None = None) -> builtins.list[ModelRecord]:
@@ -210,7 +210,7 @@ class Registry:
     # -------------------------------------------------------------- changes
     @os_errors
     def set_alias(self, key: str, alias: str, version: int | str) -> None:
-        names.key(key), names.alias(alias), names.version(version)
+        name_rules.key(key), name_rules.alias(alias), name_rules.version(version)
         with self.store.lock(key):
             n = self.resolve(key, version)
             self._migrate_aliases(key)
@@ -222,7 +222,7 @@ class Registry:
 
     @os_errors
     def remove_alias(self, key: str, alias: str) -> None:
-        names.key(key), names.alias(alias)
+        name_rules.key(key), name_rules.alias(alias)
         with self.store.lock(key):
             if alias not in self._aliases(key):
                 self.resolve(key, alias)  # raises, naming the aliases that exist
@@ -232,7 +232,7 @@ class Registry:
     @os_errors
     def delete(self, key: str, version: int | str) -> None:
         """Delete one version (and the aliases pointing at it); its number is never reused."""
-        names.key(key), names.version(version)
+        name_rules.key(key), name_rules.version(version)
         with self.store.lock(key):
             n = self.resolve(key, version)
             self._migrate_aliases(key)
@@ -255,10 +255,10 @@ class Registry:
         found: dict[str, int] = {}
         legacy = self._read(f"{key}/aliases.json")  # round 1's single file
         if isinstance(legacy, dict):
-            found.update({a: v for a, v in legacy.items() if isinstance(v, int) and not names.name_problem(a, "")})
+            found.update({a: v for a, v in legacy.items() if isinstance(v, int) and not name_rules.name_problem(a, "")})
         for name in self.store.listdir(f"{key}/aliases"):
             alias = name.removesuffix(".json")
-            if not name.endswith(".json") or names.name_problem(alias, ""):
+            if not name.endswith(".json") or name_rules.name_problem(alias, ""):
                 continue
             entry = self._read(f"{key}/aliases/{name}")
             if isinstance(entry, dict) and isinstance(entry.get("version"), int):
@@ -281,7 +281,7 @@ class Registry:
             return
         current = set(self.store.listdir(f"{key}/aliases"))
         for alias, n in legacy.items() if isinstance(legacy, dict) else []:
-            if f"{alias}.json" not in current and isinstance(n, int) and not names.name_problem(alias, ""):
+            if f"{alias}.json" not in current and isinstance(n, int) and not name_rules.name_problem(alias, ""):
                 self.store.write_text(f"{key}/aliases/{alias}.json", json.dumps({"version": n}))
         self.store.delete_file(f"{key}/aliases.json")
 
@@ -292,7 +292,6 @@ class Registry:
 def _materialize(obj: Any, staging: Path) -> tuple[Path, dict[str, Any]]:
     """A local checkpoint folder for ``obj`` and what is known of where it came from."""
     from raymodel.train import TrainResult
-    from raymodel.tune._result import TuneResult  # the result alone: no Ray Tune import
 
     if hasattr(obj, "backend") and callable(getattr(obj, "save", None)):  # a model instance
         return Path(obj.save(staging / "ckpt")), {"source": dict(obj.source)}
@@ -307,7 +306,7 @@ def _materialize(obj: Any, staging: Path) -> tuple[Path, dict[str, Any]]:
             "epochs": len(obj.history),
         }
         return _copy(obj.checkpoint, staging), lineage
-    if isinstance(obj, TuneResult):
+    if hasattr(obj, "best_checkpoint") and hasattr(obj, "best_trial_id"):  # a TuneResult (no Ray Tune import)
         if obj.best_checkpoint is None:
             raise RegistryError("This `TuneResult` has no best checkpoint to register.")
         lineage = {
@@ -342,4 +341,4 @@ def default_uri() -> str:
     explicit = os.environ.get("RAYMODEL_REGISTRY")
     if explicit:
         return explicit
-    return runtime.home_path("registry")
+    return locations.home_path("registry")

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from raymodel._internal import storage
-from raymodel._internal.names import parse_ref
+from raymodel._internal.name_rules import parse_ref
 from raymodel.registry._registry import Registry, default_uri
 
 

@@ -33,7 +33,7 @@ import orjson
 from ray import serve
 from starlette.responses import Response
 
-from raymodel._internal import runtime, signature
+from raymodel._internal import cluster, signature
 from raymodel._internal.schema import describe, openapi, schemas_of
 from raymodel.contract import batch_len, to_jsonable
 from raymodel.exceptions import DataError
@@ -80,7 +80,7 @@ class ModelServer:
         self.started = time.time()
         self._warned_at = -60.0
         self.ingress = _ingress()
-        self.threads = runtime.set_threads(_cpu_share())
+        self.threads = cluster.set_threads(_cpu_share())
         self._runner = BatchRunner(_run_batch)
         if self.ingress == "haproxy":
             _json_error_page()

@@ -7,10 +7,11 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from raymodel._internal import runtime, storage
+from raymodel._internal import cluster, locations, storage
+from raymodel.contract import training_server
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.registry import sources
-from raymodel.serve._routes import _is_multiplexed, _plan, _routed_application
+from raymodel.serve._route_plan import _is_multiplexed, _plan, _routed_application
 from raymodel.serve._settings import ServeSettings, replica_options
 
 if TYPE_CHECKING:
@@ -169,8 +170,8 @@ class Servable:
     def deploy(self) -> ServedModel:
         """Run the application on Ray Serve (starting Ray and Serve if needed); a rolling update
         when the route's application is already running."""
-        runtime.ensure_ray(False)
-        runtime.make_room()  # idle pools of the training server give their resources back first
+        cluster.ensure_ray(False)
+        training_server().make_room()  # idle pools of the training server give their resources back first
         from ray import serve
 
         app = self.as_application()
@@ -229,7 +230,7 @@ def _check_route(route: Any) -> str:
 
 def serve_folder(name: str) -> str:
     """Where an application's serve checkpoints live: ``$RAYMODEL_HOME/serve/<name>`` (any URI)."""
-    return runtime.home_path("serve", name)
+    return locations.home_path("serve", name)
 
 
 def _checkpoint_of(model: Model, name: str) -> str:
@@ -264,7 +265,7 @@ def _start_http(settings: ServeSettings) -> None:
     from ray import serve
 
     serve.start(http_options={"host": settings.host, "port": settings.port})
-    runtime.quiet(False)  # Serve sets up its own driver logger when it starts: quiet it again
+    cluster.quiet(False)  # Serve sets up its own driver logger when it starts: quiet it again
 
 
 def _http_address(settings: ServeSettings) -> tuple[str, int]:

@@ -7,15 +7,15 @@ import weakref
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import runtime, serialization, storage, tmp
+from raymodel._internal import cluster, locations, serialization, storage, tmp
 from raymodel._internal.hub import start_hub, stop_hub
-from raymodel.data import resolve
-from raymodel.data._splits import RayDataset, nonfinite
+from raymodel.contract import training_server
+from raymodel.data import RayDataset, nonfinite, resolve
 from raymodel.exceptions import DataError, HookError, SettingsError, TrainingError
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
-from raymodel.train._run import WorkerRun, run_worker
 from raymodel.train._settings import TrainSettings, worker_resources
+from raymodel.train._worker_run import WorkerRun, run_worker
 
 if TYPE_CHECKING:
     from raymodel.contract import Model
@@ -113,8 +113,8 @@ class Trainable:
         end whether to stop and what changed (``job.update``)."""
         self.model = model
         self.settings, self.spec = prepare(model, settings, data)
-        self.name = self.settings.name or runtime.run_name(type(model).__name__)
-        self.storage = self.settings.storage_path or runtime.runs_root()
+        self.name = self.settings.name or locations.run_name(type(model).__name__)
+        self.storage = self.settings.storage_path or locations.runs_root()
         self.path = storage.join(self.storage, self.name)
         self._ray_callbacks = list(callbacks)
         self._hub = hub  # the caller's hub (it stops it), used for gathers too
@@ -137,7 +137,7 @@ class Trainable:
         Its checkpoints are raymodel checkpoints: load one with
         ``rm.RayModel.from_checkpoint(result.checkpoint.path)``.
         """
-        runtime.ensure_ray(self.settings.verbose)
+        cluster.ensure_ray(self.settings.verbose)
         trainer, hub = self._trainer(printer=None)
         if hub is not None and hub is not self._hub:
             weakref.finalize(trainer, stop_hub, hub)  # the hub lives as long as the trainer
@@ -149,8 +149,8 @@ class Trainable:
         Raises:
             TrainingError: the run failed on the workers (the message names the worker's exception).
         """
-        runtime.ensure_ray(self.settings.verbose)
-        runtime.make_room(self.needs)  # idle pools of the training server in the way end first
+        cluster.ensure_ray(self.settings.verbose)
+        training_server().make_room(self.needs)  # idle pools of the training server in the way end first
         printer = None
         if self.settings.progress:
             printer = ProgressPrinter(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from raymodel._internal.settings import (
     LIMITS,
@@ -30,19 +30,53 @@ STEP_SETTINGS = {"precision": "32", "accumulate_grad_batches": 1, "grad_clip_nor
 class TrainSettings(SettingsBase):
     """How to run ``model.train()``. Keyword-only; a plain dict is accepted too.
 
+    The fields come in six groups (``TrainSettings.GROUPS``); each is still a
+    keyword of its own (``TrainSettings(num_workers=2, priority=5)``):
+
+    - **run**, what is trained and where its files go: ``num_epochs``, ``batch_size``,
+      ``shuffle``, ``seed``, ``name``, ``storage_path``;
+    - **placement**, the workers and how a model is spread over them: ``num_workers``,
+      ``use_gpu``, ``resources_per_worker``, ``strategy``, ``reshard_after_forward``,
+      ``elastic_resize_s``;
+    - **checkpoints**, what is kept and what a failure resumes from: ``checkpoint_every``,
+      ``keep_checkpoints``, ``metric``, ``mode``, ``max_failures``;
+    - **step**, the training step of torch and Lightning: ``precision``,
+      ``accumulate_grad_batches``, ``grad_clip_norm``, ``grad_clip_value``;
+    - **scheduling**, on the training server: ``pool``, ``priority``, ``preemptible``,
+      ``resource_wait_s``;
+    - **output**, what is printed, called and checked along the way: ``progress``,
+      ``verbose``, ``callbacks``, ``nonfinite``.
+
     Attributes:
+        num_epochs: Epochs (boosting rounds for tree backends). Counted from 1.
+        batch_size: Rows per batch *on each worker*.
+        shuffle: Reshuffle the training rows every epoch.
+        seed: Seed for the shuffle and ``torch.manual_seed`` on every worker (0 to 2**32 - 1).
+        name: Run name (one folder name under ``storage_path``: letters, digits, ``_-.``);
+            default: class name + time. A run started again under the same name
+            resumes from that run's newest complete checkpoint (Ray Train's behaviour).
+        storage_path: Where runs are written; default ``$RAYMODEL_HOME/runs``.
+            Any ``pyarrow.fs`` URI works (``s3://bucket/runs``).
         num_workers: Ray Train workers (one model replica each, DDP for torch).
             ``0`` runs the loop in this process (Ray Train's local mode), for debugging.
             ``(min, max)`` is an elastic run (Ray Train V2's elastic ``ScalingConfig``;
             torch and Lightning): it starts on as many workers as fit, up to ``max``,
             continues on fewer (down to ``min``) when a node is lost, from its newest
             checkpoint, and grows back when nodes join (see ``elastic_resize_s``).
-        num_epochs: Epochs (boosting rounds for tree backends). Counted from 1.
-        batch_size: Rows per batch *on each worker*.
         use_gpu: One GPU per worker; torch then uses NCCL instead of gloo.
         resources_per_worker: Ray resources of each worker, e.g. ``{"CPU": 2}``.
-        max_failures: Worker failures to recover from, from the latest checkpoint
-            (Ray's ``FailureConfig``); ``-1`` retries forever.
+        strategy: How the torch and Lightning backends spread a model over the
+            workers: ``"ddp"`` (default: a whole copy on every worker, gradients
+            averaged) or ``"fsdp"`` (fully sharded data parallel: each worker holds
+            its share of the weights, gradients and optimizer state; checkpoints are
+            sharded). See "Big models" in the training guide.
+        reshard_after_forward: With ``strategy="fsdp"`` (torch): free each unit's
+            gathered weights after its forward and gather them again for the
+            backward (default, the least memory), or keep them until the backward
+            (one all-gather fewer per step, more memory).
+        elastic_resize_s: How often a running elastic run looks for room to grow
+            (Ray Train's ``elastic_resize_monitor_interval_s``); growing restarts the
+            workers from the newest checkpoint.
         checkpoint_every: Write a checkpoint every this many epochs (the last
             epoch is always checkpointed).
         keep_checkpoints: How many checkpoints to keep (``None`` keeps all). With
@@ -50,19 +84,8 @@ class TrainSettings(SettingsBase):
         metric: Metric that ranks checkpoints for ``TrainResult.best_checkpoint``
             (e.g. ``"val_loss"``).
         mode: ``"min"`` or ``"max"``: whether a lower or higher ``metric`` is better.
-        shuffle: Reshuffle the training rows every epoch.
-        seed: Seed for the shuffle and ``torch.manual_seed`` on every worker (0 to 2**32 - 1).
-        callbacks: ``raymodel.Callback`` objects that receive every hook.
-        name: Run name (one folder name under ``storage_path``: letters, digits, ``_-.``);
-            default: class name + time. A run started again under the same name
-            resumes from that run's newest complete checkpoint (Ray Train's behaviour).
-        storage_path: Where runs are written; default ``$RAYMODEL_HOME/runs``.
-            Any ``pyarrow.fs`` URI works (``s3://bucket/runs``).
-        verbose: Show Ray's own logs. Progress lines are printed either way
-            unless ``progress=False``.
-        progress: Print one line per epoch on the driver.
-        nonfinite: What NaN or infinite values in array data do: ``"warn"`` (a
-            warning naming the array), ``"error"`` (a ``DataError``) or ``"allow"``.
+        max_failures: Worker failures to recover from, from the latest checkpoint
+            (Ray's ``FailureConfig``); ``-1`` retries forever.
         precision: ``"32"`` (default), ``"bf16-mixed"`` (bfloat16 autocast; works on
             CPU) or ``"16-mixed"`` (float16 autocast with a gradient scaler; needs
             ``use_gpu=True``). Torch and Lightning backends.
@@ -81,57 +104,80 @@ class TrainSettings(SettingsBase):
         preemptible: Whether a higher-priority job may preempt this one: it ends its
             epoch, writes a checkpoint, gives its workers back and waits (PENDING,
             "preempted by <id>"), then resumes from that checkpoint.
-        elastic_resize_s: How often a running elastic run looks for room to grow
-            (Ray Train's ``elastic_resize_monitor_interval_s``); growing restarts the
-            workers from the newest checkpoint.
-        strategy: How the torch and Lightning backends spread a model over the
-            workers: ``"ddp"`` (default: a whole copy on every worker, gradients
-            averaged) or ``"fsdp"`` (fully sharded data parallel: each worker holds
-            its share of the weights, gradients and optimizer state; checkpoints are
-            sharded). See "Big models" in the training guide.
-        reshard_after_forward: With ``strategy="fsdp"`` (torch): free each unit's
-            gathered weights after its forward and gather them again for the
-            backward (default, the least memory), or keep them until the backward
-            (one all-gather fewer per step, more memory).
         resource_wait_s: How long a job of the training server waits for lost
             resources (a node gone) before it fails with an error naming what was
             missing; ``None`` (default) waits, as Ray does.
+        progress: Print one line per epoch on the driver.
+        verbose: Show Ray's own logs. Progress lines are printed either way
+            unless ``progress=False``.
+        callbacks: ``raymodel.Callback`` objects that receive every hook.
+        nonfinite: What NaN or infinite values in array data do: ``"warn"`` (a
+            warning naming the array), ``"error"`` (a ``DataError``) or ``"allow"``.
     """
 
-    num_workers: int | tuple[int, int] = 1
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "run": ("num_epochs", "batch_size", "shuffle", "seed", "name", "storage_path"),
+        "placement": (
+            "num_workers",
+            "use_gpu",
+            "resources_per_worker",
+            "strategy",
+            "reshard_after_forward",
+            "elastic_resize_s",
+        ),
+        "checkpoints": ("checkpoint_every", "keep_checkpoints", "metric", "mode", "max_failures"),
+        "step": ("precision", "accumulate_grad_batches", "grad_clip_norm", "grad_clip_value"),
+        "scheduling": ("pool", "priority", "preemptible", "resource_wait_s"),
+        "output": ("progress", "verbose", "callbacks", "nonfinite"),
+    }
+
+    # run: what is trained and where its files go
     num_epochs: int = 1
     batch_size: int = 32
+    shuffle: bool = True
+    seed: int = 0
+    name: str | None = None
+    storage_path: str | None = None
+    # placement: the workers and how a model is spread over them
+    num_workers: int | tuple[int, int] = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
-    max_failures: int = 0
+    strategy: str = "ddp"
+    reshard_after_forward: bool = True
+    elastic_resize_s: float = 60.0
+    # checkpoints: what is kept and what a failure resumes from
     checkpoint_every: int = 1
     keep_checkpoints: int | None = None
     metric: str | None = None
     mode: str = "min"
-    shuffle: bool = True
-    seed: int = 0
-    callbacks: Sequence[Any] = ()
-    name: str | None = None
-    storage_path: str | None = None
-    verbose: bool = False
-    progress: bool = True
-    nonfinite: str = "warn"
+    max_failures: int = 0
+    # step: the training step of torch and Lightning
     precision: str = "32"
     accumulate_grad_batches: int = 1
     grad_clip_norm: float | None = None
     grad_clip_value: float | None = None
+    # scheduling: on the training server
     pool: bool = True
     priority: int = 0
     preemptible: bool = True
     resource_wait_s: float | None = None
-    elastic_resize_s: float = 60.0
-    strategy: str = "ddp"
-    reshard_after_forward: bool = True
+    # output: what is printed, called and checked along the way
+    progress: bool = True
+    verbose: bool = False
+    callbacks: Sequence[Any] = ()
+    nonfinite: str = "warn"
 
     @property
     def elastic(self) -> bool:
         """Whether ``num_workers`` is an elastic ``(min, max)`` range."""
         return isinstance(self.num_workers, tuple)
+
+    @property
+    def on_pool(self) -> bool:
+        """Whether a run of these settings goes to a pool of the training server: the one rule, for
+        ``train``, ``tune``'s trials and the server's jobs. ``pool=True`` and a fixed number of workers;
+        an elastic range and ``num_workers=0`` (this process) run one-off."""
+        return self.pool and not self.elastic and self.num_workers > 0
 
     @property
     def min_workers(self) -> int:

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ray.tune import Callback
 from ray.tune.search import SearchAlgorithm
 
-from raymodel._internal import runtime, serialization, storage
+from raymodel._internal import cluster, locations, serialization, storage
+from raymodel.contract import training_server
 from raymodel.exceptions import SettingsError, TuneError
-from raymodel.train import prepare
+from raymodel.train import prepare, worker_resources
 from raymodel.tune._progress import TrialPrinter, summary_table
 from raymodel.tune._result import TuneResult
 from raymodel.tune._settings import TuneSettings
-from raymodel.tune._trial import PLACEMENT_FIELDS, TRAIN_PREFIX, resources_of, trial, trial_resources
+from raymodel.tune._trial import PLACEMENT_FIELDS, TRAIN_PREFIX, on_pool, resources_of, trial, trial_resources
 
 if TYPE_CHECKING:
     from raymodel.contract import Model
@@ -101,8 +102,8 @@ class Tunable:
                 "`loss` is reported. Add a validation split (e.g. `rm.data.from_numpy(X, y, valid_fraction=0.2)`) "
                 "or tune on `metric='loss'`."
             )
-        self.name = settings.name or runtime.run_name(f"{type(model).__name__}-tune")
-        self.storage = settings.storage_path or runtime.runs_root()
+        self.name = settings.name or locations.run_name(f"{type(model).__name__}-tune")
+        self.storage = settings.storage_path or locations.runs_root()
         self.path = storage.join(self.storage, self.name)
         self.resume = resume
         _check_experiment_path(self.path, self.name, resume, named=settings.name is not None)
@@ -110,9 +111,27 @@ class Tunable:
         #: A Tune ``Stopper`` (or stop criteria) for the experiment; a job's stop uses it.
         self.stop: Any = None
 
+    @property
+    def trials_on_pools(self) -> bool:
+        """Whether trials run their training as jobs of the training server, on pools (several workers
+        each, or ``train.num_workers`` tuned, with settings that go to a pool)."""
+        ts = self.train_settings
+        return ts.on_pool and (ts.num_workers > 1 or f"{TRAIN_PREFIX}num_workers" in self.space)
+
+    @property
+    def trial_needs(self) -> dict[str, float]:
+        """What a trial holds while it runs: its one worker's resources, or a sliver plus the worker
+        group it starts itself (a worker group on a pool is a job of the server, holding its own)."""
+        ts = self.train_settings
+        needs = trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS})
+        if ts.num_workers > 1 and not on_pool(ts):
+            for k, v in worker_resources(ts.resources_per_worker, ts.use_gpu).items():
+                needs[k] = needs.get(k, 0.0) + v * ts.num_workers
+        return needs
+
     def as_trainable(self) -> Any:
         """A Ray Tune function trainable: each call trains the model with its trial's config."""
-        runtime.ensure_ray(self.settings.verbose)
+        cluster.ensure_ray(self.settings.verbose)
         from ray import tune
 
         payload = serialization.dumps(
@@ -178,8 +197,8 @@ class Tunable:
         """Run the experiment; afterwards the model holds the best trial's config and weights."""
         tuner = self.as_tuner()
         ts = self.train_settings
-        if ts.num_workers <= 1 or not ts.pool:  # trials that hold resources themselves: idle pools make room
-            runtime.make_room(trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS}))
+        if not on_pool(ts):  # trials that hold resources themselves: idle pools make room
+            training_server().make_room(trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS}))
         results = _fit(tuner, self._guard)
         result = _collect(results, self.metric, self.settings, list(self.space), self.path, self.storage)
         if self.settings.progress:
@@ -208,9 +227,7 @@ class _TrialJobs(Callback):
 
 
 def _stop_trial_jobs(trial_id: str) -> None:
-    server = runtime.job_server()
-    if server is not None:
-        server.stop_trial.remote(trial_id)
+    training_server().stop_trial_jobs(trial_id)
 
 
 #: ``TrainSettings`` fields a trial may not set through ``"train.<field>"`` (Tune decides them).

@@ -7,7 +7,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from raymodel.train._progress import is_terminal
+from raymodel.train import is_terminal
 
 
 class TrialPrinter(Callback):

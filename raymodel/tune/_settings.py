@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from raymodel._internal.settings import (
+    MAX_SEED,
     SettingsBase,
     check_choice,
     check_int,
@@ -15,7 +16,6 @@ from raymodel._internal.settings import (
     settings_class,
 )
 from raymodel.train import TrainSettings
-from raymodel.train._settings import MAX_SEED
 
 
 @settings_class

@@ -32,6 +32,8 @@ from typing import Any
 
 from raymodel._internal import serialization
 from raymodel._internal import storage as locations
+from raymodel._internal.hub import start_hub, stop_hub
+from raymodel.contract import training_server
 from raymodel.train import worker_resources
 
 #: A config key ``"train.<field>"`` sets that ``TrainSettings`` field for the trial.
@@ -156,20 +158,22 @@ def trial_dir(context: Any, root: str | None) -> str:
     return locations.join(root, storage.experiment_dir_name, storage.trial_dir_name)
 
 
-def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | None, info: dict[str, Any]) -> None:
-    from raymodel._internal import runtime
+def on_pool(settings: Any) -> bool:
+    """Whether a trial's training is a job of the training server on a pool: several workers, with
+    settings that go to a pool (``TrainSettings.on_pool``); else the trial trains on its own."""
+    return settings.num_workers > 1 and settings.on_pool
 
-    server = runtime.job_server() if settings.pool else None
-    if server is not None:
+
+def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | None, info: dict[str, Any]) -> None:
+    server = training_server()
+    if on_pool(settings) and server.running():
         _run_on_pool(server, model, settings, data, resume_from, info)
         return
-    from raymodel._internal.hub import start_hub, stop_hub
-    from raymodel.train import Trainable
-    from raymodel.train._callbacks import ProgressCallback
+    from raymodel.train import Trainable, progress_callback
 
     hub = start_hub()
     try:
-        relay = ProgressCallback(hub, wait=True, root=settings.storage_path)
+        relay = progress_callback(hub, wait=True, root=settings.storage_path)
         trainable = Trainable(
             model, settings, data=data, callbacks=[relay], hub=hub, resume_from=resume_from, info=info
         )
@@ -190,31 +194,21 @@ def _run_on_pool(
 ) -> None:
     """The trial's training as a job of the training server, on a pool: its rows come through the
     trial's hub, each acknowledged once Tune has it; a trial that ends early stops its job."""
-    import ray
-
-    from raymodel._internal.hub import start_hub, stop_hub
-    from raymodel._internal.runtime import JOB_DONE
-    from raymodel.exceptions import TrainingError
     from raymodel.train import prepare
-    from raymodel.train._job import train_request
 
     settings, spec = prepare(model, settings, data)
     hub = start_hub()
-    job_id, status = None, None
     try:
-        blob, request = train_request(model, settings, spec, hub=hub, deliver=True, info=info, resume_from=resume_from)
-        record = ray.get(server.submit.remote("train", blob, request))
-        job_id, status = record["id"], record["status"]
-        while status not in JOB_DONE:
-            _relay(hub, timeout=0.5)
-            record = ray.get(server.get.remote(job_id))
-            status = record["status"]
-        _relay(hub, timeout=0.0)
-        if status == "FAILED":
-            raise TrainingError(record["error"])
+        server.train_job(
+            model,
+            settings,
+            spec,
+            hub=hub,
+            info=info,
+            resume_from=resume_from,
+            relay=lambda done: _relay(hub, timeout=0.0 if done else 0.5),
+        )
     finally:
-        if job_id is not None and status not in JOB_DONE:
-            server.stop.remote(job_id)  # Tune ended the trial (ASHA, the experiment's end)
         stop_hub(hub)
 
 

@@ -37,14 +37,14 @@ def dashboard(port: int = DEFAULT_PORT, host: str = "127.0.0.1", token: str | No
     Raises:
         SettingsError: ``port`` or ``host`` is not usable (e.g. the port is taken).
     """
-    from raymodel._internal import runtime
+    from raymodel._internal import cluster
 
     with _lock:
         if (host, port) in _running:
             return _running[(host, port)]
         token = token or secrets.token_urlsafe(16)
         server = _server(host, port, token)
-        runtime.ensure_ray(False)
+        cluster.ensure_ray(False)
         thread = threading.Thread(target=server.run, name="raymodel-dashboard", daemon=True)
         thread.start()
         deadline = time.monotonic() + 30

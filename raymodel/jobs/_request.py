@@ -1,7 +1,7 @@
 """A training run as a job of the training server: what ``server.submit`` takes.
 
 ``raymodel.jobs`` (``model.train``, ``wait=False``) and a Tune trial with
-several workers (which sits below ``raymodel.jobs``) both submit this way.
+several workers (through the ``TrainingServer`` port) both submit this way.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from raymodel._internal import runtime, serialization
-from raymodel.train._driver import initial_state
-from raymodel.train._settings import TrainSettings, worker_resources
+from raymodel._internal import locations, serialization
+from raymodel.data import Arrays, RayDataset
+from raymodel.train import TrainSettings, initial_state, worker_resources
 
 
 def pool_key(backend: str, num_workers: int, resources: dict[str, float]) -> str:
@@ -40,7 +40,7 @@ def train_request(
     datasets = spec.ray_datasets
     spec, refs = _refs_apart(spec)
     if settings.name is None:  # fixed now: a preempted job resumes from its own run's checkpoints
-        settings = dataclasses.replace(settings, name=runtime.run_name(type(model).__name__))
+        settings = dataclasses.replace(settings, name=locations.run_name(type(model).__name__))
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
     needs = {k: v * max(settings.min_workers, 1) for k, v in per_worker.items()}
     payload = {
@@ -66,7 +66,7 @@ def train_request(
         "preemptible": settings.preemptible,
         "resource_wait_s": settings.resource_wait_s,
     }
-    if settings.pool and not settings.elastic and settings.num_workers > 0:
+    if settings.on_pool:
         backend = model.backend
         request["pool"] = {
             "key": pool_key(backend.name, settings.num_workers, per_worker),
@@ -89,8 +89,6 @@ class _RefSlot:
 def _refs_apart(spec: Any) -> tuple[Any, list[Any]]:
     """``spec`` without its Ray objects (Datasets left as keys, array references as ``_RefSlot``), and
     the array references in order."""
-    from raymodel.data._splits import Arrays, RayDataset
-
     refs: list[Any] = []
 
     def slot(value: Any) -> Any:
@@ -111,8 +109,6 @@ def _refs_apart(spec: Any) -> tuple[Any, list[Any]]:
 
 def restore_refs(spec: Any, datasets: dict[str, Any] | None, refs: list[Any] | None) -> None:
     """Put a job's Ray objects back into its data (in the job's runner), in place."""
-    from raymodel.data._splits import Arrays
-
     for split in spec.splits.values():
         if getattr(split, "key", None) in (datasets or {}):
             split.dataset = datasets[split.key]

@@ -9,8 +9,8 @@ from typing import Any, Mapping
 
 from raymodel.exceptions import SettingsError
 from raymodel.registry import Registry, default_uri, sources
-from raymodel.serve._routing import check_ref, check_split
 from raymodel.serve._settings import replica_options
+from raymodel.serve._traffic import check_ref, check_split
 
 
 def _is_multiplexed(ref: Any) -> bool:
@@ -87,7 +87,7 @@ def _routed_application(servable: Any) -> Any:
     reconfiguration, not a restart) in front of ``VersionServer`` (multiplexed versions)."""
     from ray import serve
 
-    from raymodel.serve._router import ModelRouter, VersionServer
+    from raymodel.serve._route_deployments import ModelRouter, VersionServer
 
     s, plan = servable.settings, dict(servable.plan)
     split = plan.pop("split", None)

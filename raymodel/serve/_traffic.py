@@ -16,7 +16,7 @@ import time
 import zlib
 from typing import Any, Mapping
 
-from raymodel._internal.names import parse_ref
+from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError, SettingsError
 
 #: The request header that makes a split sticky (the same key, the same version).

@@ -7,9 +7,9 @@ import argparse
 from typing import Any
 
 from raymodel import jobs, registry
-from raymodel._internal import names
+from raymodel._internal import name_rules
 from raymodel.cli._jobs import attach, parse_pairs
-from raymodel.jobs._by_ref import check_register, load_data, split_sets
+from raymodel.jobs import check_register, load_data, split_sets
 
 
 def add_commands(sub: Any) -> None:
@@ -32,12 +32,12 @@ def add_commands(sub: Any) -> None:
         )
         cmd.add_argument("--register", metavar="KEY[@ALIAS]", help="register the result as the next version of KEY")
         cmd.add_argument("--wait", action="store_true", help="block until the job ends; exit 1 if it failed")
-        cmd.set_defaults(handler=_by_ref, kind=kind)
+        cmd.set_defaults(handler=_submit_by_reference, kind=kind)
 
 
-def _by_ref(args: argparse.Namespace) -> int:
+def _submit_by_reference(args: argparse.Namespace) -> int:
     # Every check before the cluster is joined: the reference, the data, the `--set` keys, the name.
-    key, version = names.parse_ref(args.ref)
+    key, version = name_rules.parse_ref(args.ref)
     reg = registry.open(args.registry)
     record = reg.show(key, version)  # raises, naming the versions and aliases that exist
     if args.register is not None:

@@ -27,10 +27,10 @@ from typing import Any
 
 from ray import serve
 
-from raymodel._internal.names import parse_ref
+from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
 from raymodel.serve._deployment import ModelServer, _error, _json, _label, read_payload
-from raymodel.serve._routing import KEY_HEADER, MODEL_HEADER, REPLICA_HEADER, VersionStats, compare, pick, point
+from raymodel.serve._traffic import KEY_HEADER, MODEL_HEADER, REPLICA_HEADER, VersionStats, compare, pick, point
 
 logger = logging.getLogger("ray.serve")
 

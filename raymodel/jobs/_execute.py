@@ -11,7 +11,7 @@ from ray import tune
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import serialization
 from raymodel.hooks import Callback
-from raymodel.jobs._names import NAME, NAMESPACE
+from raymodel.jobs._address import running_handle
 
 
 def run_job(
@@ -34,10 +34,10 @@ def run_job(
             "Install what it needs on every node (or define it in an importable module)."
         ) from exc
     if kind == "train":
-        from raymodel.train._job import restore_refs
+        from raymodel.jobs._request import restore_refs
 
         restore_refs(job["data"], datasets, refs)  # its Ray objects came as Ray arguments
-    server = ray.get_actor(NAME, namespace=NAMESPACE)
+    server = running_handle()
     model = job["class"](config=job["config"])
     _restore_state(model, job.get("state"))
     if kind == "train":
@@ -83,13 +83,13 @@ def run_job(
 
 
 def _job_rows(server: Any, job_id: str) -> Any:
-    from raymodel.train._callbacks import JobRows
+    from raymodel.jobs._train_callbacks import JobRows
 
     return JobRows(server, job_id)
 
 
 def _job_failures(server: Any, job_id: str) -> Any:
-    from raymodel.train._callbacks import JobFailures
+    from raymodel.jobs._train_callbacks import JobFailures
 
     return JobFailures(server, job_id)
 

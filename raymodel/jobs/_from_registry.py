@@ -9,7 +9,7 @@ import importlib
 import inspect
 from typing import Any, Mapping
 
-from raymodel._internal import names
+from raymodel._internal import name_rules
 from raymodel.exceptions import DataError, SettingsError
 
 KINDS = ("train", "tune")
@@ -25,7 +25,7 @@ def resolve(
 
     if kind not in KINDS:
         raise SettingsError(f"`kind` must be 'train' or 'tune' (got {kind!r}).")
-    key, version = names.parse_ref(ref)
+    key, version = name_rules.parse_ref(ref)
     registry_uri = registry or default_uri()
     reg = Registry(registry_uri)
     record = reg.show(key, version)  # raises, naming the versions and aliases that exist
@@ -45,7 +45,7 @@ def check_register(text: Any) -> tuple[str, str | None]:
             f"`register` is KEY or KEY@ALIAS, e.g. 'digits@candidate'; the registry numbers versions "
             f"itself (got {text!r})."
         )
-    key, alias = names.parse_ref(text)
+    key, alias = name_rules.parse_ref(text)
     return key, alias if isinstance(alias, str) else None
 
 

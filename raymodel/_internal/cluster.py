@@ -1,0 +1,167 @@
+"""Starting or joining Ray, quietly: the one way raymodel attaches a process to a cluster, the
+head that ``raymodel server start`` leaves running, and where helper actors are placed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from raymodel._internal.ingress import resolve_ingress, with_serve_env
+
+_QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
+
+
+def _has_token() -> bool:
+    return bool(
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        or (Path.home() / ".ray" / "auth_token").exists()
+    )
+
+
+# Ray's token auth stays on. A client sends its token only in token mode, which Ray turns on by
+# itself for the instances it starts; a process that joins a cluster started with `ray start`
+# (`raymodel server start`) must say so before Ray is imported (Ray reads the mode once; once
+# imported, it is left as Ray decided, which is consistent).
+if "RAY_AUTH_MODE" not in os.environ and "ray" not in sys.modules and _has_token():
+    os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def server_file() -> Path:
+    return Path(os.environ.get("RAYMODEL_SERVER_FILE") or Path.home() / ".raymodel" / "server.json")
+
+
+def running_server() -> dict[str, Any] | None:
+    """What ``raymodel server start`` wrote, if that head is still up."""
+    try:
+        info = json.loads(server_file().read_text())
+    except (OSError, ValueError):
+        return None
+    return info if _alive(info.get("gcs_pid", -1)) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return pid > 0
+    except (ProcessLookupError, PermissionError, OverflowError):
+        return False
+
+
+def on_this_node() -> Any:
+    """A scheduling strategy for a resource-free helper actor (the job server, a job's runner, a pool, a
+    hub): this process's node (as Ray Train places a run's controller), not a worker node whose loss
+    would take it along. Hard: Ray's soft affinity passes over a node without CPUs (a head kept free
+    of work), where these belong most."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def init(
+    address: str | None = None,
+    *,
+    verbose: bool = False,
+    serve_ingress: str | None = None,
+    **ray_init_kwargs: Any,
+) -> None:
+    """Start a local Ray instance, or join a cluster, unless Ray is already running
+    (``rm.init``, ``raymodel.jobs.init``, adds the training server's settings).
+
+    ``RAY_ADDRESS`` (or ``address=``) joins a cluster, as does a running
+    ``raymodel server start``; otherwise a local instance is started (the
+    dashboard stays on: Train V2 needs its state API).
+    With ``verbose=False`` Ray's own log lines are hidden on the driver.
+
+    Args:
+        address: A Ray cluster address, e.g. ``"ray://head:10001"`` or ``"auto"``.
+        verbose: Show Ray's internal logs and worker output on the driver.
+        serve_ingress: How HTTP reaches a served model on an instance started here:
+            ``"haproxy"`` (default, or ``RAYMODEL_SERVE_INGRESS``) or ``"proxy"``
+            (Serve's Python proxy). A cluster joined keeps what it was started with.
+        **ray_init_kwargs: Passed to ``ray.init`` (e.g. ``num_cpus=2``).
+    """
+    import ray
+
+    quiet(verbose)
+    ingress = resolve_ingress(serve_ingress)  # a bad name fails before Ray starts
+    if ray.is_initialized():
+        return
+    # Train V2's controller collects each `ray.train.report` when it polls the
+    # workers (every 2 s by default), and a worker's next report waits for
+    # that: 2 s per epoch. A local instance started here polls every 0.2 s;
+    # set the variable yourself to choose another interval.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    kwargs: dict[str, Any] = {
+        "log_to_driver": verbose,
+        "logging_level": logging.INFO if verbose else logging.ERROR,
+        "configure_logging": True,
+    }
+    if address is None and not os.environ.get("RAY_ADDRESS") and not ray_init_kwargs:
+        address = (running_server() or {}).get("address")  # `raymodel server start` is running: join it
+    if address is not None:
+        kwargs["address"] = address
+    elif not os.environ.get("RAY_ADDRESS"):
+        os.environ.update(with_serve_env(os.environ, ingress))  # a new local instance: its Serve reads them
+        # Train V2 starts a preemption watcher actor with every worker group, to notice a node that the
+        # autoscaler drains. A local instance is one machine that nothing drains: the watcher would only
+        # cost a process start (about 3 s of CPU on 2 cores) per run and per restart.
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+
+    kwargs.update(ray_init_kwargs)
+    ray.init(**kwargs)
+    quiet(verbose)
+
+
+class _BelowWarning(logging.Filter):
+    """Drops a logger's INFO lines while raymodel is quiet: Ray Serve resets its logger's level
+    when it starts (and logs "Started Serve ..." right then), but keeps the logger's filters."""
+
+    active = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.active or record.levelno >= logging.WARNING
+
+
+_FILTER = _BelowWarning()
+
+
+def quiet(verbose: bool) -> None:
+    """Hide (or show again) Ray's driver-side logging and progress reporters."""
+    level = logging.INFO if verbose else logging.WARNING
+    _FILTER.active = not verbose
+    for name in _QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+    if not verbose:
+        # Tune's console reporter and Ray's deprecation chatter. (Tune's JSON/CSV trial
+        # loggers stay on: its ResultGrid reads them.)
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        warnings.filterwarnings("ignore", module=r"ray(\.|$)")
+
+
+def ensure_ray(verbose: bool = False) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        init(verbose=verbose)
+    else:
+        quiet(verbose)
+
+
+def set_threads(cpus: float) -> int:
+    """Torch's intra-op threads for an actor's CPU share (``ceil``, at least 1), not the whole node's:
+    two replicas of 1 CPU on a 2-core node would otherwise each start 2 threads and fight."""
+    threads = max(1, math.ceil(cpus))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    return threads

@@ -1,0 +1,108 @@
+"""The one client of the training server: the only code that knows the server actor's name, starts it,
+and follows a job to its end.
+
+Everything that talks to the server goes through here: the public ``raymodel.jobs`` functions, the
+``Job`` handles, the pools and runners inside the server, and, through the ``TrainingServer`` port of
+``raymodel.contract`` that ``ServerClient`` fills, the drivers below ``raymodel.jobs`` (room before a
+route or a run takes resources; a Tune trial's job on a pool).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from raymodel._internal import cluster
+from raymodel.exceptions import SettingsError
+from raymodel.jobs._address import NAME, NAMESPACE, running_handle
+from raymodel.jobs._constants import DEFAULT_POOL_IDLE_S, DONE
+
+__all__ = ["NAME", "NAMESPACE", "running_handle", "server_handle", "init", "follow", "pool_idle_s"]
+
+
+def pool_idle_s() -> float:
+    """How long an idle pool of the training server lives (``rm.init(pool_idle_s=...)``; default 120 s)."""
+    return float(os.environ.get("RAYMODEL_POOL_IDLE_S", str(DEFAULT_POOL_IDLE_S)))
+
+
+def server_handle(start: bool = True) -> Any:
+    """The training server's actor handle: the running one, or one started now (detached, on this
+    node); ``None`` with ``start=False`` when none runs."""
+    import ray
+
+    cluster.ensure_ray(False)
+    try:
+        return ray.get_actor(NAME, namespace=NAMESPACE)
+    except ValueError:
+        if not start:
+            return None
+    from raymodel.jobs._server import JobServerActor
+
+    return JobServerActor.options(
+        name=NAME,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        max_concurrency=256,
+        scheduling_strategy=cluster.on_this_node(),
+    ).remote(_home(), pool_idle_s())
+
+
+def _home() -> str:
+    from raymodel._internal import locations
+
+    return locations.home()
+
+
+def init(
+    address: str | None = None,
+    *,
+    verbose: bool = False,
+    serve_ingress: str | None = None,
+    pool_idle_s: float | None = None,
+    **ray_init_kwargs: Any,
+) -> None:
+    """Start a local Ray instance, or join a cluster, unless Ray is already running.
+
+    ``RAY_ADDRESS`` (or ``address=``) joins a cluster, as does a running
+    ``raymodel server start``; otherwise a local instance is started (the
+    dashboard stays on: Train V2 needs its state API).
+    With ``verbose=False`` Ray's own log lines are hidden on the driver.
+
+    Args:
+        address: A Ray cluster address, e.g. ``"ray://head:10001"`` or ``"auto"``.
+        verbose: Show Ray's internal logs and worker output on the driver.
+        serve_ingress: How HTTP reaches a served model on an instance started here:
+            ``"haproxy"`` (default, or ``RAYMODEL_SERVE_INGRESS``) or ``"proxy"``
+            (Serve's Python proxy). A cluster joined keeps what it was started with.
+        pool_idle_s: How long an idle pool (a resident worker group of the
+            training server) lives before it ends and gives its resources back
+            (default 120 s; also ``RAYMODEL_POOL_IDLE_S``). A server already
+            running takes the new value.
+        **ray_init_kwargs: Passed to ``ray.init`` (e.g. ``num_cpus=2``).
+
+    Example:
+        >>> import raymodel as rm
+        >>> rm.init(num_cpus=2)
+    """
+    if pool_idle_s is not None:
+        if isinstance(pool_idle_s, bool) or not isinstance(pool_idle_s, (int, float)) or pool_idle_s < 0:
+            raise SettingsError(f"`pool_idle_s` must be a number of seconds >= 0 (got {pool_idle_s!r}).")
+        os.environ["RAYMODEL_POOL_IDLE_S"] = str(float(pool_idle_s))
+    cluster.init(address, verbose=verbose, serve_ingress=serve_ingress, **ray_init_kwargs)
+    if pool_idle_s is not None:
+        import ray
+
+        server = running_handle()
+        if server is not None:
+            ray.get(server.set_pool_idle_s.remote(float(pool_idle_s)))
+
+
+def follow(job: Any, on_record: Callable[[dict[str, Any]], None], wait_s: float) -> dict[str, Any]:
+    """The one loop that follows a job to its end: poll its record (each poll waits up to ``wait_s``
+    for the job to end), hand each record to ``on_record``, and return the final one."""
+    while True:
+        record = job._record(until_done=wait_s)
+        on_record(record)
+        if record["status"] in DONE:
+            return record
