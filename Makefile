@@ -22,7 +22,7 @@ demo: install
 test: install tools lint docs
 	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -ra --durations=15 tests
 
-# ruff (lint and format check) and import-linter (the layers of DESIGN.md section 2, in pyproject.toml).
+# ruff (lint and format check) and import-linter (the layers of docs/architecture.md, in pyproject.toml).
 LINTED := raymodel tests examples benchmarks
 lint: install
 	$(BIN)/ruff check $(LINTED)

@@ -21,6 +21,31 @@ def test_unknown_key_suggests_the_right_one():
         rm.TrainSettings.coerce({"num_epoch": 3})
 
 
+def test_train_settings_fields_come_in_groups_the_error_and_the_docs_show():
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    groups = rm.TrainSettings.GROUPS
+    fields = [f.name for f in dataclasses.fields(rm.TrainSettings)]
+    assert [n for members in groups.values() for n in members] == fields  # the class reads group by group
+    with pytest.raises(SettingsError) as caught:
+        rm.TrainSettings(prority=3)
+    message = str(caught.value)
+    assert "Did you mean `priority`?" in message
+    assert "scheduling: `pool`, `priority`, `preemptible`, `resource_wait_s`" in message
+    table = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    rows = dict(re.findall(r"^\| (\w+) \| ((?:`\w+`(?:, )?)+) \|", table, flags=re.M))
+    assert {g: tuple(re.findall(r"`(\w+)`", r)) for g, r in rows.items()} == groups
+
+
+def test_the_one_rule_for_pool_or_one_off():
+    assert rm.TrainSettings(num_workers=2).on_pool
+    assert not rm.TrainSettings(num_workers=2, pool=False).on_pool
+    assert not rm.TrainSettings(num_workers=(1, 2)).on_pool  # elastic: Ray Train's own range, one-off
+    assert not rm.TrainSettings(num_workers=0).on_pool  # this process
+
+
 @pytest.mark.parametrize(
     "key,value,fragment",
     [

@@ -72,22 +72,9 @@ def init(
     serve_ingress: str | None = None,
     **ray_init_kwargs: Any,
 ) -> None:
-    """Start a local Ray instance, or join a cluster, unless Ray is already running
-    (``rm.init``, ``raymodel.jobs.init``, adds the training server's settings).
-
-    ``RAY_ADDRESS`` (or ``address=``) joins a cluster, as does a running
-    ``raymodel server start``; otherwise a local instance is started (the
-    dashboard stays on: Train V2 needs its state API).
-    With ``verbose=False`` Ray's own log lines are hidden on the driver.
-
-    Args:
-        address: A Ray cluster address, e.g. ``"ray://head:10001"`` or ``"auto"``.
-        verbose: Show Ray's internal logs and worker output on the driver.
-        serve_ingress: How HTTP reaches a served model on an instance started here:
-            ``"haproxy"`` (default, or ``RAYMODEL_SERVE_INGRESS``) or ``"proxy"``
-            (Serve's Python proxy). A cluster joined keeps what it was started with.
-        **ray_init_kwargs: Passed to ``ray.init`` (e.g. ``num_cpus=2``).
-    """
+    """Start a local Ray instance, or join a cluster, unless Ray is already running: ``rm.init``
+    (``raymodel.jobs.init``) without the training server's settings; its docstring says what each
+    argument does. A local instance started here keeps Ray's dashboard (Train V2 needs its state API)."""
     import ray
 
     quiet(verbose)
