@@ -41,8 +41,11 @@ def train_figure(result: Any, path: str | None) -> Any:
     keys = sorted({k for row in history for k, v in row.items() if k != "epoch" and _numeric(v)})
     losses = [k for k in keys if "loss" in k]
     others = [k for k in keys if k not in losses]
+    second = "validation metrics"
+    if any(k.startswith("episode_") for k in keys):  # reinforcement learning: the returns, not the step counts
+        others, second = [k for k in keys if k.startswith("episode_")], "episodes"
     figure, axes = _figure(11 if others else 6, 4, 2 if others else 1)
-    for ax, group, title in zip(axes, (losses, others), ("loss", "validation metrics")):
+    for ax, group, title in zip(axes, (losses, others), ("loss", second)):
         for key in group:
             points = [(row["epoch"], row[key]) for row in history if _numeric(row.get(key))]
             ax.plot([e for e, _ in points], [v for _, v in points], marker="o", markersize=3, label=key)

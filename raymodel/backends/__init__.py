@@ -8,6 +8,7 @@
 | ``RayTensorflowModel`` | ``TensorflowTrainer``, ``MultiWorkerMirroredStrategy`` |
 | ``RayXGBoostModel`` | Ray Train's ``XGBoostTrainer`` |
 | ``RayLightGBMModel`` | Ray Train's ``LightGBMTrainer`` |
+| ``RayRLlibModel`` | an RLlib Algorithm (new API stack) in an actor of raymodel's |
 
 A plug-in is one public module here (its ``Backend``, ``WorkerLoop`` and model
 base class); the public modules do not import each other (import-linter's
@@ -16,7 +17,7 @@ independence contract in ``pyproject.toml``), and share code through private
 backend is in the table of every process.
 """
 
-from raymodel.backends import lightgbm, lightning, tensorflow, torch, xgboost
+from raymodel.backends import lightgbm, lightning, rllib, tensorflow, torch, xgboost
 from raymodel.contract import Backend, WorkerLoop
 
-__all__ = ["Backend", "WorkerLoop", "lightgbm", "lightning", "tensorflow", "torch", "xgboost"]
+__all__ = ["Backend", "WorkerLoop", "lightgbm", "lightning", "rllib", "tensorflow", "torch", "xgboost"]

@@ -81,6 +81,14 @@ class Backend:
     #: Keys of the state dict that ``write_state`` writes itself; any other entry
     #: (added in ``on_save_checkpoint``) is saved beside them by the checkpoint format.
     state_keys: ClassVar[tuple[str, ...]] = ()
+    #: False when the model trains without ``data=`` (a reinforcement-learning env makes its own).
+    needs_data: ClassVar[bool] = True
+    #: True when a run is a Ray Train worker group (so a job of the training server can run on a pool);
+    #: False when ``make_trainer`` gives a trainer of the backend's own (RLlib's Algorithm in an actor).
+    on_ray_train: ClassVar[bool] = True
+    #: ``(metric, mode)`` that ``tune`` optimizes when ``TuneSettings.metric`` is not given (``None``:
+    #: ``val_loss``/``loss``, minimized).
+    default_metric: ClassVar[tuple[str, str] | None] = None
 
     # ------------------------------------------------------------- checking
     def import_framework(self) -> None:
@@ -130,7 +138,17 @@ class Backend:
     def check_split(self, name: str, split: Any) -> None:
         """Backend-specific checks of one accepted split (e.g. 2-D features); may raise ``DataError``."""
 
+    def input_signature(self, model: Model, spec: DataSpec) -> dict[str, Any] | None:
+        """The shape and dtype of what ``forward`` takes (``raymodel._internal.signature``), recorded in every
+        checkpoint: the training data's by default."""
+        return spec.signature
+
     # ------------------------------------------------------------- training
+    def run_needs(self, settings: Any) -> dict[str, float]:
+        """What a run of ``settings`` holds in all while it trains (an elastic run: at least)."""
+        per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
+        return {k: v * max(settings.min_workers, 1) for k, v in per_worker.items()}
+
     def worker_loop(self, run: Run) -> WorkerLoop:
         """The ``WorkerLoop`` that trains this backend's model on a worker."""
         raise NotImplementedError("The 'worker_loop' method must be implemented.")
@@ -215,6 +233,14 @@ class Backend:
 _DATA_HINTS = {
     "arrays": "Pass `rm.data.from_numpy(X, y)`, `rm.data.from_pandas(df, label=...)` or `(X, y)` tuples.",
 }
+
+
+def worker_resources(resources_per_worker: Mapping[str, float] | None, use_gpu: bool) -> dict[str, float]:
+    """What one training worker holds: ``resources_per_worker`` (1 CPU by default), a GPU with ``use_gpu``."""
+    resources = dict(resources_per_worker or {"CPU": 1.0})
+    if use_gpu:
+        resources.setdefault("GPU", 1.0)
+    return resources
 
 
 class WorkerLoop:

@@ -46,7 +46,9 @@ def run_job(
         settings = job["settings"]
         settings = dataclasses.replace(
             settings,
-            progress=settings.progress and hub is not None,  # a blocking call shows it, through its hub
+            # A blocking call shows a pool's rows and batches through its hub; a one-off run's rows go
+            # there from its controller (below), with no printer here.
+            progress=settings.progress and hub is not None and pool is not None,
             callbacks=[*settings.callbacks, JobControl(server, runner.job_id, stop_vote=False)],
         )
         trainable = Trainable(
@@ -63,6 +65,11 @@ def run_job(
             if "result" in outcome:
                 outcome["result"] = dataclasses.asdict(outcome["result"])
             return outcome
+        if hub is not None:  # the caller's rows: a blocking call's progress, a Tune trial's (acknowledged)
+            from raymodel.train import progress_callback
+
+            relay = progress_callback(hub, wait=job.get("deliver", False), root=trainable.storage)
+            trainable.add_callback(relay)
         result = trainable.fit(load_result=False)
     else:
         from raymodel.tune import Tunable

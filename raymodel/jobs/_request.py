@@ -42,7 +42,7 @@ def train_request(
     if settings.name is None:  # fixed now: a preempted job resumes from its own run's checkpoints
         settings = dataclasses.replace(settings, name=locations.run_name(type(model).__name__))
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
-    needs = {k: v * max(settings.min_workers, 1) for k, v in per_worker.items()}
+    needs = model.backend.run_needs(settings)
     payload = {
         "class": type(model),
         "config": dict(model.config),
@@ -66,8 +66,8 @@ def train_request(
         "preemptible": settings.preemptible,
         "resource_wait_s": settings.resource_wait_s,
     }
-    if settings.on_pool:
-        backend = model.backend
+    backend = model.backend
+    if settings.on_pool and backend.on_ray_train:  # else the job's runner runs it (RLlib: in an actor of its own)
         request["pool"] = {
             "key": pool_key(backend.name, settings.num_workers, per_worker),
             "backend": serialization.dumps(backend, type(backend)),

@@ -12,6 +12,7 @@ from typing import Any
 from raymodel.train._driver import Trainable, initial_state, prepare
 from raymodel.train._progress import ProgressPrinter, format_metrics, is_terminal
 from raymodel.train._result import TrainResult
+from raymodel.train._session import LocalSession
 from raymodel.train._settings import TrainSettings, worker_resources
 from raymodel.train._worker_run import WorkerRun
 
@@ -20,6 +21,7 @@ __all__ = [
     "TrainSettings",
     "TrainResult",
     "WorkerRun",
+    "LocalSession",
     "prepare",
     "initial_state",
     "worker_resources",

@@ -10,11 +10,11 @@ from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import cluster, locations, serialization, storage, tmp
 from raymodel._internal.hub import start_hub, stop_hub
 from raymodel.contract import training_server
-from raymodel.data import RayDataset, nonfinite, resolve
+from raymodel.data import DataSpec, RayDataset, nonfinite, resolve
 from raymodel.exceptions import DataError, HookError, SettingsError, TrainingError
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
-from raymodel.train._settings import TrainSettings, worker_resources
+from raymodel.train._settings import TrainSettings
 from raymodel.train._worker_run import WorkerRun, run_worker
 
 if TYPE_CHECKING:
@@ -39,6 +39,12 @@ def prepare(model: Model, settings: Any, data: Any) -> tuple[TrainSettings, Any]
         )
     backend.import_framework()
     backend.validate_model(model)
+    if not backend.needs_data:
+        if data is not None and data != DataSpec():  # (a job's runner is given the empty spec checked here)
+            raise DataError(
+                f"The {backend.name} backend makes its own data (`{type(model).__name__}.make_env`); leave `data=` out."
+            )
+        return settings, DataSpec()
     spec = resolve(data)
     backend.validate_data(spec)
     _check_finite(spec, settings.nonfinite)
@@ -119,17 +125,21 @@ class Trainable:
         self._ray_callbacks = list(callbacks)
         self._hub = hub  # the caller's hub (it stops it), used for gathers too
         self._info = {"name": self.name, "path": self.path, **(info or {})}
-        if self.spec.signature is not None:  # recorded in every checkpoint of the run
-            self._info["input_signature"] = {**self.spec.signature, "nonfinite": self.settings.nonfinite}
+        recorded = model.backend.input_signature(model, self.spec)
+        if recorded is not None:  # recorded in every checkpoint of the run
+            self._info["input_signature"] = {**recorded, "nonfinite": self.settings.nonfinite}
         self._control = control
         if resume_from is not None:
             self._info["resume_from"] = resume_from
 
+    def add_callback(self, callback: Any) -> None:
+        """One more Ray Train ``UserCallback`` on the run's controller (the training server's rows, say)."""
+        self._ray_callbacks.append(callback)
+
     @property
     def needs(self) -> dict[str, float]:
         """What the run's workers hold in all (an elastic run: at least)."""
-        per_worker = worker_resources(self.settings.resources_per_worker, self.settings.use_gpu)
-        return {k: v * max(self.settings.min_workers, 1) for k, v in per_worker.items()}
+        return self.model.backend.run_needs(self.settings)
 
     def as_trainer(self) -> Any:
         """The native Ray Train V2 trainer for this model's backend, not yet fit.
@@ -243,7 +253,7 @@ class Trainable:
         from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
         settings, backend = self.settings, self.model.backend
-        gathers = settings.max_workers > 1 and not backend.native_collective
+        gathers = settings.max_workers > 1 and not backend.native_collective and backend.on_ray_train
         hub = self._hub or (start_hub() if gathers or printer is not None else None)
         # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
         loop_config = {

@@ -17,6 +17,7 @@ from raymodel._internal.settings import (
     collect,
     settings_class,
 )
+from raymodel.contract import worker_resources  # noqa: F401 - re-exported: what one worker holds
 
 #: The training step's float precision (Lightning's names).
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
@@ -262,11 +263,3 @@ def _check_workers(value: Any) -> str | None:
             f"e.g. `(1, 4)` (got {value!r})."
         )
     return check_int("num_workers", value, minimum=0)
-
-
-def worker_resources(resources_per_worker: dict[str, float] | None, use_gpu: bool) -> dict[str, float]:
-    """What one training worker holds: ``resources_per_worker`` (1 CPU by default), a GPU with ``use_gpu``."""
-    resources = dict(resources_per_worker or {"CPU": 1.0})
-    if use_gpu:
-        resources.setdefault("GPU", 1.0)
-    return resources

@@ -95,6 +95,9 @@ class Tunable:
             raise SettingsError(f"`space` must be a dict of config keys to `rm.tune` samplers (got {space!r}).")
         _check_train_keys(space)
         self.space = dict(space)
+        default = model.backend.default_metric
+        if settings.metric is None and default is not None:  # the backend's own (RL: the mean return, max)
+            self.settings = settings = dataclasses.replace(settings, metric=default[0], mode=default[1])
         self.metric = settings.metric or ("loss" if self.spec.has_validation is False else "val_loss")
         if self.metric.startswith("val_") and self.spec.has_validation is False:
             raise SettingsError(

@@ -24,17 +24,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 
 from raymodel._internal import serialization
 from raymodel._internal import storage as locations
 from raymodel._internal.hub import start_hub, stop_hub
 from raymodel.contract import training_server
-from raymodel.train import worker_resources
+from raymodel.train import LocalSession, worker_resources
 
 #: A config key ``"train.<field>"`` sets that ``TrainSettings`` field for the trial.
 TRAIN_PREFIX = "train."
@@ -96,56 +94,12 @@ def resources_of(base: dict[str, Any], config: dict[str, Any]) -> dict[str, floa
     return trial_resources(**fields)
 
 
-class TrialSession:
-    """Places a ``WorkerRun`` in the trial's own process: one worker; each epoch reported to Tune.
+class TrialSession(LocalSession):
+    """Places a ``WorkerRun`` in the trial's own process (one worker): checkpoints go to the training
+    run's folder in the experiment's storage, each epoch to Tune (with a pointer to its checkpoint)."""
 
-    Checkpoints go to the training run's folder in the experiment's storage,
-    written beside their final name and renamed into place, so a checkpoint
-    appears whole or not at all, as Ray Train's upload would leave it.
-    """
-
-    rank, world, local_rank = 0, 1, 0
-    on_ray_train = False
-
-    def __init__(self, run_path: str, keep: int | None = None) -> None:
-        self.run_path, self.keep = run_path, keep
-        locations.ensure_dir(run_path)
-
-    def latest_checkpoint(self) -> Any:
-        return None  # the run's folder (and a checkpoint Tune handed back) are where resumes come from
-
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, name: str) -> None:
-        location = None
-        if checkpoint_dir is not None:
-            location = self._persist(Path(checkpoint_dir), name)
-        _report_to_tune(dict(metrics, **({"checkpoint_path": location} if location else {})))
-
-    def broadcast(self, value: Any) -> Any:
-        return value
-
-    def barrier(self) -> None:
-        pass
-
-    def settings_changed(self, settings: Any) -> None:
-        self.keep = settings.keep_checkpoints
-
-    def _persist(self, source: Path, name: str) -> str:
-        from raymodel._internal.checkpoint import MANIFEST, epoch_of
-
-        target = locations.join(self.run_path, name)
-        if locations.is_uri(target):  # no rename on object stores: the manifest goes up last
-            locations.delete(target)
-            locations.upload(source, target, last=MANIFEST)
-        elif source.resolve() != Path(target).resolve():
-            staged = Path(self.run_path) / f".{name}.partial-{os.urandom(3).hex()}"
-            shutil.copytree(source, staged)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(staged, target)
-        if self.keep:
-            done = sorted(n for n in locations.listdir(self.run_path) if epoch_of(n) is not None)
-            for old in done[: -self.keep]:
-                locations.delete(locations.join(self.run_path, old))
-        return target
+    def deliver(self, row: dict[str, Any]) -> None:
+        _report_to_tune(row)
 
 
 def trial_dir(context: Any, root: str | None) -> str:

@@ -1,0 +1,185 @@
+"""RayRLlibModel: RLlib's new API stack from one class, on the session's real Ray and RLlib.
+
+PPO learns CartPole with the user's own networks; the trained instance, its checkpoint, a registry
+version and an HTTP route answer the same greedy actions without an Algorithm; a job streams, takes a
+new lr and stops with a checkpoint; a killed Algorithm actor resumes from its newest checkpoint; ASHA
+tunes over iterations; a Box action space trains and serves; bad input fails before Ray is touched.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import requests
+import torch.nn as nn
+from rl_models import Balancer, StopAt, Swinger, play
+from waiting import until
+
+import raymodel as rm
+from raymodel.exceptions import DataError, MissingDependencyError, ModelDefinitionError, SettingsError
+
+OBS = [[0.0, 0.1, 0.02, -0.1], [0.01, -0.2, 0.15, 0.4], [0.0, 0.0, -0.2, -0.5]]
+
+
+# ------------------------------------------------------------------ bad input, before any resource
+@pytest.fixture
+def no_ray(monkeypatch):
+    import raymodel._internal.cluster as cluster
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("Ray was touched before the input was checked")
+
+    monkeypatch.setattr(cluster, "ensure_ray", forbidden)
+    monkeypatch.setattr(cluster, "init", forbidden)
+
+
+class Misspelled(Balancer):
+    algorithm = "PP0"
+
+
+class QLearner(Balancer):
+    algorithm = "DQN"
+
+
+class NoEnv(rm.RayRLlibModel):
+    def setup(self, config):
+        self.pi = nn.Linear(4, 2)
+
+    def forward(self, obs):
+        return self.pi(obs)
+
+
+class NoValue(NoEnv):
+    def make_env(self, config):
+        return Balancer().make_env(config)
+
+
+class WrongWidth(Balancer):
+    def setup(self, config):
+        super().setup(config)
+        self.pi = nn.Linear(4, 3)  # CartPole has 2 actions
+
+
+@pytest.mark.parametrize(
+    "model,error,fragment",
+    [
+        (Misspelled(), SettingsError, "`algorithm = 'PP0'` is not an RLlib algorithm. Did you mean 'PPO'?"),
+        (QLearner(), SettingsError, "`algorithm = 'DQN'`: its RLlib module needs networks of another shape"),
+        (NoEnv(), ModelDefinitionError, "must define `make_env`"),
+        (NoValue(), ModelDefinitionError, "trains with PPO, an actor-critic algorithm: define `value(self, obs)`"),
+        (WrongWidth(), ModelDefinitionError, "returns shape (1, 3) for one observation, but `WrongWidth.make_env`"),
+    ],
+)
+def test_bad_models_fail_before_ray_naming_the_problem(no_ray, model, error, fragment):
+    with pytest.raises(error) as caught:
+        model.train({"num_epochs": 1})
+    assert fragment in str(caught.value)
+
+
+def test_data_is_refused_and_a_missing_rllib_names_its_extra(no_ray, monkeypatch):
+    with pytest.raises(DataError, match=r"makes its own data \(`Balancer.make_env`\); leave `data=` out"):
+        Balancer().train({"num_epochs": 1}, data={"train": ([[0.0]], [0])})
+    monkeypatch.setitem(sys.modules, "gymnasium", None)  # as if not installed
+    with pytest.raises(MissingDependencyError, match=r"pip install 'raymodel\[rllib\]'"):
+        Balancer().train({"num_epochs": 1})
+
+
+# ------------------------------------------------------------------------------ on Ray and RLlib
+@pytest.mark.integration
+def test_ppo_learns_cartpole_and_the_users_network_plays_serves_and_registers_it(ray_session, registry):
+    rm.jobs.release_pools()
+    model = Balancer()
+    result = model.train({"num_workers": 1, "num_epochs": 25, "callbacks": [StopAt(150.0)], "progress": False})
+    returns = [row["episode_return_mean"] for row in result.history]
+    assert max(returns) >= 150.0, returns  # within 25 iterations, 1 env runner
+    assert [row["epoch"] for row in result.history] == list(range(1, len(returns) + 1))
+    row = result.history[-1]
+    for key in ("episode_len_mean", "env_steps", "total_loss", "policy_loss", "vf_loss", "time_s", "lr"):
+        assert key in row, key
+    assert play(model) >= 150.0  # the instance's own networks hold the trained policy, played greedily
+
+    expected = model.predict({"obs": OBS})
+    assert set(expected) == {"action"} and all(a in (0, 1) for a in expected["action"])
+    again = rm.RayModel.from_checkpoint(result.checkpoint)  # no Algorithm, no env runner
+    assert isinstance(again, Balancer) and again.predict({"obs": OBS}) == expected
+    ref = rm.registry.put(model, key="balancer")
+    assert rm.registry.get("balancer").predict({"obs": OBS}) == expected
+    served = rm.Servable(f"balancer:{ref.version}", "/balancer").deploy()
+    try:
+        answer = requests.post(served.url, json={"obs": OBS}, timeout=30)
+        assert answer.status_code == 200 and answer.json() == expected
+        wrong = requests.post(served.url, json={"obs": [[0.0, 0.1, 0.2]]}, timeout=30)
+        assert wrong.status_code == 422 and "rows of 4 values" in wrong.text, wrong.text
+        nan = requests.post(served.url, data='{"obs": [[NaN, 0, 0, 0]]}', timeout=30)
+        assert nan.status_code in (200, 422)  # NaN follows the nonfinite policy ("warn": answered, logged)
+        assert requests.post(served.url, json={"obs": OBS}, timeout=30).json() == expected  # still serving
+    finally:
+        served.shutdown()
+
+
+@pytest.mark.integration
+def test_an_rl_job_streams_takes_a_new_lr_at_the_next_iteration_and_stops_with_a_checkpoint(ray_session):
+    rm.jobs.release_pools()
+    job = Balancer().train({"num_workers": 0, "num_epochs": 50, "progress": False}, wait=False)
+    rows = job.stream()
+    first = next(iter(rows))
+    assert first["epoch"] == 1 and first["lr"] == pytest.approx(3e-4)
+    job.update(config={"lr": 1e-3})
+    later = until(lambda: [r for r in job.history() if r.get("changes")], timeout=120)[0]
+    assert later["changes"] == {"lr": 1e-3} and later["lr"] == pytest.approx(1e-3)
+    assert job.changes[0]["config"] == {"lr": 1e-3}
+    job.stop()
+    result = job.wait(timeout=180)
+    assert job.status == "STOPPED" and 2 <= len(result.history) < 50 and result.checkpoint is not None
+    assert rm.RayModel.from_checkpoint(result.checkpoint).predict({"obs": OBS})["action"]
+
+
+@pytest.mark.integration
+def test_a_killed_algorithm_actor_resumes_from_its_newest_checkpoint_each_iteration_once(ray_session):
+    import ray
+
+    rm.jobs.release_pools()
+    job = Balancer().train({"num_workers": 0, "num_epochs": 4, "max_failures": 1, "progress": False}, wait=False)
+    until(lambda: len(job.history()) >= 2, timeout=180)
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    actor = [n for n in names if n.startswith("raymodel-algorithm-")]
+    assert len(actor) == 1, names
+    ray.kill(ray.get_actor(actor[0]))
+    result = job.wait(timeout=300)
+    epochs = [row["epoch"] for row in result.history]
+    assert epochs == [1, 2, 3, 4], epochs  # each iteration once: the restart went on from its checkpoint
+    assert job.status == "SUCCEEDED"
+
+
+@pytest.mark.integration
+def test_asha_tunes_over_iterations_and_the_best_trial_ends_in_the_instance(ray_session):
+    rm.jobs.release_pools()
+    model = Balancer()
+    tuned = model.tune(
+        {"lr": rm.tune.choice([3e-4, 1e-3])},
+        settings=rm.TuneSettings(num_samples=2, max_epochs=3, train={"num_workers": 0}),
+    )
+    assert tuned.metric == "episode_return_mean" and tuned.num_trials == 2
+    assert tuned.best_config["lr"] in (3e-4, 1e-3)
+    assert model.config["lr"] == tuned.best_config["lr"]
+    frame = tuned.dataframe()
+    assert len(frame) == 2 and tuned.best_metrics["episode_return_mean"] == frame["episode_return_mean"].max()
+    assert rm.RayModel.from_checkpoint(tuned.best_checkpoint).predict({"obs": OBS}) == model.predict({"obs": OBS})
+
+
+@pytest.mark.integration
+def test_a_box_action_space_trains_and_serves_a_continuous_action(ray_session):
+    rm.jobs.release_pools()
+    model = Swinger()
+    result = model.train({"num_workers": 0, "num_epochs": 2, "progress": False})
+    assert len(result.history) == 2 and "episode_return_mean" in result.history[-1]
+    obs = [[1.0, 0.0, 0.0], [0.0, 1.0, -1.0]]
+    action = model.predict({"obs": obs})["action"]
+    assert len(action) == 2 and all(len(a) == 1 and -2.0 <= a[0] <= 2.0 for a in action)  # Pendulum's Box
+    served = model.serve("/swinger")
+    try:
+        answer = requests.post(served.url, json={"obs": obs}, timeout=30)
+        assert answer.status_code == 200 and answer.json() == {"action": action}
+    finally:
+        served.shutdown()
