@@ -28,9 +28,9 @@ import gymnasium as gym
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from rl_models import PPO_CARTPOLE, Balancer
+from rl_cartpole import Balancer
 
 import raymodel as rm
 
@@ -58,7 +58,7 @@ def hand_written(max_iterations: int, target: float) -> dict[str, float]:
         PPOConfig()
         .environment("CartPole-v1")
         .env_runners(num_env_runners=1)
-        .training(**PPO_CARTPOLE)
+        .training(**Balancer.default_config)
         .rl_module(rl_module_spec=RLModuleSpec(module_class=Module))
         .debugging(seed=0)
     )

@@ -74,3 +74,15 @@ def tiny_data(tiny):
 
     X, y = tiny
     return rm.data.from_numpy(np.tile(X, (4, 1)), np.tile(y, 4), valid_fraction=0.25)
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fail the test if anything tries to start or join Ray."""
+    import raymodel._internal.cluster as cluster
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("Ray was touched before the input was checked")
+
+    monkeypatch.setattr(cluster, "ensure_ray", forbidden)
+    monkeypatch.setattr(cluster, "init", forbidden)

@@ -76,18 +76,6 @@ def test_positional_arguments_are_refused():
         rm.TrainSettings(2)
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    """Fail the test if anything tries to start or join Ray."""
-    import raymodel._internal.cluster as cluster
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("Ray was touched before the input was checked")
-
-    monkeypatch.setattr(cluster, "ensure_ray", forbidden)
-    monkeypatch.setattr(cluster, "init", forbidden)
-
-
 def test_bad_settings_fail_before_ray(no_ray, tiny):
     X, y = tiny
     with pytest.raises(SettingsError, match="num_epochs"):

@@ -93,14 +93,25 @@ class RLlibLoop(WorkerLoop):
     def __init__(self, run: Any) -> None:
         super().__init__(run)
         self.algo: Any = None
+        self.restored = False  # from RLlib's own checkpoint of the Algorithm (not just the networks)
 
     @property
     def has_validation(self) -> bool:
         return False
 
+    def seed(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)  # the user's networks, built next (RLlib seeds its own from the config)
+
     def build(self) -> None:
         self.algo = algo_config(self.model, self.run.settings, env_name(self.model)).build_algo()
-        self._copy_out()
+
+    def ready(self) -> None:
+        """The instance's networks (its own init, or the weights it came with: a registry version trained
+        further) are the learner's starting point, unless the Algorithm was restored whole."""
+        if not self.restored:
+            self._copy_in(self.model.backend.get_state(self.model)["modules"])
 
     async def train_epoch(self, epoch: int) -> dict[str, float]:
         started = time.perf_counter()
@@ -114,6 +125,12 @@ class RLlibLoop(WorkerLoop):
 
     def learner(self) -> Any:
         return self.algo.learner_group._learner  # num_learners=0: the learner lives in this process
+
+    def learner_module(self) -> Any:
+        """The learner's RLModule (the one trained; the env runners get copies of its weights)."""
+        from ray.rllib.core import DEFAULT_MODULE_ID
+
+        return self.learner().module[DEFAULT_MODULE_ID]
 
     # ---------------------------------------------------------------- state
     def get_state(self) -> dict[str, Any]:
@@ -132,11 +149,17 @@ class RLlibLoop(WorkerLoop):
                     (staging / name).parent.mkdir(parents=True, exist_ok=True)
                     (staging / name).write_bytes(data)
                 self.algo.restore_from_path(str(staging))
-        else:  # only the networks (a registry version trained further): into the learner, then the runners
-            module = self.algo.get_module()
-            for name, sd in state.get("modules", {}).items():
-                getattr(module, name).load_state_dict(sd)
-            self.algo.env_runner_group.sync_weights(from_worker_or_learner_group=self.algo.learner_group)
+            self.restored = True
+            self._copy_out()
+        else:  # only the networks
+            self._copy_in(state.get("modules", {}))
+
+    def _copy_in(self, modules: dict[str, Any]) -> None:
+        """Networks' weights into the learner's module and the instance, then out to the env runners."""
+        learner_module = self.learner_module()
+        for name, sd in modules.items():
+            getattr(learner_module, name).load_state_dict(sd)
+        self.algo.env_runner_group.sync_weights(from_worker_or_learner_group=self.algo.learner_group)
         self._copy_out()
 
     def close(self) -> None:
@@ -146,7 +169,7 @@ class RLlibLoop(WorkerLoop):
 
     def _copy_out(self) -> None:
         """The learner's networks into the user's instance (which checkpoints and ``after_fit`` see)."""
-        trained = self.algo.get_module()
+        trained = self.learner_module()
         for name, module in self.model.backend.modules(self.model).items():
             module.load_state_dict(getattr(trained, name).state_dict())
 

@@ -93,8 +93,10 @@ class AlgorithmRun:
             try:
                 returned = ray.get(actor.run.remote(self.loop_config, self.path, keep, self.run_config.callbacks))
                 break
-            except ray.exceptions.ActorDiedError as exc:
+            except ray.exceptions.RayActorError as exc:  # the actor (or its node) died
                 failures += 1
+                for callback in self.run_config.callbacks:  # as Ray Train tells of failed workers
+                    callback.after_exception(None, {0: exc})
                 if limit != -1 and failures > limit:
                     raise TrainingError(
                         f"Training failed: the Algorithm's actor died ({_cause(exc)}) {failures} time(s), "

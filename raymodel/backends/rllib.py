@@ -67,6 +67,7 @@ class RLlibBackend(TorchBackend):
         super().import_framework()
 
     def worker_loop(self, run: Any) -> Any:
+        os.environ.setdefault(*NO_TF)  # a Tune trial's process, where RLlib is imported next
         from raymodel.backends._rllib_loop import RLlibLoop
 
         return RLlibLoop(run)
@@ -104,7 +105,8 @@ class RLlibBackend(TorchBackend):
         spaces_of(model, check=True)
 
     def input_signature(self, model: Model, spec: Any) -> dict[str, Any] | None:
-        return spaces_of(model)["observation"]
+        """The env's observation space; a non-finite observation is refused (no env makes one)."""
+        return {**spaces_of(model)["observation"], "nonfinite": "error"}
 
     # ---------------------------------------------------------------- state
     def get_state(self, model: Model) -> dict[str, Any]:

@@ -127,7 +127,7 @@ class Trainable:
         self._info = {"name": self.name, "path": self.path, **(info or {})}
         recorded = model.backend.input_signature(model, self.spec)
         if recorded is not None:  # recorded in every checkpoint of the run
-            self._info["input_signature"] = {**recorded, "nonfinite": self.settings.nonfinite}
+            self._info["input_signature"] = {"nonfinite": self.settings.nonfinite, **recorded}
         self._control = control
         if resume_from is not None:
             self._info["resume_from"] = resume_from
