@@ -84,7 +84,7 @@ def test_ppo_learns_cartpole_and_the_users_network_plays_serves_and_registers_it
     assert max(returns) >= 150.0, returns  # within 25 iterations, 1 env runner
     assert [row["epoch"] for row in result.history] == list(range(1, len(returns) + 1))
     row = result.history[-1]
-    for key in ("episode_len_mean", "env_steps", "total_loss", "policy_loss", "vf_loss", "time_s", "lr"):
+    for key in ("episode_len_mean", "env_steps", "loss", "policy_loss", "vf_loss", "time_s", "lr"):
         assert key in row, key
     assert play(model) >= 150.0  # the instance's own networks hold the trained policy, played greedily
 

@@ -26,8 +26,8 @@ ROW_KEYS = {
     "env_steps": ("env_runners", "num_env_steps_sampled"),
     "env_steps_total": ("num_env_steps_sampled_lifetime",),
 }
-#: The learner's figures kept in the row (those the algorithm reports).
-LEARNER_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "mean_kl_loss")
+#: The learner's figures kept in the row (those the algorithm reports; its ``total_loss`` is the row's ``loss``).
+LEARNER_KEYS = ("policy_loss", "vf_loss", "entropy", "mean_kl_loss")
 
 
 def algorithm_class(name_or_class: Any) -> type:
@@ -189,7 +189,8 @@ def iteration_row(result: dict[str, Any], seconds: float) -> dict[str, float]:
             row[key] = float(learner[key])
     if isinstance(learner.get("default_optimizer_learning_rate"), (int, float)):
         row["lr"] = float(learner["default_optimizer_learning_rate"])  # job.update's lr shows here
-    row["loss"] = row.get("total_loss", math.nan)
+    total = learner.get("total_loss")
+    row["loss"] = float(total) if isinstance(total, (int, float)) else math.nan
     row["time_s"] = float(seconds)
     return row
 

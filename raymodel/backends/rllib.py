@@ -13,6 +13,7 @@ iteration: RLlib samples and updates inside it; there is no validation split). A
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from raymodel._internal.deps import require
 from raymodel.backends._torch_backend import TorchBackend
 from raymodel.contract import Model, rows_of
 from raymodel.exceptions import ModelDefinitionError, SettingsError
@@ -62,9 +64,14 @@ class RLlibBackend(TorchBackend):
     strategies = ("ddp",)
 
     def import_framework(self) -> None:
+        """torch and gymnasium (the checks build the env and the networks); RLlib is looked for, not
+        imported (a second of a job's start): only the Algorithm's actor imports it."""
         os.environ.setdefault(*NO_TF)  # RLlib imports TensorFlow when it is installed; raymodel's RLlib is torch
         logging.getLogger("ray.rllib.utils.framework").setLevel(logging.ERROR)  # "Not importing TensorFlow"
-        super().import_framework()
+        require("torch", self.extra)
+        require("gymnasium", self.extra)
+        if importlib.util.find_spec("ray.rllib") is None or importlib.util.find_spec("tree") is None:
+            require("ray.rllib", self.extra)  # raises, naming the extra
 
     def worker_loop(self, run: Any) -> Any:
         os.environ.setdefault(*NO_TF)  # a Tune trial's process, where RLlib is imported next

@@ -24,7 +24,10 @@ def format_metrics(metrics: dict[str, Any], skip: tuple[str, ...] = ("epoch", "c
     for key, value in metrics.items():
         if key in skip or key.startswith("_"):
             continue
-        parts.append(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}")
+        if isinstance(value, float) and value.is_integer() and abs(value) >= 1000:
+            parts.append(f"{key} {int(value)}")  # a count (env steps, say), not a measurement
+        else:
+            parts.append(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}")
     return "  ".join(parts)
 
 
