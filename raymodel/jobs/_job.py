@@ -72,7 +72,8 @@ class Job:
         ``keep_checkpoints`` (jobs on a pool). ``config``: any key; it is merged into
         ``model.config``, the backend sets what it can (torch and Lightning: the optimizers' ``lr``,
         ``weight_decay``, ``momentum``, ``betas``, ``eps``; Keras: the learning rate; XGBoost and
-        LightGBM: keys of ``self.params``), then the hook ``on_config_update(changes)`` runs.
+        LightGBM: keys of ``self.params``; RLlib: the learner's ``lr``), then the hook
+        ``on_config_update(changes)`` runs.
         The change is kept in ``job.changes``, the history row of the epoch it took effect, and
         the checkpoints (a resumed run keeps it). Returns the change as recorded.
 
