@@ -120,7 +120,7 @@ def on_pool(settings: Any) -> bool:
 
 def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | None, info: dict[str, Any]) -> None:
     server = training_server()
-    if on_pool(settings) and server.running():
+    if settings.on_pool and server.running():  # a worker group's trial (several workers, or ray.data splits)
         _run_on_pool(server, model, settings, data, resume_from, info)
         return
     from raymodel.train import Trainable, progress_callback
