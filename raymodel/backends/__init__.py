@@ -9,6 +9,7 @@
 | ``RayXGBoostModel`` | Ray Train's ``XGBoostTrainer`` |
 | ``RayLightGBMModel`` | Ray Train's ``LightGBMTrainer`` |
 | ``RayRLlibModel`` | an RLlib Algorithm (new API stack) in an actor of raymodel's |
+| ``RayTransformersModel`` | ``TorchTrainer`` + Hugging Face's ``Trainer`` |
 
 A plug-in is one public module here (its ``Backend``, ``WorkerLoop`` and model
 base class); the public modules do not import each other (import-linter's
@@ -17,7 +18,7 @@ independence contract in ``pyproject.toml``), and share code through private
 backend is in the table of every process.
 """
 
-from raymodel.backends import lightgbm, lightning, rllib, tensorflow, torch, xgboost
+from raymodel.backends import lightgbm, lightning, rllib, tensorflow, torch, transformers, xgboost
 from raymodel.contract import Backend, WorkerLoop
 
-__all__ = ["Backend", "WorkerLoop", "lightgbm", "lightning", "rllib", "tensorflow", "torch", "xgboost"]
+__all__ = ["Backend", "WorkerLoop", "lightgbm", "lightning", "rllib", "tensorflow", "torch", "transformers", "xgboost"]

@@ -135,6 +135,12 @@ class Backend:
                 )
             self.check_split(split_name, split)
 
+    def prepare_data(self, model: Model, data: Any) -> Any:
+        """On the driver, before ``raymodel.data.resolve``: turn ``data`` into a form ``resolve`` takes.
+        The identity by default; the transformers backend tokenizes Hugging Face datasets, frames and dicts
+        of lists here, once per dataset. A ``DataSpec`` (already prepared) is passed through unchanged."""
+        return data
+
     def check_split(self, name: str, split: Any) -> None:
         """Backend-specific checks of one accepted split (e.g. 2-D features); may raise ``DataError``."""
 
@@ -210,6 +216,11 @@ class Backend:
     def inference(self, model: Model) -> Iterator[None]:
         """Context for ``forward`` at prediction time (eval mode, no gradients)."""
         yield
+
+    def stream(self, model: Model, payload: Any) -> Iterator[str]:
+        """The answer to ``payload`` piece by piece (a request with ``"stream": true``; served as
+        server-sent events). A ``ValueError`` (a 422 when served) for a model that does not stream."""
+        raise ValueError(f"`{type(model).__name__}` does not stream its answers; leave `stream` out of the request")
 
     def batch_input(self, model: Model, batch: Mapping[str, np.ndarray]) -> Any:
         """Default ``predict_batch_preprocess``: the feature columns as one float32 array of rows,

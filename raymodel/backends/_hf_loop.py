@@ -1,0 +1,254 @@
+"""The worker side of ``RayTransformersModel``: Hugging Face's ``Trainer`` drives ``WorkerRun``'s phases.
+
+The ``Trainer`` owns its loop, so a ``TrainerCallback`` maps its points onto the run's phase
+methods (the order is checked there): ``on_epoch_begin`` -> ``begin_epoch``; ``on_epoch_end`` ->
+``begin_validation`` (the ``Trainer`` evaluates next); ``on_log`` carries the epoch's mean training
+loss (gathered over the workers by the ``Trainer``); ``on_evaluate`` the evaluation's metrics;
+``on_save``, after the ``Trainer`` wrote its own checkpoint, ``end_validation`` and ``end_epoch``
+(the row, the stop vote, raymodel's checkpoint of that folder). ``Trainer.train`` runs in a thread;
+the callbacks reach the run's event loop with ``run.sync``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import transformers
+
+from raymodel._internal import tmp
+from raymodel.backends._hf_data import task_of
+from raymodel.backends._torch_loop import TorchLoop
+from raymodel.backends._torch_optim import set_hyperparameters
+from raymodel.data import TorchDataset
+from raymodel.exceptions import ModelDefinitionError
+
+if TYPE_CHECKING:
+    from raymodel.contract import Run
+
+#: Entries of the Trainer's evaluation that are not metrics of the model.
+_EVAL_NOISE = ("runtime", "samples_per_second", "steps_per_second", "epoch")
+
+
+class TrainerLoop(TorchLoop):
+    """Builds the ``Trainer``; resumes with ``Trainer.train(resume_from_checkpoint=...)``."""
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(run)
+        self.trainer: Any = None
+        self.resume: str | None = None
+        self.pending_config: dict[str, Any] = {}  # config changes before the optimizer exists
+        self.output_dir = tmp.make("hf-run")
+
+    def build(self) -> None:
+        """The ``Trainer`` creates the optimizer and scheduler itself, inside ``train``."""
+        self.model._optimizers, self.model._scheduler_configs, self.model._schedulers = [], [], []
+
+    def ready(self) -> None:
+        """DDP is the ``Trainer``'s (accelerate's) job."""
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)  # the weights
+        folder = state.get("transformers")
+        if folder and (Path(folder) / transformers.trainer.TRAINER_STATE_NAME).is_file():
+            self.resume = folder  # the rest (optimizer, scheduler, step): the Trainer restores it
+
+    def apply_config(self, changes: dict[str, Any]) -> None:
+        """On the ``Trainer``'s optimizer and the LR scheduler's base, which it scales each step; before
+        the optimizer exists (a change made while the job was queued), once it does."""
+        if self.trainer is not None and self.trainer.optimizer is not None:
+            _set_hyperparameters(self.trainer, changes)
+        else:
+            self.pending_config = {**self.pending_config, **changes}
+
+    def get_state(self) -> dict[str, Any]:
+        """The ``Trainer``'s checkpoint folder of this epoch (rank 0's holds the model and optimizer)."""
+        folder = Path(self.output_dir) / f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-"
+        folder = folder.with_name(folder.name + str(self.trainer.state.global_step))
+        if self.run.rank != 0:
+            return {}
+        if not folder.is_dir():
+            raise RuntimeError(f"the Trainer wrote no checkpoint at {folder}")
+        return {"transformers": str(folder)}
+
+    def batches_per_epoch(self) -> int | None:
+        state = getattr(self.trainer, "state", None)
+        if state is None or not state.max_steps or not state.num_train_epochs:
+            return None
+        return max(1, state.max_steps // int(state.num_train_epochs))
+
+    def close(self) -> None:
+        self.trainer = None
+        shutil.rmtree(self.output_dir, ignore_errors=True)
+        try:  # accelerate's process-wide state: the next job on a pool's worker builds its own
+            from accelerate.state import AcceleratorState
+
+            AcceleratorState._reset_state(reset_partial_state=False)
+        except Exception:  # noqa: BLE001, S110 - an older accelerate: nothing kept
+            pass
+
+    async def run_epochs(self, first: int, last: int) -> None:
+        run, model = self.run, self.model
+        train = _dataset(run.splits["train"])
+        valid = _dataset(run.splits["valid"]) if self.has_validation else None
+        args = self.arguments(last, validate=valid is not None)
+        trainer = transformers.Trainer(
+            model=model.model,
+            args=args,
+            train_dataset=train,
+            eval_dataset=valid,
+            processing_class=model.tokenizer,
+            data_collator=self.collator(),
+            compute_metrics=self.metrics_function() if valid is not None else None,
+            callbacks=[_Bridge(run, self, first)],
+        )
+        if run.session.on_ray_train:
+            from ray.train.huggingface.transformers import prepare_trainer
+
+            trainer = prepare_trainer(trainer)
+        self.trainer = trainer
+        await asyncio.to_thread(self._train)
+
+    def _train(self) -> None:
+        from raymodel.backends._hf_data import quiet
+
+        with quiet():
+            self.trainer.train(resume_from_checkpoint=self.resume)
+
+    def arguments(self, last: int, *, validate: bool) -> Any:
+        """``TrainingArguments`` from the settings and config, then the model's ``training_args``, then
+        what the bridge needs (an epoch's evaluation, log and checkpoint; the number of epochs)."""
+        s, config = self.run.settings, self.model.config
+        args = transformers.TrainingArguments(
+            output_dir=str(self.output_dir),
+            per_device_train_batch_size=s.batch_size,
+            per_device_eval_batch_size=s.batch_size,
+            learning_rate=float(config.get("lr", 5e-5)),
+            weight_decay=float(config.get("weight_decay", 0.0)),
+            seed=int(s.seed),
+            gradient_accumulation_steps=s.accumulate_grad_batches,
+            max_grad_norm=float(s.grad_clip_norm) if s.grad_clip_norm is not None else 0.0,
+            bf16=s.precision == "bf16-mixed",
+            fp16=s.precision == "16-mixed",
+            use_cpu=not s.use_gpu,
+            report_to="none",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        adjusted = self.model.training_args(args)
+        if not isinstance(adjusted, transformers.TrainingArguments):
+            raise ModelDefinitionError(
+                f"`{type(self.model).__name__}.training_args` must return the `TrainingArguments` it was given "
+                f"(adjusted); it returned {type(adjusted).__name__}."
+            )
+        return dataclasses.replace(
+            adjusted,
+            output_dir=str(self.output_dir),
+            num_train_epochs=last,
+            max_steps=-1,
+            eval_strategy="epoch" if validate else "no",
+            logging_strategy="epoch",
+            save_strategy="epoch",
+            save_total_limit=1,
+            load_best_model_at_end=False,
+            # DDP's mean of the workers' gradients, each worker's loss its own batch's mean (with True the
+            # Trainer scales every loss, and its logged value, by the number of workers)
+            average_tokens_across_devices=False,
+            push_to_hub=False,
+            report_to="none",
+        )
+
+    def collator(self) -> Any:
+        collator = self.model.data_collator()
+        if collator is None and task_of(self.model.model) == "causal_lm":
+            return transformers.DataCollatorForLanguageModeling(self.model.tokenizer, mlm=False)
+        return collator
+
+    def metrics_function(self) -> Any:
+        model = self.model
+        base = _base_class(model)  # RayTransformersModel
+        if task_of(model.model) != "classification" and type(model).compute_metrics is base.compute_metrics:
+            return None  # a causal LM's logits over the vocabulary would be gathered for nothing
+        return lambda prediction: model.compute_metrics(prediction.predictions, prediction.label_ids)
+
+
+def _base_class(model: Any) -> type:
+    return next(k for k in reversed(type(model).__mro__) if "backend" in vars(k))
+
+
+def _dataset(split: Any) -> Any:
+    if not isinstance(split, TorchDataset):
+        raise TypeError(f"Unsupported split {type(split).__name__}")
+    return split.dataset
+
+
+def _set_hyperparameters(trainer: Any, changes: dict[str, Any]) -> None:
+    """``job.update``'s changes on the optimizer; ``lr`` also on the scheduler's base, so its next step
+    scales the new rate (the default schedule is linear decay) rather than putting the old one back."""
+    set_hyperparameters([trainer.optimizer], changes)
+    scheduler = trainer.lr_scheduler
+    if "lr" in changes and scheduler is not None and hasattr(scheduler, "base_lrs"):
+        scheduler.base_lrs = [float(changes["lr"])] * len(scheduler.base_lrs)
+        lambdas = getattr(scheduler, "lr_lambdas", None)
+        if lambdas:
+            for group, fn in zip(trainer.optimizer.param_groups, lambdas):
+                group["lr"] = float(changes["lr"]) * fn(scheduler.last_epoch)
+
+
+class _Bridge(transformers.TrainerCallback):
+    """The ``Trainer``'s callback points -> ``WorkerRun``'s phases."""
+
+    def __init__(self, run: Run, loop: TrainerLoop, first: int) -> None:
+        self.run, self.loop = run, loop
+        self.epoch = first - 1
+        self.loss: float | None = None
+        self.metrics: dict[str, Any] = {}
+        self.step = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.loop.pending_config:  # after the Trainer restored its checkpoint: the change wins
+            _set_hyperparameters(self.loop.trainer, self.loop.pending_config)
+            self.loop.pending_config = {}
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.epoch += 1
+        self.loss, self.metrics, self.step = None, {}, 0
+        self.run.sync(self.run.begin_epoch(self.epoch))
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        clip = self.run.settings.grad_clip_value
+        if clip is not None:  # HF clips by norm only (max_grad_norm)
+            torch.nn.utils.clip_grad_value_(self.loop.model.model.parameters(), clip)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.run.hooks.has("after_batch") or self.run.progress is not None:
+            self.run.sync(self.run.after_batch(self.step, None))
+        self.step += 1
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.loop.has_validation:
+            self.run.sync(self.run.begin_validation())
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs and "loss" in logs:
+            self.loss = float(logs["loss"])
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kw: Any) -> None:
+        self.metrics = dict(metrics or {})
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        metrics: dict[str, Any] = {} if self.loss is None else {"loss": self.loss}
+        if self.loop.has_validation:
+            evaluated = {
+                k.removeprefix("eval_"): v
+                for k, v in self.metrics.items()
+                if isinstance(v, (int, float)) and k.removeprefix("eval_") not in _EVAL_NOISE
+            }
+            metrics.update(self.run.sync(self.run.end_validation(evaluated)))
+        stop = self.run.sync(self.run.end_epoch(self.epoch, metrics))
+        if stop or self.epoch >= self.run.num_epochs:
+            control.should_training_stop = True

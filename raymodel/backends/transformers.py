@@ -1,0 +1,262 @@
+"""Hugging Face transformers: ``RayTransformersModel`` on ``TorchTrainer`` + Hugging Face's ``Trainer``.
+
+Each Ray Train worker runs ``Trainer.train`` (through Ray's ``prepare_trainer``); an epoch is a
+``Trainer`` epoch. The ``TrainingArguments`` come from the settings (epochs, batch size, seed,
+precision, accumulation, clipping, ``lr`` and ``weight_decay`` from the config; an evaluation, a log
+and a checkpoint of the ``Trainer``'s own each epoch), and ``training_args(args)`` adjusts the rest.
+A callback of raymodel's drives the run's lifecycle from the ``Trainer``'s callback points:
+``on_epoch_begin`` begins an epoch, ``on_epoch_end`` begins validation, ``on_evaluate`` carries its
+metrics, and ``on_save`` (after the ``Trainer`` wrote its checkpoint) ends the epoch, so the history
+row, the stop vote and raymodel's checkpoint come after everything the ``Trainer`` does in an epoch.
+
+Hooks: every hook of ``raymodel.hooks`` but ``before_batch`` (the ``Trainer`` feeds its own batches:
+change them in a data collator); ``after_batch`` is called once per optimizer step with no outputs.
+A row holds ``loss`` (the epoch's mean training loss over every worker) and the ``Trainer``'s
+``eval_*`` metrics as ``val_*`` (raymodel's name for every backend: ``eval_loss`` is ``val_loss``).
+
+A checkpoint holds the ``Trainer``'s own checkpoint folder: ``save_pretrained``'s model and tokenizer,
+the optimizer, the LR scheduler and the trainer state; a run resumes with
+``Trainer.train(resume_from_checkpoint=...)``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+
+from raymodel._internal import tmp
+from raymodel._internal.deps import require
+from raymodel.backends._torch_backend import TorchBackend
+from raymodel.contract import Model
+from raymodel.exceptions import ModelDefinitionError
+from raymodel.model import RayModel
+
+if TYPE_CHECKING:
+    import os
+
+#: The folder inside a checkpoint's state folder: a plain transformers folder plus the ``Trainer``'s state.
+HF_FOLDER = "hf"
+
+
+class TransformersBackend(TorchBackend):
+    """The torch backend's inference context and isolation; HF's ``Trainer``, checkpoints and text I/O."""
+
+    name = "transformers"
+    extra = "transformers"
+    imports = ("torch", "transformers", "datasets", "accelerate")
+    packages = ("torch", "transformers", "tokenizers", "datasets", "accelerate")
+    accepts = ("torch_dataset",)
+    required_methods = ("setup",)
+    hook_notes = {
+        "before_batch": "no (the Trainer feeds its own batches; change them in a data collator)",
+        "after_batch": "yes (once per optimizer step, outputs None)",
+    }
+    state_keys = ("transformers", "modules")
+    strategies = ("ddp",)
+    elastic = False
+
+    def import_framework(self) -> None:
+        for module in self.imports:
+            require(module, self.extra)
+
+    def worker_loop(self, run: Any) -> Any:
+        from raymodel.backends._hf_loop import TrainerLoop
+
+        return TrainerLoop(run)
+
+    def after_user_setup(self, model: Model, returned: Any) -> None:
+        import transformers
+
+        hf = getattr(model, "model", None)
+        if not isinstance(hf, transformers.PreTrainedModel):
+            got = "nothing" if hf is None else f"a {type(hf).__name__}"
+            raise ModelDefinitionError(
+                f"`{type(model).__name__}.setup` must assign `self.model`, a transformers `PreTrainedModel` "
+                f"(e.g. `self.model = BertForSequenceClassification(BertConfig(...))`); it assigned {got}."
+            )
+
+    def prepare_data(self, model: Model, data: Any) -> Any:
+        from raymodel.data import DataSpec
+
+        if data is None or isinstance(data, DataSpec):
+            return data
+        from raymodel.backends._hf_data import prepare
+
+        return prepare(model, data)
+
+    def input_signature(self, model: Model, spec: Any) -> dict[str, Any] | None:
+        return None  # text in: what a request must hold is checked by `preprocess`
+
+    # ---------------------------------------------------------------- state
+    def get_state(self, model: Model) -> dict[str, Any]:
+        """The model and tokenizer as ``save_pretrained`` writes them (outside a run: ``model.save``)."""
+        staging = tmp.make("hf-state")
+        _save_pretrained(model, staging)
+        return {"transformers": str(staging)}
+
+    def write_state(self, model: Model, state: dict[str, Any], directory: Path) -> None:
+        if "transformers" not in state:
+            return super().write_state(model, state, directory)
+        shutil.move(state["transformers"], directory / HF_FOLDER)
+
+    def read_state(self, model: Model, directory: Path) -> dict[str, Any]:
+        source = directory / HF_FOLDER
+        if not source.is_dir():
+            return super().read_state(model, directory)
+        copy = tmp.make("hf-state")  # outlives the checkpoint's local copy (a run resumes from it)
+        shutil.copytree(source, copy, dirs_exist_ok=True)
+        return {"transformers": str(copy)}
+
+    def set_state(self, model: Model, state: dict[str, Any]) -> None:
+        folder = state.get("transformers")
+        if folder is None:
+            return super().set_state(model, state)
+        from raymodel.backends._hf_data import quiet
+
+        with quiet():
+            loaded = type(model.model).from_pretrained(folder)
+        model.model.load_state_dict(loaded.state_dict())
+
+    # ------------------------------------------------------------ inference
+    def preprocess(self, model: Model, payload: Any) -> Any:
+        from raymodel.backends import _hf_text
+
+        return _hf_text.preprocess(model, payload)
+
+    def forward(self, model: Model, x: Any) -> Any:
+        from raymodel.backends import _hf_text
+
+        return _hf_text.forward(model, x)
+
+    def postprocess(self, model: Model, output: Any) -> Any:
+        from raymodel.backends import _hf_text
+
+        return _hf_text.postprocess(model, output)
+
+    def stack(self, inputs: Sequence[Any]) -> Any:
+        from raymodel.backends import _hf_text
+
+        return _hf_text.stack(inputs)
+
+    def stream(self, model: Model, payload: Any) -> Iterator[str]:
+        from raymodel.backends import _hf_text
+
+        return _hf_text.stream(model, payload)
+
+    def batch_input(self, model: Model, batch: Mapping[str, Any]) -> Any:
+        """``predict_batch``: the text column of each Ray Data batch."""
+        column = getattr(model, "text_column", "text")
+        if column not in batch:
+            raise ValueError(f"`predict_batch` of a transformers model needs a `{column}` column; got {sorted(batch)}.")
+        return self.preprocess(model, {"text": [str(t) for t in batch[column]]})
+
+
+class RayTransformersModel(RayModel):
+    """A Hugging Face transformers model, trained with HF's ``Trainer`` on Ray Train workers.
+
+    ``setup(config)`` assigns ``self.model`` (any ``PreTrainedModel``) and ``self.tokenizer``;
+    ``tokenize(batch)`` turns a batch of the data's columns into the model's inputs (default: the
+    tokenizer over ``batch["text"]``). The data: a ``datasets.Dataset`` or ``DatasetDict``, a
+    ``ray.data`` Dataset, a pandas DataFrame or a dict of lists (or ``{"train": ..., "valid": ...}``
+    of them); a classifier's labels are the ``label`` column. ``predict`` and serving take text:
+    ``{"text": [...]}`` -> ``{"label": [...], "score": [...]}`` for a sequence classifier,
+    ``{"prompt": "...", "max_new_tokens": 8}`` -> ``{"text": "..."}`` for a causal LM
+    (``{"stream": true}`` streams it as server-sent events), the raw outputs for other heads.
+
+    Example:
+        >>> class Sentiment(rm.RayTransformersModel):
+        ...     def setup(self, config):
+        ...         self.tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]")
+        ...         self.model = BertForSequenceClassification(BertConfig(vocab_size=100, num_labels=2))
+        ...     def tokenize(self, batch):
+        ...         return self.tokenizer(batch["text"], padding="max_length", max_length=16, truncation=True)
+    """
+
+    backend = TransformersBackend()
+    #: The transformers ``PreTrainedModel`` that ``setup`` assigns.
+    model: Any = None
+    #: Its tokenizer (or processor), which ``setup`` assigns; saved with the model.
+    tokenizer: Any = None
+    #: The column the default ``tokenize`` (and ``predict_batch``) reads.
+    text_column: str = "text"
+    #: The default ``tokenize``'s truncation length.
+    max_length: int = 128
+
+    def tokenize(self, batch: dict[str, list[Any]]) -> Mapping[str, Any]:
+        """A batch of the data's columns (``{"text": [...], "label": [...]}``) -> the model's inputs
+        (``input_ids``, ``attention_mask``, ...). Applied once per dataset, on the driver."""
+        if self.tokenizer is None:
+            raise ModelDefinitionError(
+                f"`{type(self).__name__}` has no `self.tokenizer`: assign one in `setup`, or define `tokenize(batch)`."
+            )
+        return self.tokenizer(batch[self.text_column], truncation=True, max_length=self.max_length)
+
+    def training_args(self, args: Any) -> Any:
+        """Adjust the ``TrainingArguments`` raymodel built (a scheduler, warm-up, weight decay, ...) and
+        return them. The epochs, evaluation, logging, saving and ``output_dir`` stay raymodel's."""
+        return args
+
+    def data_collator(self) -> Any:
+        """The ``Trainer``'s data collator; ``None``: padding for a classifier, language modelling
+        labels (``DataCollatorForLanguageModeling(mlm=False)``) for a causal LM."""
+        return None
+
+    def compute_metrics(self, predictions: Any, labels: Any) -> dict[str, float]:
+        """Metrics of an evaluation from the gathered predictions and labels (numpy). Default:
+        ``accuracy`` for a sequence classifier, nothing else (a causal LM's ``val_loss`` is reported)."""
+        import numpy as np
+
+        logits = predictions[0] if isinstance(predictions, tuple) else predictions
+        return {"accuracy": float((np.asarray(logits).argmax(-1) == np.asarray(labels)).mean())}
+
+    def save_pretrained(self, path: str | os.PathLike[str]) -> str:
+        """Write a plain transformers folder (model and tokenizer) that ``AutoModel...from_pretrained``
+        and ``AutoTokenizer.from_pretrained`` load without raymodel; returns its path."""
+        self.ensure_setup()
+        target = Path(path)
+        with tmp.replacing(target.resolve(), ".raymodel-pretrained") as staging:  # whole or not at all
+            _save_pretrained(self, staging)
+        return str(target)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str], config: Mapping[str, Any] | None = None) -> Any:
+        """An instance whose ``self.model`` (and ``self.tokenizer``, where the folder has one) are
+        loaded from a transformers folder (``save_pretrained``'s, or any local one)."""
+        from raymodel.exceptions import CheckpointError
+
+        folder = Path(path)
+        if not (folder / "config.json").is_file():
+            raise CheckpointError(
+                f"`{path}` is not a transformers folder (it has no config.json); pass a folder that "
+                "`save_pretrained` wrote."
+            )
+        model = cls(config=config)
+        model.ensure_setup()
+        from raymodel.backends._hf_data import quiet
+
+        with quiet():
+            model.model = type(model.model).from_pretrained(folder)
+        if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
+            from transformers import AutoTokenizer
+
+            model.tokenizer = AutoTokenizer.from_pretrained(folder)
+        model.source = {"pretrained": str(folder)}
+        return model
+
+    def stream(self, payload: Mapping[str, Any]) -> Iterator[str]:
+        """A causal LM's generation for ``{"prompt": "...", "max_new_tokens": n}``, one token at a time."""
+        self.ensure_setup()
+        return self.backend.stream(self, payload)
+
+
+def _save_pretrained(model: Any, folder: Path) -> None:
+    from raymodel.backends._hf_data import quiet
+
+    with quiet():
+        model.model.save_pretrained(folder)
+    if model.tokenizer is not None and hasattr(model.tokenizer, "save_pretrained"):
+        model.tokenizer.save_pretrained(folder)
+
+
+__all__ = ["RayTransformersModel", "TransformersBackend"]
