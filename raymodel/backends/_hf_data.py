@@ -20,7 +20,14 @@ from raymodel.data import DataSpec, TorchDataset
 from raymodel.exceptions import DataError, ModelDefinitionError
 
 #: Split names of a dict of splits (``DatasetDict``'s ``validation``/``test`` included).
-SPLITS = {"train": "train", "training": "train", "valid": "valid", "validation": "valid", "val": "valid", "eval": "valid"}
+SPLITS = {
+    "train": "train",
+    "training": "train",
+    "valid": "valid",
+    "validation": "valid",
+    "val": "valid",
+    "eval": "valid",
+}
 #: Label columns the ``Trainer`` passes to the model.
 LABELS = ("label", "labels", "label_ids")
 _CACHE: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
@@ -120,7 +127,8 @@ def to_dataset(value: Any, where: str) -> Any:
 def tokenized(model: Any, dataset: Any, split: str, task: str) -> Any:
     """``dataset`` with ``model.tokenize``'s columns (and the label), checked on two rows first."""
     method = type(model).tokenize
-    key = (dataset._fingerprint, type(model).__qualname__, getattr(method, "__code__", method), _config_key(model.config))
+    code = getattr(method, "__code__", method)
+    key = (dataset._fingerprint, type(model).__qualname__, code, _config_key(model.config))
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
@@ -158,7 +166,8 @@ def _tokenize(model: Any, batch: dict[str, list[Any]]) -> dict[str, Any]:
         raise
     except Exception as exc:
         raise ModelDefinitionError(
-            f"`{type(model).__name__}.tokenize` failed on a batch of columns {sorted(batch)}: {type(exc).__name__}: {exc}"
+            f"`{type(model).__name__}.tokenize` failed on a batch of columns {sorted(batch)}: "
+            f"{type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(out, Mapping):
         raise ModelDefinitionError(

@@ -88,7 +88,7 @@ class TrainerLoop(TorchLoop):
             from accelerate.state import AcceleratorState
 
             AcceleratorState._reset_state(reset_partial_state=False)
-        except Exception:  # noqa: BLE001, S110 - an older accelerate: nothing kept
+        except Exception:  # noqa: BLE001 - an older accelerate: nothing kept
             pass
 
     async def run_epochs(self, first: int, last: int) -> None:
@@ -237,7 +237,7 @@ class _Bridge(transformers.TrainerCallback):
         if logs and "loss" in logs:
             self.loss = float(logs["loss"])
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kw: Any) -> None:
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **_: Any) -> None:
         self.metrics = dict(metrics or {})
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -92,7 +92,7 @@ def _strings(value: Any, field: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not value:
-        raise TypeError(f'`{field}` must be a string or a non-empty list of strings; got {_kind(value)}')
+        raise TypeError(f"`{field}` must be a string or a non-empty list of strings; got {_kind(value)}")
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise TypeError(f"`{field}[{i}]` must be a string; got {_kind(item)}")

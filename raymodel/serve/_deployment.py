@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import orjson
 from ray import serve
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from raymodel._internal import cluster, signature
 from raymodel._internal.schema import describe, openapi, schemas_of
@@ -42,6 +42,7 @@ from raymodel.registry import sources
 logger = logging.getLogger("ray.serve")
 
 CLIENT_ERRORS = (ValueError, TypeError, KeyError)
+_END = object()  # the end of a streamed answer
 INLINE_BATCH_S = 0.002  # recent batches faster than this run on the event loop, slower ones on a thread
 
 
@@ -133,8 +134,41 @@ class ModelServer:
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
         if refused is not None:
             return refused
+        if isinstance(payload, dict) and payload.get("stream") is True:
+            return self._stream(payload)
         status, content, size, model = await self._answer(payload)
         return _json(content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
+
+    def _stream(self, payload: dict[str, Any]) -> Any:
+        """``{"stream": true, ...}``: the model's answer piece by piece as server-sent events, one
+        ``data: {"token": ...}`` event each, then ``data: [DONE]``. A request the model refuses is a 422
+        before the stream starts; a failure after it is an ``event: error``."""
+        model = self.model
+        began = time.monotonic()
+        try:
+            pieces = iter(model.backend.stream(model, payload))
+        except CLIENT_ERRORS as exc:
+            return _error(422, "invalid payload", _message(exc))
+
+        async def events() -> Any:
+            loop = asyncio.get_running_loop()
+            try:
+                while True:
+                    piece = await loop.run_in_executor(None, next, pieces, _END)
+                    if piece is _END:
+                        break
+                    yield b"data: " + orjson.dumps({"token": piece}) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+            except Exception as exc:  # noqa: BLE001 - the status line is sent: the error is an event
+                logger.error("a streamed answer failed\n%s", traceback.format_exc())
+                yield (
+                    b"event: error\ndata: " + orjson.dumps({"error": "model error", "detail": _message(exc)}) + b"\n\n"
+                )
+            finally:
+                self.requests.append((time.time(), time.monotonic() - began))
+
+        headers = {"x-raymodel-model": _label(model), "Cache-Control": "no-cache"}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
     async def predict(self, payload: Any) -> Any:
         """In-cluster calls through a Serve handle: the same path, minus HTTP."""

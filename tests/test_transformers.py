@@ -1,0 +1,241 @@
+"""RayTransformersModel: Hugging Face's Trainer from one class, on the session's real Ray.
+
+A tiny BERT (built from a config, a tokenizer made in code) learns a generated sentiment set on two
+workers from a `DatasetDict`, one row per epoch with the Trainer's evaluation; its `save_pretrained`
+folder loads in plain transformers and predicts the same; a checkpoint, a registry version and an
+HTTP route answer text (a 4xx for what is not text); a tiny GPT-2 generates and streams its tokens as
+server-sent events; a job streams, takes a new lr and stops; a killed worker resumes; ASHA tunes
+2-worker trials; bad input fails before Ray is touched.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import requests
+from conformance import CrashOnce
+from hf_models import Sentiment, Writer, sentiment_data, sentiment_rows, story_rows
+from waiting import until
+
+import raymodel as rm
+from raymodel.exceptions import DataError, MissingDependencyError, ModelDefinitionError
+
+TWO = {"num_workers": 2, "num_epochs": 3, "batch_size": 16, "progress": False}
+TEXTS = ["a good day and a great film", "the food was awful and sad", "it is very nice", "we saw a grim dark film"]
+EXPECTED = [1, 0, 1, 0]
+TRIAL = {"num_workers": 2, "batch_size": 16, "resources_per_worker": {"CPU": 0.95}}  # + the trial function's share
+
+
+# ------------------------------------------------------------------ bad input, before any resource
+class NoModel(rm.RayTransformersModel):
+    def setup(self, config):
+        self.tokenizer = None  # and no self.model
+
+
+class ExtraColumns(Sentiment):
+    def tokenize(self, batch):
+        return {**super().tokenize(batch), "pixels": [[0.0]] * len(batch["text"])}
+
+
+def test_a_model_without_a_pretrained_model_fails_before_ray(no_ray):
+    with pytest.raises(ModelDefinitionError, match=r"`NoModel.setup` must assign `self.model`, a transformers"):
+        NoModel().train(TWO, data=sentiment_rows(8))
+
+
+def test_tokenize_columns_the_model_does_not_take_are_named(no_ray):
+    with pytest.raises(ModelDefinitionError) as caught:
+        ExtraColumns().train(TWO, data=sentiment_rows(8))
+    message = str(caught.value)
+    assert "`ExtraColumns.tokenize` returned ['pixels']" in message
+    assert "`BertForSequenceClassification.forward` does not take" in message and "'input_ids'" in message
+
+
+def test_a_classifier_needs_a_label_column(no_ray):
+    with pytest.raises(DataError, match=r"The `train` split has no label column \(columns: \['text'\]\)"):
+        Sentiment().train(TWO, data={"text": ["a good day", "a bad day"]})
+
+
+def test_data_that_is_no_dataset_frame_or_columns_is_refused(no_ray):
+    with pytest.raises(DataError, match=r"`data` is a ndarray; the transformers backend trains on a `datasets"):
+        Sentiment().train(TWO, data=np.zeros((4, 3)))
+    with pytest.raises(DataError, match=r"the columns differ in length \(\{'text': 2, 'label': 1\}\)"):
+        Sentiment().train(TWO, data={"text": ["a", "b"], "label": [1]})
+    with pytest.raises(DataError, match=r"`data\['valid'\]` has no rows"):
+        Sentiment().train(TWO, data={"train": sentiment_rows(4), "valid": {"text": [], "label": []}})
+
+
+def test_missing_transformers_names_its_extra(no_ray, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    with pytest.raises(MissingDependencyError, match=r"pip install 'raymodel\[transformers\]'"):
+        Sentiment().train(TWO, data=sentiment_rows(8))
+
+
+def test_every_form_of_text_data_is_tokenized_once(no_ray):
+    import datasets
+
+    model = Sentiment()
+    rows = sentiment_rows(16)
+    forms = {
+        "dict of columns": rows,
+        "DataFrame": pd.DataFrame(rows),
+        "Dataset": datasets.Dataset.from_dict(rows),
+        "DatasetDict": datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}),
+    }
+    for form, data in forms.items():
+        spec = model.backend.prepare_data(model, data)
+        train = spec.splits["train"].dataset
+        assert sorted(train.column_names) == ["attention_mask", "input_ids", "label"], form
+        assert len(train) == 16 and len(train[0]["input_ids"]) == 16 and train["label"] == rows["label"], form
+    same = datasets.Dataset.from_dict(rows)
+    first = model.backend.prepare_data(model, {"train": same, "validation": same})
+    assert set(first.splits) == {"train", "valid"}
+    again = model.backend.prepare_data(model, {"train": same})  # tokenized once: the cached dataset
+    assert again.splits["train"].dataset is first.splits["train"].dataset
+
+
+def test_what_is_not_text_is_a_data_error_naming_what_is_expected(no_ray):
+    model = Sentiment()
+    assert set(model.predict({"text": "a good day"})) == {"label", "score"}
+    for payload, fragment in [
+        ({"pixels": [[0.1]]}, 'expected {"text": "..."}'),
+        ({"text": [1, 2]}, "`text[0]` must be a string; got int 1"),
+        ({"text": []}, "`text` must be a string or a non-empty list of strings"),
+    ]:
+        with pytest.raises(DataError, match=None) as caught:
+            model.predict(payload)
+        assert fragment in str(caught.value), (payload, str(caught.value))
+    writer = Writer()
+    with pytest.raises(DataError, match=r"`max_new_tokens` must be in \[1, 4096\]; got 0"):
+        writer.predict({"prompt": "the good", "max_new_tokens": 0})
+    with pytest.raises(DataError, match=r"unknown generation option\(s\) \['beams'\]"):
+        writer.predict({"prompt": "the good", "beams": 2})
+    with pytest.raises(ValueError, match=r"`BertForSequenceClassification` does not generate text"):
+        model.stream({"prompt": "the good"})
+
+
+# ------------------------------------------------------------------------------------- on Ray
+@pytest.mark.integration
+def test_a_tiny_bert_learns_on_two_workers_and_its_weights_travel_everywhere(ray_session, registry, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = Sentiment()
+    result = model.train(TWO, data=sentiment_data())
+    assert [row["epoch"] for row in result.history] == [1, 2, 3]
+    for row in result.history:
+        assert {"loss", "val_loss", "val_accuracy"} <= set(row), row
+    assert result.metrics["val_accuracy"] > 0.9, result.history
+    expected = model.predict({"text": TEXTS})
+    assert expected["label"] == EXPECTED and all(0.5 < s <= 1.0 for s in expected["score"])
+
+    folder = model.save_pretrained(tmp_path / "sentiment")  # plain transformers, no raymodel
+    plain = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs = tokenizer(TEXTS, padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+    logits = plain(**inputs).logits.detach()
+    assert logits.argmax(-1).tolist() == EXPECTED
+    probs = logits.softmax(-1).max(-1).values.tolist()
+    assert np.allclose(probs, expected["score"], atol=1e-5)
+    assert same(Sentiment.from_pretrained(folder).predict({"text": TEXTS}), expected)
+
+    assert same(rm.RayModel.from_checkpoint(result.checkpoint).predict({"text": TEXTS}), expected)
+    rm.registry.put(model, key="sentiment")
+    assert same(rm.registry.get("sentiment").predict({"text": TEXTS}), expected)
+    served = model.serve("/sentiment")
+    try:
+        answer = requests.post(served.url, json={"text": TEXTS}, timeout=30)
+        assert answer.status_code == 200 and same(answer.json(), expected)
+        for payload in ({"text": [[0.1, 0.2]]}, {"pixels": [[0.1]]}, [1, 2]):
+            wrong = requests.post(served.url, json=payload, timeout=30)
+            assert wrong.status_code == 422 and "text" in wrong.json()["detail"], wrong.text
+        refused = requests.post(served.url, json={"text": "a good day", "stream": True}, timeout=30)
+        assert refused.status_code == 422 and "does not generate text" in refused.text
+        assert same(requests.post(served.url, json={"text": TEXTS}, timeout=30).json(), expected)
+    finally:
+        served.shutdown()
+
+
+@pytest.mark.integration
+def test_a_tiny_gpt2_generates_and_streams_its_tokens_as_server_sent_events(ray_session):
+    writer = Writer()
+    result = writer.train({**TWO, "num_epochs": 3}, data=story_rows(400))
+    losses = [row["loss"] for row in result.history]
+    assert len(losses) == 3 and losses[-1] < losses[0], losses
+    answer = writer.predict({"prompt": "the good", "max_new_tokens": 4})
+    words = answer["text"].split()
+    assert 1 <= len(words) <= 4 and all(w in writer.tokenizer.get_vocab() for w in words), answer
+    local = list(writer.stream({"prompt": "the good", "max_new_tokens": 4}))
+    assert " ".join(local) == answer["text"]
+
+    served = writer.serve("/writer")
+    try:
+        plain = requests.post(served.url, json={"prompt": "the good", "max_new_tokens": 4}, timeout=30)
+        assert plain.status_code == 200 and plain.json() == answer
+        with requests.post(
+            served.url, json={"prompt": "the good", "max_new_tokens": 4, "stream": True}, stream=True, timeout=30
+        ) as streamed:
+            assert streamed.status_code == 200
+            assert streamed.headers["content-type"].startswith("text/event-stream")
+            events = [line for line in streamed.iter_lines(decode_unicode=True) if line]
+        assert events[-1] == "data: [DONE]", events
+        tokens = [rm_json(e.removeprefix("data: "))["token"] for e in events[:-1]]
+        assert tokens == local, events  # one event per token, as generated
+        bad = requests.post(served.url, json={"prompt": 5, "stream": True}, timeout=30)
+        assert bad.status_code == 422 and "`prompt` must be a string" in bad.text
+    finally:
+        served.shutdown()
+
+
+def same(answer: dict, expected: dict) -> bool:
+    """The same labels, and scores within float noise."""
+    return answer["label"] == expected["label"] and np.allclose(answer["score"], expected["score"], atol=1e-5)
+
+
+def rm_json(text: str) -> dict:
+    import json
+
+    return json.loads(text)
+
+
+@pytest.mark.integration
+def test_a_job_streams_takes_a_new_lr_at_the_next_epoch_and_stops_with_a_checkpoint(ray_session):
+    import ray
+
+    data = {"train": ray.data.from_pandas(pd.DataFrame(sentiment_rows(256))), "valid": pd.DataFrame(sentiment_rows(64))}
+    job = Sentiment().train({**TWO, "num_epochs": 30}, data=data, wait=False)
+    first = next(iter(job.stream()))
+    assert first["epoch"] == 1 and "val_accuracy" in first
+    job.update(config={"lr": 1e-4})
+    changed = until(lambda: [r for r in job.history() if r.get("changes")], timeout=120)[0]
+    assert changed["changes"] == {"lr": 1e-4} and job.changes[0]["config"] == {"lr": 1e-4}
+    job.stop()
+    result = job.wait(timeout=180)
+    assert job.status == "STOPPED" and 2 <= len(result.history) < 30 and result.checkpoint is not None
+    assert rm.RayModel.from_checkpoint(result.checkpoint).predict({"text": TEXTS})["label"]
+
+
+@pytest.mark.integration
+def test_a_killed_worker_resumes_from_its_newest_checkpoint_each_epoch_once(ray_session, tmp_path):
+    marker = tmp_path / "crashed"
+    crash = CrashOnce(str(marker), rank=1, epoch=2)
+    result = Sentiment().train({**TWO, "max_failures": 1, "callbacks": [crash]}, data=sentiment_data(256, 64))
+    assert marker.exists(), "the worker never crashed"
+    assert [row["epoch"] for row in result.history] == [1, 2, 3]  # epoch 1 came back from its checkpoint
+
+
+@pytest.mark.integration
+def test_asha_tunes_two_worker_trials_and_the_best_ends_in_the_instance(ray_session):
+    model = Sentiment()
+    tuned = model.tune(
+        {"lr": rm.tune.choice([5e-4, 2e-3])},
+        settings=rm.TuneSettings(num_samples=2, max_epochs=2, metric="val_accuracy", mode="max", train=TRIAL),
+        data=sentiment_data(256, 64),
+    )
+    assert tuned.num_trials == 2 and tuned.best_config["lr"] in (5e-4, 2e-3)
+    assert model.config["lr"] == tuned.best_config["lr"]
+    frame = tuned.dataframe()
+    assert len(frame) == 2 and tuned.best_metrics["val_accuracy"] == frame["val_accuracy"].max()
+    best = rm.RayModel.from_checkpoint(tuned.best_checkpoint)
+    assert same(best.predict({"text": TEXTS}), model.predict({"text": TEXTS}))
