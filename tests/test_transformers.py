@@ -160,7 +160,7 @@ def test_a_tiny_bert_learns_on_two_workers_and_its_weights_travel_everywhere(ray
 @pytest.mark.integration
 def test_a_tiny_gpt2_generates_and_streams_its_tokens_as_server_sent_events(ray_session):
     writer = Writer()
-    result = writer.train({**TWO, "num_epochs": 3}, data=story_rows(400))
+    result = writer.train({**TWO, "pool": False}, data=story_rows(400))  # a one-off Ray Train run
     losses = [row["loss"] for row in result.history]
     assert len(losses) == 3 and losses[-1] < losses[0], losses
     answer = writer.predict({"prompt": "the good", "max_new_tokens": 4})
@@ -218,11 +218,24 @@ def test_a_job_streams_takes_a_new_lr_at_the_next_epoch_and_stops_with_a_checkpo
 
 @pytest.mark.integration
 def test_a_killed_worker_resumes_from_its_newest_checkpoint_each_epoch_once(ray_session, tmp_path):
-    marker = tmp_path / "crashed"
-    crash = CrashOnce(str(marker), rank=1, epoch=2)
-    result = Sentiment().train({**TWO, "max_failures": 1, "callbacks": [crash]}, data=sentiment_data(256, 64))
+    marker, starts = tmp_path / "crashed", tmp_path / "starts"
+    callbacks = [CrashOnce(str(marker), rank=1, epoch=2), Starts(str(starts))]
+    result = Sentiment().train({**TWO, "max_failures": 1, "callbacks": callbacks}, data=sentiment_data(256, 64))
     assert marker.exists(), "the worker never crashed"
-    assert [row["epoch"] for row in result.history] == [1, 2, 3]  # epoch 1 came back from its checkpoint
+    assert starts.read_text().split() == ["0", "1"]  # the second attempt went on from epoch 1's checkpoint
+    assert [row["epoch"] for row in result.history] == [1, 2, 3]  # each epoch once (the Trainer's count agrees)
+
+
+class Starts(rm.Callback):
+    """Rank 0 writes where each attempt starts: 0 (fresh) or the epoch of the checkpoint it resumed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def before_fit(self):
+        if self.context.rank == 0:
+            with open(self.path, "a") as fh:
+                fh.write(f"{self.context.resumed_from}\n")
 
 
 @pytest.mark.integration

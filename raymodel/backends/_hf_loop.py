@@ -216,6 +216,12 @@ class _Bridge(transformers.TrainerCallback):
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.epoch += 1
+        done = int(round(state.epoch or 0))  # the Trainer's own count (its checkpoint's, after a resume)
+        if done != self.epoch - 1:
+            raise RuntimeError(
+                f"the Trainer begins its epoch {done + 1} where raymodel's run is at epoch {self.epoch}: its "
+                "checkpoint and the run's disagree (were `num_train_epochs` or the data changed by `training_args`?)"
+            )
         self.loss, self.metrics, self.step = None, {}, 0
         self.run.sync(self.run.begin_epoch(self.epoch))
 
