@@ -54,8 +54,7 @@ def _hand_written_loop(config: dict) -> None:
     import numpy as np
     import transformers
     from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
-    from transformers import BertConfig, BertForSequenceClassification
-    from transformers_sentiment import VOCAB, make_tokenizer
+    from transformers_sentiment import make_tokenizer, tiny_bert
 
     class EpochClock(transformers.TrainerCallback):
         def on_save(self, args, state, control, **kwargs):  # after the epoch's evaluation and checkpoint
@@ -63,18 +62,7 @@ def _hand_written_loop(config: dict) -> None:
                 with open(config["clock"], "a") as fh:
                     fh.write(f"{time.time()}\n")
 
-    model = BertForSequenceClassification(
-        BertConfig(
-            vocab_size=len(VOCAB),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=32,
-            num_labels=2,
-            pad_token_id=0,
-        )
-    )
+    model = tiny_bert(32)  # the example's model, built from its config
     args = transformers.TrainingArguments(
         output_dir=tempfile.mkdtemp(),
         num_train_epochs=config["epochs"],

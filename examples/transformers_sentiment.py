@@ -75,27 +75,32 @@ def sentiment_data(n_train: int = 512, n_valid: int = 128):
     )
 
 
+def tiny_bert(hidden: int = 32):
+    """A two-layer BERT classifier over ``VOCAB``, built from a config (random weights)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    return BertForSequenceClassification(
+        BertConfig(
+            vocab_size=len(VOCAB),
+            hidden_size=hidden,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=2 * hidden,
+            max_position_embeddings=32,
+            num_labels=2,
+            pad_token_id=0,
+        )
+    )
+
+
 class Sentiment(rm.RayTransformersModel):
     """A two-layer BERT classifier, 32 wide."""
 
     default_config = {"lr": 2e-3, "hidden": 32}
 
     def setup(self, config):
-        from transformers import BertConfig, BertForSequenceClassification
-
         self.tokenizer = make_tokenizer()
-        self.model = BertForSequenceClassification(
-            BertConfig(
-                vocab_size=len(VOCAB),
-                hidden_size=config["hidden"],
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                intermediate_size=2 * config["hidden"],
-                max_position_embeddings=32,
-                num_labels=2,
-                pad_token_id=0,
-            )
-        )
+        self.model = tiny_bert(config["hidden"])
 
     def tokenize(self, batch):
         return self.tokenizer(batch["text"], padding="max_length", truncation=True, max_length=16)
