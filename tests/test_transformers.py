@@ -11,6 +11,7 @@ server-sent events; a job streams, takes a new lr and stops; a killed worker res
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -214,6 +215,28 @@ def test_a_job_streams_takes_a_new_lr_at_the_next_epoch_and_stops_with_a_checkpo
     result = job.wait(timeout=180)
     assert job.status == "STOPPED" and 2 <= len(result.history) < 30 and result.checkpoint is not None
     assert rm.RayModel.from_checkpoint(result.checkpoint).predict({"text": TEXTS})["label"]
+
+
+class PauseAt(rm.Callback):
+    """Sleeps at the start of epoch `epoch` (on every worker), after the previous epoch's row is out."""
+
+    def __init__(self, epoch: int, seconds: float) -> None:
+        self.epoch, self.seconds = epoch, seconds
+
+    def before_epoch(self, epoch):
+        if epoch == self.epoch:
+            time.sleep(self.seconds)
+
+
+@pytest.mark.integration
+def test_more_epochs_asked_mid_run_go_on_with_a_stretched_schedule(ray_session):
+    settings = {**TWO, "num_epochs": 2, "callbacks": [PauseAt(2, 3.0)]}
+    job = Sentiment().train(settings, data=sentiment_data(256, 64), wait=False)
+    assert next(iter(job.stream()))["epoch"] == 1
+    job.update(settings={"num_epochs": 4})  # during epoch 2: the Trainer was built for 2 epochs
+    result = job.wait(timeout=180)
+    assert [row["epoch"] for row in result.history] == [1, 2, 3, 4] and job.status == "SUCCEEDED"
+    assert result.history[2]["changes"] == {"num_epochs": 4}
 
 
 @pytest.mark.integration

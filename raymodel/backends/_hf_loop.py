@@ -66,14 +66,20 @@ class TrainerLoop(TorchLoop):
             self.pending_config = {**self.pending_config, **changes}
 
     def get_state(self) -> dict[str, Any]:
-        """The ``Trainer``'s checkpoint folder of this epoch (rank 0's holds the model and optimizer)."""
-        folder = Path(self.output_dir) / f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-"
-        folder = folder.with_name(folder.name + str(self.trainer.state.global_step))
+        """A copy of the ``Trainer``'s checkpoint folder of this epoch (rank 0's holds the model and
+        optimizer); the folder itself stays, for a ``Trainer`` that goes on from it."""
         if self.run.rank != 0:
             return {}
+        folder = self._checkpoint_folder()
         if not folder.is_dir():
             raise RuntimeError(f"the Trainer wrote no checkpoint at {folder}")
-        return {"transformers": str(folder)}
+        copy = tmp.make("hf-state")
+        shutil.copytree(folder, copy, dirs_exist_ok=True)
+        return {"transformers": str(copy)}
+
+    def _checkpoint_folder(self) -> Path:
+        step = self.trainer.state.global_step
+        return Path(self.output_dir) / f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-{step}"
 
     def batches_per_epoch(self) -> int | None:
         state = getattr(self.trainer, "state", None)
@@ -92,26 +98,50 @@ class TrainerLoop(TorchLoop):
             pass
 
     async def run_epochs(self, first: int, last: int) -> None:
+        """``Trainer.train`` to ``run.num_epochs``. The ``Trainer`` fixes its number of epochs (and its LR
+        schedule) when it starts, so when ``job.update`` raises ``num_epochs`` mid-run a new ``Trainer``
+        goes on from the last one's newest checkpoint, its schedule stretched to the new end."""
+        bridge = _Bridge(self.run, self, first)
+        while True:
+            target = self.run.num_epochs
+            self.trainer = self._trainer(target, bridge)
+            await asyncio.to_thread(self._train)
+            if bridge.stopped or bridge.epoch >= self.run.num_epochs or bridge.epoch < target:
+                return
+            self.resume = self._shared_checkpoint()  # num_epochs grew: go on from here
+
+    def _shared_checkpoint(self) -> str:
+        """The newest ``Trainer`` checkpoint on every worker: rank 0 wrote the model, optimizer and state
+        into its own folder (the others only their RNG state), so they get its files (a collective)."""
+        folder = self._checkpoint_folder()
+        files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        shared = self.run.all_gather(files if self.run.rank == 0 else None)[0]
+        if self.run.rank != 0:
+            for rel, data in shared.items():
+                if not (folder / rel).exists():  # this worker's own RNG state stays
+                    (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / rel).write_bytes(data)
+        return str(folder)
+
+    def _trainer(self, last: int, bridge: _Bridge) -> Any:
         run, model = self.run, self.model
         train = _dataset(run.splits["train"])
         valid = _dataset(run.splits["valid"]) if self.has_validation else None
-        args = self.arguments(last, validate=valid is not None)
         trainer = transformers.Trainer(
             model=model.model,
-            args=args,
+            args=self.arguments(last, validate=valid is not None),
             train_dataset=train,
             eval_dataset=valid,
             processing_class=model.tokenizer,
             data_collator=self.collator(),
             compute_metrics=self.metrics_function() if valid is not None else None,
-            callbacks=[_Bridge(run, self, first)],
+            callbacks=[bridge],
         )
         if run.session.on_ray_train:
             from ray.train.huggingface.transformers import prepare_trainer
 
             trainer = prepare_trainer(trainer)
-        self.trainer = trainer
-        await asyncio.to_thread(self._train)
+        return trainer
 
     def _train(self) -> None:
         from raymodel.backends._hf_data import quiet
@@ -208,6 +238,7 @@ class _Bridge(transformers.TrainerCallback):
         self.loss: float | None = None
         self.metrics: dict[str, Any] = {}
         self.step = 0
+        self.stopped = False  # the run's stop vote (or job.stop) ended it
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.loop.pending_config:  # after the Trainer restored its checkpoint: the change wins
@@ -255,6 +286,6 @@ class _Bridge(transformers.TrainerCallback):
                 if isinstance(v, (int, float)) and k.removeprefix("eval_") not in _EVAL_NOISE
             }
             metrics.update(self.run.sync(self.run.end_validation(evaluated)))
-        stop = self.run.sync(self.run.end_epoch(self.epoch, metrics))
-        if stop or self.epoch >= self.run.num_epochs:
+        self.stopped = self.run.sync(self.run.end_epoch(self.epoch, metrics))
+        if self.stopped or self.epoch >= self.run.num_epochs:
             control.should_training_stop = True

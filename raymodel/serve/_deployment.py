@@ -35,7 +35,7 @@ from starlette.responses import Response, StreamingResponse
 
 from raymodel._internal import cluster, signature
 from raymodel._internal.schema import describe, openapi, schemas_of
-from raymodel.contract import batch_len, to_jsonable
+from raymodel.contract import Backend, batch_len, to_jsonable
 from raymodel.exceptions import DataError
 from raymodel.registry import sources
 
@@ -134,7 +134,7 @@ class ModelServer:
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
         if refused is not None:
             return refused
-        if isinstance(payload, dict) and payload.get("stream") is True:
+        if isinstance(payload, dict) and payload.get("stream") is True and _streams(self.model):
             return self._stream(payload)
         status, content, size, model = await self._answer(payload)
         return _json(content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
@@ -344,6 +344,12 @@ async def read_payload(request: Any, sub: str, max_body_bytes: int) -> tuple[Any
         return orjson.loads(body), None
     except ValueError as exc:
         return None, _error(400, "invalid JSON", f"The body is not valid JSON: {exc}")
+
+
+def _streams(model: Any) -> bool:
+    """Whether the model's backend answers piece by piece (``Backend.stream`` overridden, as a causal LM's
+    is); for any other model a ``"stream"`` key is the payload's own business."""
+    return type(model.backend).stream is not Backend.stream
 
 
 def _ingress() -> str:
