@@ -52,7 +52,7 @@ class TrainerLoop(TorchLoop):
         """DDP is the ``Trainer``'s (accelerate's) job."""
 
     def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)  # the weights
+        super().set_state({k: v for k, v in state.items() if k != "transformers_copy"})  # the weights; kept
         folder = state.get("transformers")
         if folder and (Path(folder) / transformers.trainer.TRAINER_STATE_NAME).is_file():
             self.resume = folder  # the rest (optimizer, scheduler, step): the Trainer restores it
@@ -77,6 +77,12 @@ class TrainerLoop(TorchLoop):
         shutil.copytree(folder, copy, dirs_exist_ok=True)
         return {"transformers": str(copy)}
 
+    def _forget_resume(self) -> None:
+        """Remove ``read_state``'s copy of the checkpoint this run resumed from (not a folder of its own)."""
+        if self.resume is not None and not self.resume.startswith(str(self.output_dir)):
+            shutil.rmtree(self.resume, ignore_errors=True)
+        self.resume = None
+
     def _checkpoint_folder(self) -> Path:
         step = self.trainer.state.global_step
         return Path(self.output_dir) / f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-{step}"
@@ -89,6 +95,7 @@ class TrainerLoop(TorchLoop):
 
     def close(self) -> None:
         self.trainer = None
+        self._forget_resume()
         shutil.rmtree(self.output_dir, ignore_errors=True)
         try:  # accelerate's process-wide state: the next job on a pool's worker builds its own
             from accelerate.state import AcceleratorState
@@ -108,14 +115,18 @@ class TrainerLoop(TorchLoop):
             await asyncio.to_thread(self._train)
             if bridge.stopped or bridge.epoch >= self.run.num_epochs or bridge.epoch < target:
                 return
-            self.resume = self._shared_checkpoint()  # num_epochs grew: go on from here
+            shared = self._shared_checkpoint()  # num_epochs grew: go on from here
+            self._forget_resume()
+            self.resume = shared
 
     def _shared_checkpoint(self) -> str:
         """The newest ``Trainer`` checkpoint on every worker: rank 0 wrote the model, optimizer and state
         into its own folder (the others only their RNG state), so they get its files (a collective)."""
         folder = self._checkpoint_folder()
-        files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-        shared = self.run.all_gather(files if self.run.rank == 0 else None)[0]
+        files = None
+        if self.run.rank == 0:
+            files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        shared = self.run.all_gather(files)[0]
         if self.run.rank != 0:
             for rel, data in shared.items():
                 if not (folder / rel).exists():  # this worker's own RNG state stays

@@ -106,17 +106,23 @@ class TransformersBackend(TorchBackend):
             return super().read_state(model, directory)
         copy = tmp.make("hf-state")  # outlives the checkpoint's local copy (a run resumes from it)
         shutil.copytree(source, copy, dirs_exist_ok=True)
-        return {"transformers": str(copy)}
+        return {"transformers": str(copy), "transformers_copy": True}
 
     def set_state(self, model: Model, state: dict[str, Any]) -> None:
+        """The weights of the state's folder; ``read_state``'s copy of it is removed after (a training
+        run's loop keeps it: the ``Trainer`` resumes from it)."""
         folder = state.get("transformers")
         if folder is None:
             return super().set_state(model, state)
         from raymodel.backends._hf_data import quiet
 
-        with quiet():
-            loaded = type(model.model).from_pretrained(folder)
-        model.model.load_state_dict(loaded.state_dict())
+        try:
+            with quiet():
+                loaded = type(model.model).from_pretrained(folder)
+            model.model.load_state_dict(loaded.state_dict())
+        finally:
+            if state.get("transformers_copy"):
+                shutil.rmtree(folder, ignore_errors=True)
 
     # ------------------------------------------------------------ inference
     def preprocess(self, model: Model, payload: Any) -> Any:
