@@ -349,7 +349,7 @@ async def read_payload(request: Any, sub: str, max_body_bytes: int) -> tuple[Any
 def _streams(model: Any) -> bool:
     """Whether the model's backend answers piece by piece (``Backend.stream`` overridden, as a causal LM's
     is); for any other model a ``"stream"`` key is the payload's own business."""
-    return type(model.backend).stream is not Backend.stream
+    return model is not None and type(model.backend).stream is not Backend.stream
 
 
 def _ingress() -> str:
