@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 
-from raymodel.serve._deployment import INLINE_BATCH_S, BatchRunner
+from raymodel.serve._batching import INLINE_BATCH_S, BatchRunner
 
 
 def recording(seconds: float):

@@ -29,7 +29,7 @@ def serve_env(ingress: str) -> dict[str, str]:
     straight to a replica's own HTTP server (no Python proxy, no actor call); ``"proxy"``: Serve's
     Python proxy actor, one actor call per request. Both run the replica's code on its main event
     loop (one thread hop less per request; a model whose batches take long runs them on a thread of
-    the replica's own: ``serve._deployment.BatchRunner``)."""
+    the replica's own: ``serve._batching.BatchRunner``)."""
     env = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
     if ingress != "haproxy":
         return env

@@ -16,7 +16,7 @@ import inspect
 import json
 from typing import Any, Iterator, Mapping
 
-from raymodel.data import DataSpec, TorchDataset
+from raymodel.data import DataSpec, TorchDataset, is_ray_dataset
 from raymodel.exceptions import DataError, ModelDefinitionError
 
 #: Split names of a dict of splits (``DatasetDict``'s ``validation``/``test`` included).
@@ -36,7 +36,7 @@ _CACHE_SIZE = 8
 
 def prepare(model: Any, data: Any) -> DataSpec:
     """``data`` -> a ``DataSpec`` of tokenized ``datasets.Dataset`` splits (``TorchDataset``), or ``DataError``."""
-    if callable(getattr(data, "setup", None)) and not _is_ray_dataset(data):
+    if callable(getattr(data, "setup", None)) and not is_ray_dataset(data):
         raise DataError(
             f"A data module (`{type(data).__name__}.setup`) is not supported by the transformers backend; pass "
             "the datasets themselves: a `datasets.Dataset`/`DatasetDict`, a DataFrame or a dict of columns."
@@ -104,7 +104,7 @@ def to_dataset(value: Any, where: str) -> Any:
 
     if isinstance(value, datasets.Dataset):
         dataset = value
-    elif _is_ray_dataset(value):
+    elif is_ray_dataset(value):
         dataset = datasets.Dataset.from_pandas(value.to_pandas(), preserve_index=False)
     elif type(value).__name__ == "DataFrame" and hasattr(value, "columns"):
         dataset = datasets.Dataset.from_pandas(value, preserve_index=False)
@@ -184,8 +184,3 @@ def _accepted_inputs(hf_model: Any) -> set[str]:
 
 def _config_key(config: Mapping[str, Any]) -> str:
     return json.dumps(config, sort_keys=True, default=repr)
-
-
-def _is_ray_dataset(value: Any) -> bool:
-    cls = type(value)
-    return cls.__module__.startswith("ray.data") and cls.__name__ in ("Dataset", "MaterializedDataset")

@@ -176,7 +176,6 @@ class TrainerLoop(TorchLoop):
             bf16=s.precision == "bf16-mixed",
             fp16=s.precision == "16-mixed",
             use_cpu=not s.use_gpu,
-            report_to="none",
             disable_tqdm=True,
             dataloader_num_workers=0,
         )

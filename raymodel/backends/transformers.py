@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from raymodel._internal import tmp
-from raymodel._internal.deps import require
 from raymodel.backends._torch_backend import TorchBackend
 from raymodel.contract import Model
 from raymodel.exceptions import ModelDefinitionError
@@ -55,10 +54,6 @@ class TransformersBackend(TorchBackend):
     state_keys = ("transformers", "modules")
     strategies = ("ddp",)
     elastic = False
-
-    def import_framework(self) -> None:
-        for module in self.imports:
-            require(module, self.extra)
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._hf_loop import TrainerLoop

@@ -170,7 +170,7 @@ def resolve(data: Any) -> DataSpec:
         return data
     if isinstance(data, Mapping):
         return _splits_from_mapping(data, where="`data`")
-    if callable(getattr(data, "setup", None)) and not _is_ray_dataset(data):
+    if callable(getattr(data, "setup", None)) and not is_ray_dataset(data):
         return DataSpec(module=data)
     return DataSpec({"train": to_split(data, "train", where="`data`")})
 
@@ -229,7 +229,7 @@ def to_split(value: Any, name: str, where: str) -> Any:
         return make_arrays(value[0], value[1] if len(value) == 2 else None, where)
     if isinstance(value, np.ndarray) or _is_dataframe(value):
         return make_arrays(value, None, where)
-    if _is_ray_dataset(value):
+    if is_ray_dataset(value):
         return RayDataset(name, value)
     if hasattr(value, "__getitem__") and hasattr(value, "__len__") and _is_torch_dataset(value):
         if len(value) == 0:
@@ -305,7 +305,8 @@ def _is_dataframe(value: Any) -> bool:
     return type(value).__name__ == "DataFrame" and hasattr(value, "columns")
 
 
-def _is_ray_dataset(value: Any) -> bool:
+def is_ray_dataset(value: Any) -> bool:
+    """Whether ``value`` is a ``ray.data`` Dataset (without importing Ray Data)."""
     cls = type(value)
     return cls.__module__.startswith("ray.data") and cls.__name__ in ("Dataset", "MaterializedDataset")
 

@@ -13,7 +13,8 @@ long runs them on the replica's one forward thread, and the loop keeps taking
 requests and answering health checks meanwhile. A batch that takes less than
 ``INLINE_BATCH_S`` (a small model's) runs on the loop itself: handing it to a
 thread and back costs more than the batch (the GIL changes hands twice, and the
-loop waits for it), 110 us per request of the digits MLP measured on 2 cores.
+loop waits for it), 110 us per request of the digits MLP measured on 2 cores. The batches
+themselves: ``_batching.py``.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ import threading
 import time
 import traceback
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 from ray import serve
@@ -35,23 +35,15 @@ from starlette.responses import Response, StreamingResponse
 
 from raymodel._internal import cluster, signature
 from raymodel._internal.schema import describe, openapi, schemas_of
-from raymodel.contract import Backend, batch_len, to_jsonable
+from raymodel.contract import Backend
 from raymodel.exceptions import DataError
 from raymodel.registry import sources
+from raymodel.serve._batching import BatchRunner, Failed, run_batch
 
 logger = logging.getLogger("ray.serve")
 
 CLIENT_ERRORS = (ValueError, TypeError, KeyError)
 _END = object()  # the end of a streamed answer
-INLINE_BATCH_S = 0.002  # recent batches faster than this run on the event loop, slower ones on a thread
-
-
-class _Failed:
-    """A per-request failure travelling through the batch in place of an output."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-        self.trace = "".join(traceback.format_exception(exc))
 
 
 class ModelServer:
@@ -82,7 +74,7 @@ class ModelServer:
         self._warned_at = -60.0
         self.ingress = _ingress()
         self.threads = cluster.set_threads(_cpu_share())
-        self._runner = BatchRunner(_run_batch)
+        self._runner = BatchRunner(run_batch)
         if self.ingress == "haproxy":
             _json_error_page()
         self._batched.set_max_batch_size(max_batch_size)
@@ -238,7 +230,7 @@ class ModelServer:
             except DataError as exc:
                 return 422, {"error": "invalid payload", "detail": str(exc)}, 0, model
         output, size = await self._batched((x, model))
-        if isinstance(output, _Failed):
+        if isinstance(output, Failed):
             request_id = _request_id()
             logger.error("request %s failed\n%s", request_id, output.trace)
             return 500, {"error": "model error", "detail": _message(output.exc), "request_id": request_id}, size, model
@@ -253,75 +245,6 @@ class ModelServer:
     async def _batched(self, items: list[tuple[Any, Any]]) -> list[tuple[Any, int]]:
         self.batch_sizes.append(len(items))
         return await self._runner(items)
-
-
-class BatchRunner:
-    """Runs each batch on the event loop or on a thread of its own, by how long recent batches
-    took (a moving average; the first batch, not yet timed, goes to the thread)."""
-
-    def __init__(self, run: Callable[[Any], Any], inline_s: float = INLINE_BATCH_S) -> None:
-        self.run, self.inline_s = run, inline_s
-        self.batch_s = float("inf")
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="raymodel-forward")
-
-    def where(self) -> str:
-        return "event loop" if self.batch_s < self.inline_s else "forward thread"
-
-    async def __call__(self, items: Any) -> Any:
-        if self.batch_s < self.inline_s:
-            result, took = self._timed(items)
-        else:
-            result, took = await asyncio.get_running_loop().run_in_executor(self._thread, self._timed, items)
-        self.batch_s = took if self.batch_s == float("inf") else 0.8 * self.batch_s + 0.2 * took
-        return result
-
-    def _timed(self, items: Any) -> tuple[Any, float]:
-        began = time.perf_counter()
-        return self.run(items), time.perf_counter() - began
-
-
-def _run_batch(items: list[tuple[Any, Any]]) -> list[tuple[Any, int]]:
-    """One ``forward`` per model in the batch, then each request's ``postprocess``."""
-    groups: dict[int, list[int]] = {}  # by model: two only while a new version is swapped in
-    for i, (_, model) in enumerate(items):
-        groups.setdefault(id(model), []).append(i)
-    outputs: list[Any] = [None] * len(items)
-    for indices in groups.values():
-        model = items[indices[0]][1]
-        for i, out in zip(indices, _forward_isolated(model, [items[i] for i in indices])):
-            outputs[i] = out
-    results = []
-    for out, (_, model) in zip(outputs, items):
-        if not isinstance(out, _Failed):
-            try:
-                out = to_jsonable(schemas_of(type(model)).check_output(model.postprocess(out)))
-            except Exception as exc:  # noqa: BLE001
-                out = _Failed(exc)
-        results.append((out, len(items)))
-    return results
-
-
-def _forward_isolated(model: Any, items: list[tuple[Any, Any]]) -> list[Any]:
-    """One batched ``forward``; if it fails, each request alone, so only the culprit fails."""
-    try:
-        return _forward_many(model, [x for x, _ in items])
-    except Exception:  # noqa: BLE001 - find the culprit
-        outputs = []
-        for x, _ in items:
-            try:
-                outputs.append(_forward_many(model, [x])[0])
-            except Exception as exc:  # noqa: BLE001
-                outputs.append(_Failed(exc))
-        return outputs
-
-
-def _forward_many(model: Any, inputs: list[Any]) -> list[Any]:
-    backend = model.backend
-    sizes = [batch_len(x) for x in inputs]
-    batch = backend.stack(inputs)
-    with backend.inference(model):
-        output = model.forward(batch)
-    return backend.split(output, sizes)
 
 
 async def read_payload(request: Any, sub: str, max_body_bytes: int) -> tuple[Any, Any]:

@@ -1,0 +1,92 @@
+"""A replica's batches: where each runs (the event loop or a thread of its own), one ``forward`` per
+batch, and a batch that fails retried request by request so only the culprit fails."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from raymodel._internal.schema import schemas_of
+from raymodel.contract import batch_len, to_jsonable
+
+INLINE_BATCH_S = 0.002  # recent batches faster than this run on the event loop, slower ones on a thread
+
+
+class Failed:
+    """A per-request failure travelling through the batch in place of an output."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+        self.trace = "".join(traceback.format_exception(exc))
+
+
+class BatchRunner:
+    """Runs each batch on the event loop or on a thread of its own, by how long recent batches
+    took (a moving average; the first batch, not yet timed, goes to the thread)."""
+
+    def __init__(self, run: Callable[[Any], Any], inline_s: float = INLINE_BATCH_S) -> None:
+        self.run, self.inline_s = run, inline_s
+        self.batch_s = float("inf")
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="raymodel-forward")
+
+    def where(self) -> str:
+        return "event loop" if self.batch_s < self.inline_s else "forward thread"
+
+    async def __call__(self, items: Any) -> Any:
+        if self.batch_s < self.inline_s:
+            result, took = self._timed(items)
+        else:
+            result, took = await asyncio.get_running_loop().run_in_executor(self._thread, self._timed, items)
+        self.batch_s = took if self.batch_s == float("inf") else 0.8 * self.batch_s + 0.2 * took
+        return result
+
+    def _timed(self, items: Any) -> tuple[Any, float]:
+        began = time.perf_counter()
+        return self.run(items), time.perf_counter() - began
+
+
+def run_batch(items: list[tuple[Any, Any]]) -> list[tuple[Any, int]]:
+    """One ``forward`` per model in the batch, then each request's ``postprocess``."""
+    groups: dict[int, list[int]] = {}  # by model: two only while a new version is swapped in
+    for i, (_, model) in enumerate(items):
+        groups.setdefault(id(model), []).append(i)
+    outputs: list[Any] = [None] * len(items)
+    for indices in groups.values():
+        model = items[indices[0]][1]
+        for i, out in zip(indices, _forward_isolated(model, [items[i] for i in indices])):
+            outputs[i] = out
+    results = []
+    for out, (_, model) in zip(outputs, items):
+        if not isinstance(out, Failed):
+            try:
+                out = to_jsonable(schemas_of(type(model)).check_output(model.postprocess(out)))
+            except Exception as exc:  # noqa: BLE001
+                out = Failed(exc)
+        results.append((out, len(items)))
+    return results
+
+
+def _forward_isolated(model: Any, items: list[tuple[Any, Any]]) -> list[Any]:
+    """One batched ``forward``; if it fails, each request alone, so only the culprit fails."""
+    try:
+        return _forward_many(model, [x for x, _ in items])
+    except Exception:  # noqa: BLE001 - find the culprit
+        outputs = []
+        for x, _ in items:
+            try:
+                outputs.append(_forward_many(model, [x])[0])
+            except Exception as exc:  # noqa: BLE001
+                outputs.append(Failed(exc))
+        return outputs
+
+
+def _forward_many(model: Any, inputs: list[Any]) -> list[Any]:
+    backend = model.backend
+    sizes = [batch_len(x) for x in inputs]
+    batch = backend.stack(inputs)
+    with backend.inference(model):
+        output = model.forward(batch)
+    return backend.split(output, sizes)
