@@ -261,3 +261,16 @@ def digits_data():
 
     X, y = load_digits(return_X_y=True)
     return rm.data.from_numpy((X / 16.0).astype(np.float32), y, valid_fraction=0.2)
+
+
+class SlowNet(TinyNet):
+    """``TinyNet`` whose every training step sleeps ``step_s`` (default 0.2 s): epochs long enough to
+    kill something in the middle of one."""
+
+    default_config = {**TinyNet.default_config, "step_s": 0.2}
+
+    def train_step(self, batch):
+        import time
+
+        time.sleep(self.config["step_s"])
+        return super().train_step(batch)

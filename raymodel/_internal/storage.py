@@ -101,18 +101,30 @@ def read_bytes(location: str) -> bytes:
 
 
 def write_text(location: str, text: str) -> None:
-    """Replace the small file at ``location`` whole (locally a temporary file renamed over it;
-    on an object store one PUT)."""
+    """Replace the small file at ``location`` whole (``write_bytes``)."""
+    write_bytes(location, text.encode())
+
+
+def write_bytes(location: str, data: bytes) -> None:
+    """Replace the file at ``location`` whole: locally a temporary file beside it, flushed to disk and
+    renamed over it (a kill at any point leaves the old file or the new one); on an object store one PUT."""
     if not is_uri(location):
         path = local_path(location)
         path.parent.mkdir(parents=True, exist_ok=True)
         staged = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(3).hex()}")
-        staged.write_text(text)
-        os.replace(staged, path)
+        try:
+            with open(staged, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(staged, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                staged.unlink()
         return
     fs, path = filesystem(location)
     with fs.open_output_stream(path) as fh:
-        fh.write(text.encode())
+        fh.write(data)
 
 
 def upload(source: str | Path, location: str, last: str | None = None) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from raymodel import contract
 from raymodel._internal import serialization
+from raymodel.jobs import _store
 from raymodel.jobs._client import init, server_handle
 from raymodel.jobs._constants import ACTIVE, DONE, UPDATABLE
 from raymodel.jobs._from_registry import check_register, load_data, split_sets
@@ -206,16 +207,18 @@ def submit_tune(
     model: Any, space: Any, settings: Any, data: Any, resume: bool, extra: dict[str, Any] | None = None
 ) -> Job:
     """``model.tune(..., wait=False)``: checked as ``tune()`` checks, then queued."""
+    from raymodel.jobs._request import arrays_to_files, why_not_durable
     from raymodel.tune import Tunable
 
     tunable = Tunable(model, space, settings=settings, data=data, resume=resume)  # every check, no Ray yet
     trial = tunable.trial_needs  # a trial's worker group on a pool is a job of its own
     settings = dataclasses.replace(tunable.settings, name=tunable.name)
+    job_id = _store.new_id("tune")
     payload = {
         "class": type(model),
         "config": dict(model.config),
         "settings": settings,
-        "data": tunable.spec,
+        "data": arrays_to_files(tunable.spec, job_id),
         "space": tunable.space,
         "resume": resume,
     }
@@ -230,6 +233,8 @@ def submit_tune(
         mode=tunable.settings.mode,
         priority=tunable.settings.priority,
         preemptible=tunable.settings.preemptible,
+        id=job_id,
+        not_durable=why_not_durable(tunable.spec),
         **(extra or {}),
     )
 

@@ -45,7 +45,15 @@ def server_handle(start: bool = True) -> Any:
         get_if_exists=True,
         max_concurrency=256,
         scheduling_strategy=cluster.on_this_node(),
-    ).remote(_home(), pool_idle_s())
+    ).remote(_home(), pool_idle_s(), prune_limits())
+
+
+def prune_limits() -> dict[str, float]:
+    """What the server keeps on disk (``RAYMODEL_PRUNE_AFTER_S``, ``RAYMODEL_PRUNE_MAX_MB``): see
+    ``jobs/_prune.py``."""
+    from raymodel.jobs._prune import limits_from_env
+
+    return limits_from_env()
 
 
 def _home() -> str:

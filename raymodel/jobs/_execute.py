@@ -23,6 +23,7 @@ def run_job(
     model_class: str = "?",
     datasets: dict[str, Any] | None = None,
     refs: list[Any] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """The job's outcome: ``{"result": ...}`` or ``{"error": ..., "traceback": ...}``, and for a job on a
     pool whether the pool can take the next job (``pool_ok``)."""
@@ -33,10 +34,9 @@ def run_job(
             f"The model class `{model_class}` cannot be loaded on the cluster: {type(exc).__name__}: {exc}. "
             "Install what it needs on every node (or define it in an importable module)."
         ) from exc
-    if kind == "train":
-        from raymodel.jobs._request import restore_refs
+    from raymodel.jobs._request import restore_refs
 
-        restore_refs(job["data"], datasets, refs)  # its Ray objects came as Ray arguments
+    restore_refs(job["data"], datasets, refs, into_store=kind == "train")  # Ray arguments, files
     server = running_handle()
     model = job["class"](config=job["config"])
     _restore_state(model, job.get("state"))
@@ -83,10 +83,17 @@ def run_job(
             train=train,
             callbacks=[*job["settings"].callbacks, JobTrials(server, runner.job_id)],
         )
-        tunable = Tunable(model, job["space"], settings=settings, data=job["data"], resume=job["resume"])
+        again = job["resume"] or (resume and _restorable(settings))  # a server restart: Tune's own state
+        tunable = Tunable(model, job["space"], settings=settings, data=job["data"], resume=again)
         tunable.stop = JobStopper(runner.job_id)
         result = tunable.fit()
     return {"result": dataclasses.asdict(result)}
+
+
+def _restorable(settings: Any) -> bool:
+    from raymodel._internal import locations, storage
+
+    return tune.Tuner.can_restore(storage.join(settings.storage_path or locations.runs_root(), settings.name))
 
 
 def _job_rows(server: Any, job_id: str) -> Any:

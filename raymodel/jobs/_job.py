@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -11,6 +12,9 @@ from raymodel.jobs._constants import DONE
 from raymodel.jobs._views import LONG_POLL_S, Stream, held
 
 _LONG_POLL_S = LONG_POLL_S
+#: How long a client waits for a restarted training server before it gives up.
+_RECONNECT_S = 120.0
+logger = logging.getLogger("raymodel")
 
 
 class JobNotFound(RayModelError):
@@ -26,10 +30,30 @@ class Job:
         self.summary: dict[str, Any] = dict(record)
         self._server = handle if handle is not None else server_handle()
 
-    def _record(self, until_done: float = 0.0) -> dict[str, Any]:
+    def _call(self, method: str, *args: Any) -> Any:
+        """``server.<method>(*args)``, riding through a restart of the server's actor: Ray retries the
+        call on the restarted actor; a handle whose actor is gone for good is looked up again."""
         import ray
 
-        record = ray.get(self._server.get.remote(self.id, until_done))
+        deadline = time.monotonic() + _RECONNECT_S
+        said = False
+        while True:
+            try:
+                return ray.get(getattr(self._server, method).remote(*args))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                if time.monotonic() > deadline:
+                    raise RayModelError(
+                        f"The training server did not come back within {_RECONNECT_S:g} s ({exc}); "
+                        "`raymodel server status` shows whether it runs."
+                    ) from exc
+                if not said:
+                    logger.warning("raymodel: the training server restarted; job %s waits for it to come back", self.id)
+                    said = True
+                time.sleep(0.5)
+                self._server = server_handle(start=False) or self._server
+
+    def _record(self, until_done: float = 0.0) -> dict[str, Any]:
+        record = self._call("get", self.id, until_done)
         if record is None:
             raise JobNotFound(f"No job `{self.id}` on this cluster's raymodel server.")
         return record
@@ -38,6 +62,13 @@ class Job:
     def status(self) -> str:
         """``PENDING`` | ``RUNNING`` | ``SUCCEEDED`` | ``FAILED`` | ``STOPPED``."""
         return self._record()["status"]
+
+    @property
+    def durable(self) -> bool:
+        """Whether the job outlives its server: its record, payload and data are in the server's
+        storage, so a restarted server (or head) runs it again. ``False`` for data held only in this
+        cluster's object store (a ``ray.data`` Dataset, ObjectRefs): ``job.logs()`` says why."""
+        return bool(self.summary.get("durable", False))
 
     @property
     def reason(self) -> str | None:
@@ -80,15 +111,13 @@ class Job:
         Raises:
             SettingsError: the change is not allowed (the message names it); the job is untouched.
         """
-        import ray
-
         from raymodel.exceptions import SettingsError
 
         if config is not None and not isinstance(config, dict):
             raise SettingsError(f"`config` must be a dict of config keys to new values (got {config!r}).")
         if settings is not None and not isinstance(settings, dict):
             raise SettingsError(f"`settings` must be a dict, e.g. {{'num_epochs': 40}} (got {settings!r}).")
-        answer = ray.get(self._server.update.remote(self.id, config, settings))
+        answer = self._call("update", self.id, config, settings)
         if "error" in answer:
             raise SettingsError(answer["error"])
         return answer["change"]
@@ -100,9 +129,7 @@ class Job:
 
     def history(self) -> list[dict[str, Any]]:
         """The epoch rows so far (tune rows carry ``trial_id``)."""
-        import ray
-
-        return ray.get(self._server.rows.remote(self.id, 0))[0]
+        return self._call("rows", self.id, 0)[0]
 
     def stream(self) -> Stream:
         """Each row as it arrives, from the first; ends when the job ends. Also an async iterator."""
@@ -115,7 +142,7 @@ class Job:
     def stop(self) -> None:
         """Graceful: the current epoch ends on every worker, a checkpoint is written, resources are
         freed; the job ends STOPPED. A PENDING job is dropped from the queue."""
-        self._server.stop.remote(self.id)
+        self._call("stop", self.id)
 
     def wait(self, timeout: float | None = None) -> Any:
         """The ``TrainResult`` or ``TuneResult`` (the result so far, for a STOPPED job).
@@ -172,4 +199,7 @@ def submit_request(kind: str, blob: bytes, info: dict[str, Any]) -> Job:
     import ray
 
     handle = server_handle()
-    return Job(ray.get(handle.submit.remote(kind, blob, info)), handle)
+    job = Job(ray.get(handle.submit.remote(kind, blob, info)), handle)
+    if info.get("not_durable") and not info.get("trial_id"):
+        logger.warning("raymodel: job %s is not durable (a server restart fails it): %s.", job.id, info["not_durable"])
+    return job

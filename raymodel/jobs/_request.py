@@ -9,8 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from raymodel._internal import locations, serialization
+import numpy as np
+
+from raymodel._internal import locations, serialization, storage
 from raymodel.data import Arrays, RayDataset
+from raymodel.jobs import _store
 from raymodel.train import TrainSettings, initial_state, worker_resources
 
 
@@ -35,10 +38,15 @@ def train_request(
     ``hub``: a blocking caller's, for its progress output (or a Tune trial's rows, which with
     ``deliver`` wait for the trial's answer); ``info`` and ``resume_from`` as for ``Trainable``.
     Ray objects (``ray.data`` Datasets, arrays already in the object store) go in ``info["datasets"]``
-    and ``info["refs"]``, Ray arguments (Ray tracks their owner), not in the pickled payload.
+    and ``info["refs"]``, Ray arguments (Ray tracks their owner), not in the pickled payload; they
+    make the job non-durable (``info["not_durable"]`` says why). Large arrays are written once to
+    the job's storage (``.npy``) and the payload holds where (``_store.StoredArray``).
     """
+    job_id = _store.new_id("train")
     datasets = spec.ray_datasets
+    not_durable = None if (info or {}).get("trial_id") else why_not_durable(spec)
     spec, refs = _refs_apart(spec)
+    spec = arrays_to_files(spec, job_id)
     if settings.name is None:  # fixed now: a preempted job resumes from its own run's checkpoints
         settings = dataclasses.replace(settings, name=locations.run_name(type(model).__name__))
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
@@ -54,6 +62,9 @@ def train_request(
         "resume_from": resume_from,
     }
     request: dict[str, Any] = {
+        "id": job_id,
+        "not_durable": not_durable,
+        "run_path": storage.join(settings.storage_path or locations.runs_root(), settings.name),
         "needs": needs,
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "settings": repr(settings),
@@ -107,13 +118,51 @@ def _refs_apart(spec: Any) -> tuple[Any, list[Any]]:
     return dataclasses.replace(spec, splits=splits), refs
 
 
-def restore_refs(spec: Any, datasets: dict[str, Any] | None, refs: list[Any] | None) -> None:
-    """Put a job's Ray objects back into its data (in the job's runner), in place."""
+def why_not_durable(spec: Any) -> str | None:
+    """Why a job of this data cannot outlive its server (``None``: it can): data held in this
+    cluster's object store is gone with the cluster."""
+    for name, split in spec.splits.items():
+        if isinstance(split, RayDataset):
+            return (
+                f"its {name!r} split is a `ray.data` Dataset, whose blocks live in this cluster's object store. "
+                "To make it durable, pass arrays, a DataFrame or a `datasets.Dataset`, or a data module whose "
+                "`setup(config)` reads the files (`ray.data.read_parquet(...)` inside it)"
+            )
+        if isinstance(split, Arrays) and any(type(a).__name__ == "ObjectRef" for a in (split.x, split.y)):
+            return (
+                f"its {name!r} split's arrays are ObjectRefs, which live in this cluster's object store. "
+                "To make it durable, pass the numpy arrays themselves (they are written once to the job's storage)"
+            )
+    return None
+
+
+def arrays_to_files(spec: Any, job_id: str) -> Any:
+    """``spec`` with each array of ``_store.FILE_BYTES`` or more written to the job's folder."""
+    splits = {}
+    for name, split in spec.splits.items():
+        if isinstance(split, Arrays):
+            parts = {}
+            for part in ("x", "y"):
+                array = getattr(split, part)
+                if isinstance(array, np.ndarray) and array.nbytes >= _store.FILE_BYTES:
+                    array = _store.write_array(storage.join(_store.folder(job_id), "data", f"{name}-{part}.npy"), array)
+                parts[part] = array
+            split = Arrays(parts["x"], parts["y"])
+        splits[name] = split
+    return dataclasses.replace(spec, splits=splits)
+
+
+def restore_refs(spec: Any, datasets: dict[str, Any] | None, refs: list[Any] | None, into_store: bool = True) -> None:
+    """Put a job's data back in place (in the job's runner): its Ray objects, which came as Ray
+    arguments, and its arrays written to files, which go to the object store from there (without
+    ``into_store``: memory maps of the files, for a tune job, which puts its data in the store itself)."""
     for split in spec.splits.values():
         if getattr(split, "key", None) in (datasets or {}):
             split.dataset = datasets[split.key]
         elif isinstance(split, Arrays):
-            if isinstance(split.x, _RefSlot):
-                split.x = refs[split.x.index]
-            if isinstance(split.y, _RefSlot):
-                split.y = refs[split.y.index]
+            for part in ("x", "y"):
+                value = getattr(split, part)
+                if isinstance(value, _RefSlot):
+                    setattr(split, part, refs[value.index])
+                elif isinstance(value, _store.StoredArray):
+                    setattr(split, part, _store.put_array(value) if into_store else _store.load_array(value))

@@ -43,13 +43,15 @@ class JobRunner:
         model_class: str = "?",
         datasets: dict[str, Any] | None = None,
         refs: list[Any] | None = None,
+        resume: bool = False,
     ) -> dict[str, Any]:
+        """``resume``: the job ran before (a server restart): a tune job resumes its experiment."""
         from raymodel.jobs._execute import run_job
 
         self.job_id = job_id
         self.stop_event.clear()
         try:
-            return run_job(self, kind, payload, pool, hub, model_class, datasets, refs)
+            return run_job(self, kind, payload, pool, hub, model_class, datasets, refs, resume)
         except BaseException as exc:  # noqa: BLE001 - reported as the job's error
             return {"error": str(exc) or type(exc).__name__, "traceback": traceback.format_exc()}
 

@@ -111,11 +111,12 @@ class Scheduler:
             record["model_class"],
             extras.get("datasets"),
             extras.get("refs"),
+            bool(record.get("resume")),
         )
         self.done_refs[ref] = job_id
         record.update(status="RUNNING", reason=None, started=time.time())
         self.row_times.pop(job_id, None)
-        again = " again, from its newest checkpoint" if record.get("preempted_by") else ""
+        again = " again, from its newest checkpoint" if record.get("preempted_by") or record.get("resume") else ""
         self._log(job_id, "started" + (f" on pool {pool_id}" if pool_id else "") + again)
         self._save(job_id)
         self.changed.notify_all()

@@ -1,4 +1,4 @@
-"""The training server: a detached, named Ray actor that owns the job records and runs each job.
+"""The training server: a named Ray actor that owns the job records and runs each job.
 
 Each job runs in its own ``JobRunner`` actor (no resources of its own; the
 run's workers or trials hold them). A training job runs on a pool (a resident
@@ -11,14 +11,19 @@ the server. A PENDING job waits, by priority then first in first out
 jobs of lower priority. Running jobs are changed, stopped and watched through
 ``JobControl`` (``jobs/_control.py``). An idle pool ends after
 ``pool_idle_s``, at once when a job or anything else (Ray reports pending
-demand) needs its resources, or on ``release_pools``. The server keeps each
-record under ``$RAYMODEL_HOME/jobs/<id>.json`` (any storage URI), and on start
-marks every job a previous server left unfinished as FAILED.
+demand) needs its resources, or on ``release_pools``.
+
+Durable: every record and payload is in storage (``jobs/_store.py``) before
+``submit`` answers. The actor restarts by itself when it dies (Ray's actor
+restarts; its runners and pools die with it), and a new head with the same
+storage starts it again (``raymodel server start``): either way ``_recover``
+keeps every PENDING job in its place and queues every RUNNING one again, to
+resume from its newest checkpoint. The server also prunes what it leaves on
+disk (``jobs/_prune.py``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -27,7 +32,7 @@ from typing import Any
 
 import ray
 
-from raymodel._internal import locations, storage
+from raymodel.jobs import _store
 from raymodel.jobs._constants import ACTIVE, DEFAULT_POOL_IDLE_S
 from raymodel.jobs._control import JobControl
 from raymodel.jobs._from_registry import register_result
@@ -39,17 +44,17 @@ from raymodel.jobs._scheduler import Scheduler
 _LOG_LINES = 200
 
 
-def jobs_root() -> str:
-    return locations.home_path("jobs")
-
-
 class JobServer(Scheduler, PoolKeeper, JobControl):
     """Job records, a priority queue (``Scheduler``), pools (``PoolKeeper``), changes and waits
     (``JobControl``), and one runner actor per running job."""
 
-    def __init__(self, home: str, pool_idle_s: float = DEFAULT_POOL_IDLE_S) -> None:
+    def __init__(
+        self, home: str, pool_idle_s: float = DEFAULT_POOL_IDLE_S, limits: dict[str, float] | None = None
+    ) -> None:
         os.environ["RAYMODEL_HOME"] = home  # records and runs go where the first client's home is
         self.pool_idle_s = float(pool_idle_s)
+        self.limits = dict(limits or {})  # pruning: `prune_after_s`, `prune_max_mb`
+        self._pruned = -1e9
         self.records: dict[str, dict[str, Any]] = {}
         self.payloads: dict[str, bytes] = {}
         self.extras: dict[str, dict[str, Any]] = {}  # per job: its pool's spec, its hub
@@ -72,7 +77,12 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
 
     # ------------------------------------------------------------- clients
     def submit(self, kind: str, payload: bytes, info: dict[str, Any]) -> dict[str, Any]:
-        job_id = f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
+        """Queue a job; its record and payload are in storage when this returns. ``info["id"]`` (made by
+        the client) makes a retried call (the server restarted under it) find the job it queued."""
+        job_id = info.get("id") or _store.new_id(kind)
+        with self.lock:
+            if job_id in self.records:
+                return self.get(job_id)
         needs = dict(info["needs"])
         record = {
             "id": job_id,
@@ -101,11 +111,16 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
             "preemptions": 0,
             "register": info.get("register"),
             "registered": None,
+            "durable": not info.get("not_durable"),
+            "not_durable": info.get("not_durable"),
+            "restarts": 0,
         }
         if info.get("pool"):
             record["pool_key"] = info["pool"]["key"]
         if info.get("trial_id"):
             record["trial_id"] = info["trial_id"]
+        if info.get("run_path"):
+            record["run_path"] = info["run_path"]
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         never = fits(needs, total)
         with self.lock:
@@ -119,8 +134,11 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
                     f"{_show(needs)}, and the whole cluster has {_show(total, needs)}.",
                 )
             else:
+                _store.save_payload(job_id, payload, info.get("pool"))  # before the record that names it
                 self.payloads[job_id] = payload
                 self._log(job_id, f"submitted; needs {_show(needs)}")
+                if info.get("not_durable"):
+                    self._log(job_id, f"not durable: {info['not_durable']}")
                 self._save(job_id)
         self._schedule()
         return self.get(job_id)
@@ -167,9 +185,16 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
                 return "missing"
             if record["status"] == "PENDING":
                 self._finish(job_id, "STOPPED", result=None)
-            elif record["status"] == "RUNNING":
+            elif record["status"] == "RUNNING" and (record.get("lost") or record.get("reason")):
+                # It waits for lost resources (or its pool to start): no epoch will end to stop at.
+                record["stopping"] = True
+                record["stop_now"] = True
+                self._log(job_id, "stop requested while it waits: it ends now, with its newest checkpoint")
+                self._abandon(record)
+            elif record["status"] == "RUNNING" and not record.get("stopping"):
                 record["stopping"] = True
                 self._log(job_id, "stop requested: the current epoch ends, a checkpoint is written")
+                self._save(job_id)
                 self.runners[job_id].stop.remote()
             return record["status"]
 
@@ -188,8 +213,11 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
     def push(self, job_id: str, rows: list[dict[str, Any]]) -> None:
         with self.lock:
             record = self.records[job_id]
-            record["history"].extend(rows)
-            self.row_times.setdefault(job_id, []).extend(time.time() for _ in rows)
+            for row in rows:
+                _add_row(record["history"], row)  # an epoch run again (after a restart) replaces its row
+            times = self.row_times.setdefault(job_id, [])
+            times.extend(time.time() for _ in rows)
+            del times[: max(len(times) - len(record["history"]), 0)]
             self.changed.notify_all()
             for row in rows:
                 shown = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "epoch"}
@@ -221,6 +249,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
                 self._expire_pools()
                 self._watch_waits()
                 self._schedule()
+                self._prune()
             except Exception:  # noqa: BLE001 - the loop must outlive any one failure
                 traceback.print_exc()
                 time.sleep(0.5)
@@ -245,6 +274,8 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
                 stopped = record.get("stopping")
                 if record.get("fail_with"):
                     self._finish(job_id, "FAILED", error=record.pop("fail_with"))
+                elif record.pop("stop_now", None):
+                    self._finish(job_id, "STOPPED", result=_stored_result(record))
                 elif outcome.get("error"):
                     self._finish(job_id, "FAILED", error=outcome["error"], detail=outcome.get("traceback"))
                 elif record.get("preempt_by") and not stopped and not _all_epochs(record, outcome["result"]):
@@ -276,6 +307,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
     ) -> None:
         record = self.records[job_id]
         self.payloads.pop(job_id, None)
+        _store.remove(job_id)  # its payload and data; the record stays
         for change in record.get("changes") or ():
             if change.get("epoch") is None:
                 change["epoch"] = None
@@ -296,27 +328,117 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
         del log[:-_LOG_LINES]
 
     def _save(self, job_id: str) -> None:
-        record = {k: v for k, v in self.records[job_id].items() if k != "stopping"}
-        storage.write_text(storage.join(jobs_root(), f"{job_id}.json"), json.dumps(record, default=repr))
+        _store.save_record(self.records[job_id])
+
+    def _prune(self, every_s: float = 60.0) -> None:
+        """Now and then, what the server left on disk (``jobs/_prune.py``)."""
+        if time.monotonic() - self._pruned < every_s:
+            return
+        self._pruned = time.monotonic()
+        from raymodel.jobs._prune import DEFAULTS, prune
+
+        with self.lock:
+            live = set(self.pools)
+            done = {i for i, r in self.records.items() if r["status"] not in ACTIVE}
+        gone = prune(live, done, {**DEFAULTS, **self.limits})
+        if any(gone.values()):
+            print("pruned: " + ", ".join(f"{n} {kind}" for kind, n in gone.items() if n), flush=True)
+
+    def _abandon(self, record: dict[str, Any]) -> None:
+        """End a running job's run at once (its pool, or its runner, is killed); ``_reap`` ends the job."""
+        pool_id = record.get("pool_id")
+        if pool_id and pool_id in self.pools:
+            self._end_pool(pool_id, f"{record['id']} ends now", force=True)
+        elif record["id"] in self.runners:
+            ray.kill(self.runners[record["id"]])
 
     def _recover(self) -> None:
-        """Load the records; a job a previous server left PENDING or RUNNING was lost with it."""
-        root = jobs_root()
-        for name in storage.listdir(root):
-            if not name.endswith(".json"):
+        """Load the records a previous server (this actor before a restart, or an earlier head with the
+        same storage) left: PENDING jobs keep their place, RUNNING ones wait again and resume from their
+        newest checkpoint, a stopping one ends STOPPED; a job that cannot be run again fails, saying why."""
+        for record in sorted(_store.load_records(), key=lambda r: r["submitted"]):
+            job_id = record["id"]
+            self.records[job_id] = record
+            if record["status"] not in ACTIVE:
                 continue
-            try:
-                record = json.loads(storage.read_bytes(storage.join(root, name)))
-            except (OSError, ValueError):
-                continue
-            self.records[record["id"]] = record
-            if record["status"] in ACTIVE:
+            was = record["status"]
+            record.pop("pool_id", None)
+            record.pop("preempt_by", None)
+            record.pop("lost", None)
+            record["placement_groups"] = []
+            kept = _store.load_payload(job_id) if record.get("durable", False) else None
+            if record.get("stopping"):
+                self._finish(job_id, "STOPPED", result=_stored_result(record))
+            elif record.get("trial_id"):
+                self._finish(job_id, "STOPPED", result=None)  # its tune job resumes the trial
+            elif not record.get("durable", False):
                 self._finish(
-                    record["id"],
+                    job_id,
                     "FAILED",
-                    error=f"The job server restarted while the job was "
-                    f"{record['status']}; the job was lost. Submit it again.",
+                    error=f"The job server restarted while the job was {was}, and the job could not be kept: "
+                    f"{record.get('not_durable') or 'it was submitted by an older server'}. Submit it again.",
                 )
+            elif kept is None:
+                self._finish(
+                    job_id,
+                    "FAILED",
+                    error=f"The job server restarted while the job was {was}, and its payload is missing from "
+                    f"`{_store.folder(job_id)}`. Submit it again.",
+                )
+            else:
+                self.payloads[job_id], pool = kept
+                self.extras[job_id] = {"pool": pool}
+                record["restarts"] = record.get("restarts", 0) + 1
+                if was == "RUNNING":
+                    done = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
+                    record.update(status="PENDING", resume=True)
+                    record["reason"] = "the job server restarted; it resumes from its newest checkpoint"
+                    self._log(
+                        job_id,
+                        f"the job server restarted while it ran (after epoch {done}): it resumes from its newest "
+                        "checkpoint"
+                        if record["history"]
+                        else "the job server restarted before its first checkpoint: it starts again from epoch 1",
+                    )
+                else:
+                    self._log(job_id, "the job server restarted: still queued, in its place")
+                self._save(job_id)
+
+
+def _add_row(history: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """Append ``row``; a row of an epoch already there (of the same trial) replaces it and every row
+    after it, so that the history holds each epoch once, in order."""
+    epoch, trial = row.get("epoch"), row.get("trial_id")
+    if epoch is not None:
+        for i, old in enumerate(history):
+            if old.get("trial_id") == trial and old.get("epoch") is not None and old["epoch"] >= epoch:
+                mine = [r for r in history[i:] if r.get("trial_id") != trial]
+                del history[i:]
+                history.extend(mine)
+                break
+    history.append(row)
+
+
+def _stored_result(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A training job's result from its run's storage, for a job ended from outside its run (a stop
+    while it waited, a restart while it stopped): the newest checkpoint, and the history so far."""
+    path = record.get("run_path")
+    if record["kind"] != "train" or not path:
+        return None
+    from raymodel._internal import checkpoint as ckpt
+    from raymodel._internal import storage
+
+    epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
+    history = [r for r in record["history"] if int(r.get("epoch", 0)) <= (epochs[-1] if epochs else 0)]
+    return {
+        "metrics": dict(history[-1]) if history else {},
+        "history": history,
+        "checkpoint": storage.join(path, f"checkpoint_epoch_{epochs[-1]:06d}") if epochs else None,
+        "best_checkpoint": None,
+        "path": path,
+        "config": {},
+        "name": path.rstrip("/").rsplit("/", 1)[-1],
+    }
 
 
 def _all_epochs(record: dict[str, Any], result: dict[str, Any] | None) -> bool:
@@ -331,4 +453,6 @@ def _show(resources: dict[str, float], only: dict[str, float] | None = None) -> 
     return ", ".join(f"{resources.get(k, 0.0):g} {k}" for k in keys) or "nothing"
 
 
-JobServerActor = ray.remote(num_cpus=0)(JobServer)
+#: Ray restarts the actor when it dies (``max_restarts``), and a call made meanwhile waits for the new
+#: one (``max_task_retries``): a client's long poll rides through the restart.
+JobServerActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(JobServer)

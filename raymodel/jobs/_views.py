@@ -17,10 +17,8 @@ class Stream:
         self.job, self.seen = job, 0
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        import ray
-
-        while True:  # a long poll: the server answers when a row arrives or the job ends
-            rows, status = ray.get(self.job._server.rows.remote(self.job.id, self.seen, LONG_POLL_S))
+        while True:  # a long poll: the server answers when a row arrives or the job ends (or restarts)
+            rows, status = self.job._call("rows", self.job.id, self.seen, LONG_POLL_S)
             self.seen += len(rows)
             yield from rows
             if not rows and status in DONE:
