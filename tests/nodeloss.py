@@ -7,6 +7,8 @@ A head with no CPUs (the driver's node, where the training server runs) and two
   continues on one worker; a node is added: it grows back to two.
 * ``fixed``: two workers on a pool; a node is removed after epoch 3: the job says
   what it waits for; a node is added: it resumes and finishes.
+* ``stop_waiting``: the same, and ``job.stop()`` while it waits: STOPPED at once, with its
+  newest checkpoint.
 * ``give_up``: the same with ``resource_wait_s=4`` and no node added: it fails,
   naming what was missing.
 
@@ -18,7 +20,6 @@ Prints one ``RESULT`` JSON line per scenario with what the test checks.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -57,9 +58,6 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     scratch, scenarios = Path(sys.argv[1]), sys.argv[2:]
-    # Ray Train waits this long for a worker group it cannot place before it tries another size (an
-    # elastic run shrinks only then; default 60 s). Every Ray process of this cluster inherits it.
-    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "30"
     cluster = Cluster(initialize_head=True, head_node_args=head_args(scratch))
     count = [0]
 
@@ -79,7 +77,8 @@ def main() -> None:
 
     for scenario in scenarios:
         if scenario == "elastic":
-            settings = {**base, "num_workers": (1, 2), "num_epochs": 60, "elastic_resize_s": 2}
+            # `elastic_wait_s`: how long it waits for a worker group of its size before it shrinks.
+            settings = {**base, "num_workers": (1, 2), "num_epochs": 60, "elastic_resize_s": 2, "elastic_wait_s": 20}
             job = TinyNet().train(settings, data=data, wait=False)
             until(lambda job=job: epochs(job) >= 3, 180)
             cluster.remove_node(nodes.pop())
@@ -118,10 +117,41 @@ def main() -> None:
                 ),
                 flush=True,
             )
+        elif scenario == "stop_waiting":  # a job waiting for a lost node is stopped: it ends at once
+            job = TinyNet().train({**base, "num_workers": 2, "num_epochs": 50}, data=data, wait=False)
+            until(lambda job=job: epochs(job) >= 2, 180)
+            cluster.remove_node(nodes.pop())
+            until(lambda job=job: (job.reason or "").startswith("waiting for"), 60, 0.1)
+            asked = time.monotonic()
+            job.stop()
+            result = job.wait(timeout=60)
+            took = time.monotonic() - asked
+            nodes.append(add_node())
+            print(
+                "RESULT",
+                json.dumps(
+                    {
+                        "scenario": scenario,
+                        "status": job.status,
+                        "took": took,
+                        "checkpoint": result.checkpoint if result else None,
+                        "epochs": epochs(job),
+                    }
+                ),
+                flush=True,
+            )
         elif scenario == "give_up":
             settings = {**base, "num_workers": 2, "num_epochs": 50, "resource_wait_s": 4}
             job = TinyNet().train(settings, data=data, wait=False)
-            until(lambda job=job: epochs(job) >= 1, 180)
+            try:
+                until(lambda job=job: epochs(job) >= 1, 180)
+            except AssertionError:
+                from ray.util.state import list_actors, list_placement_groups
+
+                print(job.logs(), rm.jobs.pools(), ray.available_resources(), file=sys.stderr)
+                print([(a.class_name, a.state, a.is_detached) for a in list_actors()], file=sys.stderr)
+                print(list_placement_groups(detail=True), file=sys.stderr)
+                raise
             lost_at = time.monotonic()
             cluster.remove_node(nodes.pop())
             try:

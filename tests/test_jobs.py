@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from models import TinyNet
+import torch
+from models import SlowNet, TinyNet
 from waiting import until
 
 import raymodel as rm
@@ -125,23 +126,58 @@ def test_a_failed_job_raises_the_workers_own_error(ray_session, tiny_data):
     assert job.status == "FAILED"
 
 
+class DictNet(SlowNet):
+    """``SlowNet`` on a ``ray.data`` Dataset's dict batches."""
+
+    def train_step(self, batch):
+        time.sleep(self.config["step_s"])
+        return torch.nn.functional.cross_entropy(self(batch["x"]), batch["y"])
+
+
 @pytest.mark.integration
-def test_a_job_lost_with_its_server_is_failed_not_left_running(ray_session, tiny_data):
+def test_the_server_killed_mid_job_comes_back_resumes_the_running_job_and_keeps_the_queue(
+    ray_session, tiny, tiny_data, caplog
+):
+    import ray.data
+
     from raymodel.jobs._address import NAME, NAMESPACE
 
-    job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=tiny_data, wait=False)
-    until(lambda: job.history())
-    ray_session.kill(ray_session.get_actor(NAME, namespace=NAMESPACE))
-    again = rm.jobs.get(job.id)  # a new server, from the records on disk
-    assert again.status == "FAILED" and "server restarted" in again._record()["error"]
-    assert until(lambda: _free_cpus(ray_session) == 2.0), "the lost job's workers still hold CPUs"
+    one = {"num_workers": 1, "batch_size": 16, "progress": False}
+    running = SlowNet().train({**one, "num_epochs": 8}, data=tiny_data, wait=False)
+    queued = SlowNet().train({**one, "num_workers": 2, "num_epochs": 2}, data=tiny_data, wait=False)  # 1 CPU free
+    X, y = tiny
+    items = [{"x": X[i], "y": int(y[i])} for i in range(len(X))]
+    with caplog.at_level("WARNING", logger="raymodel"):
+        fleeting = DictNet().train({**one, "num_epochs": 2}, data={"train": ray.data.from_items(items)}, wait=False)
+    assert running.durable and queued.durable and not fleeting.durable
+    notice = [r.getMessage() for r in caplog.records if r.name == "raymodel"]
+    assert len(notice) == 1 and fleeting.id in notice[0] and "'train' split is a `ray.data` Dataset" in notice[0]
+    until(lambda: len(running.history()) >= 3, 180)
+    assert queued.status == "PENDING" and fleeting.status == "PENDING"
+
+    killed = time.monotonic()
+    ray_session.kill(ray_session.get_actor(NAME, namespace=NAMESPACE), no_restart=False)  # Ray restarts it
+    rm.jobs.list()  # the restarted actor answers, from its records in storage
+    assert time.monotonic() - killed < 10.0
+    result = running.wait(timeout=240)  # this handle rides through the restart
+    assert [row["epoch"] for row in result.history] == list(range(1, 9))
+    log = running.logs()
+    assert "the job server restarted while it ran (after epoch" in log and "again, from its newest checkpoint" in log
+    assert log.count("epoch 1:") == 1, log  # resumed from its checkpoint: epoch 1 was not trained again
+    assert [row["epoch"] for row in queued.wait(timeout=240).history] == [1, 2]  # kept in the queue, then run
+    assert "still queued, in its place" in queued.logs()
+    with pytest.raises(TrainingError, match="could not be kept: its 'train' split is a `ray.data` Dataset"):
+        fleeting.wait(timeout=60)
+    rm.jobs.release_pools()
+    assert until(lambda: _free_cpus(ray_session) == 2.0), "a run lost with the server still holds CPUs"
 
 
 SUBMIT = """
 import sys
 sys.path.insert(0, {tests!r})
 import numpy as np, raymodel as rm
-from models import TinyNet
+import torch
+from models import SlowNet, TinyNet
 rng = np.random.default_rng(0)
 X = rng.normal(size=(32, 4)).astype(np.float32)
 rm.init()  # attaches to `raymodel server start`

@@ -244,10 +244,10 @@ def _names(folder):
 
 # ------------------------------------------------------------ node loss
 @pytest.mark.integration
-def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for_or_gives_up(tmp_path):
+def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for_is_stopped_or_gives_up(tmp_path):
     """Its own process and Ray cluster: a head with no CPUs and two 1-CPU worker nodes."""
     env = {"RAYMODEL_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)}
-    results = run_script("nodeloss.py", ["elastic", "fixed", "give_up"], env, timeout=600)
+    results = run_script("nodeloss.py", ["elastic", "fixed", "stop_waiting", "give_up"], env, timeout=600)
     seen = {r["scenario"]: r for r in results}
     elastic, fixed = seen["elastic"], seen["fixed"]
     epochs = [row["epoch"] for row in elastic["history"]]
@@ -262,12 +262,16 @@ def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for
     assert fixed["while_waiting"] == ["RUNNING", 3]  # it waited, and did not fail or run on
     assert [row["epoch"] for row in fixed["history"]] == list(range(1, 9))  # resumed once a node came
 
+    stopped = seen["stop_waiting"]  # stopped while it waits for a lost node: at once, not at an epoch's end
+    assert stopped["status"] == "STOPPED" and stopped["took"] < 10, stopped
+    assert stopped["checkpoint"] and stopped["epochs"] >= 2, stopped
+
     give_up = seen["give_up"]  # resource_wait_s=4, and no node comes back
     assert "Waited 4 s for 1 more CPU for 1 worker of 2 (node " in (give_up["error"] or ""), give_up
     assert give_up["took"] < 30, give_up
 
 
-def test_a_blocking_call_says_what_its_job_waits_for_again_at_most_every_repeat(monkeypatch):
+def test_a_blocking_call_says_what_its_job_waits_for_again_at_most_every_repeat(monkeypatch, caplog):
     """``model.train()``'s wait loop, with a scripted job: the reason once at first, then again
     only after ``_REPEAT_S``; the pool's start once."""
     import io
@@ -284,6 +288,8 @@ def test_a_blocking_call_says_what_its_job_waits_for_again_at_most_every_repeat(
             return None
 
     class Scripted:
+        id = "train-1"
+
         def __init__(self):
             self.start = time.monotonic()
 
@@ -306,6 +312,11 @@ def test_a_blocking_call_says_what_its_job_waits_for_again_at_most_every_repeat(
     assert lines[0] == "[TinyNet] starting a pool of 2 torch worker(s) (once: later runs reuse them)"
     assert sum("starting a pool" in line for line in lines) == 1
     assert 2 <= len(waits) <= 3 and set(waits) == {f"[TinyNet] {LOST}"}, lines  # 0.6 s of it, said each 0.25 s
+
+    with caplog.at_level("WARNING", logger="raymodel"):  # progress=False: no printer, still said
+        assert _blocking._await(Scripted(), None)["status"] == "SUCCEEDED"
+    said = [r.getMessage() for r in caplog.records if r.name == "raymodel"]
+    assert 2 <= len(said) <= 3 and set(said) == {f"raymodel: job train-1: {LOST}"}, said
 
 
 LOST = "waiting for 1 more CPU for 1 worker of 2: node x lost at epoch 4"

@@ -38,6 +38,7 @@ LIMITS: dict[str, float] = {
     "priority": 1_000_000,
     "resource_wait_s": 7 * _DAY,
     "elastic_resize_s": _DAY,
+    "elastic_wait_s": _DAY,
     "accumulate_grad_batches": 1_000_000,
     "grad_clip_norm": 1e9,
     "grad_clip_value": 1e9,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -39,6 +40,7 @@ def train_on_server(model: Any, settings: Any, data: Any) -> Any:
 
 
 _HUBS: dict[Any, Any] = {}
+logger = logging.getLogger("raymodel")
 
 
 def _progress_hub() -> Any:
@@ -69,9 +71,15 @@ def _await(job: Job, printer: Any) -> dict[str, Any]:
     started = time.monotonic()
 
     def say(record: dict[str, Any]) -> None:
-        if printer is None or record["status"] in DONE:
+        if record["status"] in DONE:
             return
         reason = record.get("reason")  # PENDING: what it waits for; RUNNING: lost workers
+        if printer is None:  # progress off: a wait is still said, as a warning of raymodel's logger
+            now = time.monotonic()
+            if reason and now - started > _QUIET_S and now - shown.get(reason, -1e9) > _REPEAT_S:
+                logger.warning("raymodel: job %s: %s", job.id, reason)
+                shown[reason] = now
+            return
         if record["status"] == "RUNNING" and not reason:
             starting = [line for line in record.get("log", ()) if " starting pool " in line]
             if starting:  # "... starting pool <id> of 2 torch worker(s)"

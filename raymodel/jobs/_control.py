@@ -159,12 +159,8 @@ class JobControl:
         """End a job that cannot get its resources back: its pool (or runner) is killed; ``_reap``
         reports ``error``."""
         record["fail_with"] = error
+        self._abandon(record, "its job waited too long for lost resources")
         record.pop("lost", None)
-        pool_id = record.get("pool_id")
-        if pool_id and pool_id in self.pools:
-            self._end_pool(pool_id, "its job waited too long for lost resources", force=True)
-        elif record["id"] in self.runners:
-            ray.kill(self.runners[record["id"]])
 
 
 def _unplaced(bundles: list[dict[str, float]]) -> str | None:

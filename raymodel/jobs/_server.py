@@ -344,13 +344,28 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
         if any(gone.values()):
             print("pruned: " + ", ".join(f"{n} {kind}" for kind, n in gone.items() if n), flush=True)
 
-    def _abandon(self, record: dict[str, Any]) -> None:
-        """End a running job's run at once (its pool, or its runner, is killed); ``_reap`` ends the job."""
+    def _abandon(self, record: dict[str, Any], why: str = "") -> None:
+        """End a running job's run at once (its pool, or its runner, is killed); ``_reap`` ends the job.
+
+        A run that waits for lost resources has a worker group waiting to be placed, and Ray leaves
+        that placement group behind when its Train controller is killed (Ray Train's cleaner only
+        knows the groups of started workers): it would take the resources once they return. When
+        nothing else of the server's can be waiting to be placed, the waiting groups are removed."""
+        job_id = record["id"]
+        others = [
+            r
+            for r in self.records.values()
+            if r["status"] == "RUNNING" and r["id"] != job_id and (r.get("lost") or not r.get("pool_id"))
+        ]
+        starting = [p for p in self.pools.values() if p["state"] == "starting" and p["id"] != record.get("pool_id")]
+        waiting = [] if others or starting else _unplaced_groups()
         pool_id = record.get("pool_id")
         if pool_id and pool_id in self.pools:
-            self._end_pool(pool_id, f"{record['id']} ends now", force=True)
-        elif record["id"] in self.runners:
-            ray.kill(self.runners[record["id"]])
+            self._end_pool(pool_id, why or f"{job_id} ends now", force=True)
+        elif job_id in self.runners:
+            ray.kill(self.runners[job_id])
+        if waiting:
+            threading.Timer(1.0, _remove_groups, [waiting]).start()  # once the controller is gone
 
     def _recover(self) -> None:
         """Load the records a previous server (this actor before a restart, or an earlier head with the
@@ -403,6 +418,25 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
                 else:
                     self._log(job_id, "the job server restarted: still queued, in its place")
                 self._save(job_id)
+
+
+def _unplaced_groups() -> list[str]:
+    """The placement groups Ray has not placed (yet), by id."""
+    try:
+        table = ray.util.placement_group_table()
+    except Exception:  # noqa: BLE001 - no table, nothing removed
+        return []
+    return [pg_id for pg_id, info in table.items() if info.get("state") in ("PENDING", "RESCHEDULING")]
+
+
+def _remove_groups(ids: list[str]) -> None:
+    from ray.util.placement_group import PlacementGroup
+
+    for pg_id in ids:
+        try:
+            ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
 
 def _add_row(history: list[dict[str, Any]], row: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ class TrainSettings(SettingsBase):
       ``shuffle``, ``seed``, ``name``, ``storage_path``;
     - **placement**, the workers and how a model is spread over them: ``num_workers``,
       ``use_gpu``, ``resources_per_worker``, ``strategy``, ``reshard_after_forward``,
-      ``elastic_resize_s``;
+      ``elastic_resize_s``, ``elastic_wait_s``;
     - **checkpoints**, what is kept and what a failure resumes from: ``checkpoint_every``,
       ``keep_checkpoints``, ``metric``, ``mode``, ``max_failures``;
     - **step**, the training step of torch and Lightning: ``precision``,
@@ -78,6 +78,9 @@ class TrainSettings(SettingsBase):
         elastic_resize_s: How often a running elastic run looks for room to grow
             (Ray Train's ``elastic_resize_monitor_interval_s``); growing restarts the
             workers from the newest checkpoint.
+        elastic_wait_s: How long an elastic run that lost a node waits for a worker
+            group of its size before it continues on fewer workers (default 60 s;
+            Ray Train's ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, for this run only).
         checkpoint_every: Write a checkpoint every this many epochs (the last
             epoch is always checkpointed).
         keep_checkpoints: How many checkpoints to keep (``None`` keeps all). With
@@ -125,6 +128,7 @@ class TrainSettings(SettingsBase):
             "strategy",
             "reshard_after_forward",
             "elastic_resize_s",
+            "elastic_wait_s",
         ),
         "checkpoints": ("checkpoint_every", "keep_checkpoints", "metric", "mode", "max_failures"),
         "step": ("precision", "accumulate_grad_batches", "grad_clip_norm", "grad_clip_value"),
@@ -146,6 +150,7 @@ class TrainSettings(SettingsBase):
     strategy: str = "ddp"
     reshard_after_forward: bool = True
     elastic_resize_s: float = 60.0
+    elastic_wait_s: float = 60.0
     # checkpoints: what is kept and what a failure resumes from
     checkpoint_every: int = 1
     keep_checkpoints: int | None = None
@@ -201,6 +206,7 @@ class TrainSettings(SettingsBase):
             check_type("preemptible", self.preemptible, (bool,), "True or False"),
             check_number("resource_wait_s", self.resource_wait_s, minimum=0, exclusive_min=True, allow_none=True),
             check_number("elastic_resize_s", self.elastic_resize_s, minimum=0, exclusive_min=True),
+            check_number("elastic_wait_s", self.elastic_wait_s, minimum=0, exclusive_min=True),
             check_int("num_epochs", self.num_epochs, minimum=1),
             check_int("batch_size", self.batch_size, minimum=1),
             check_type("use_gpu", self.use_gpu, (bool,), "True or False"),

@@ -1,0 +1,125 @@
+"""A durable training server: what it writes before a job is queued, what it prunes, and the chaos
+test (a queue of jobs through kills of the server actor, a pool's worker and the whole head).
+
+The server actor killed mid-job on the session's Ray is in tests/test_jobs.py; a stop of a job
+that waits for a lost node, in tests/nodeloss.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from models import TinyNet
+
+import raymodel as rm
+from raymodel.data import Arrays, DataSpec, RayDataset
+
+
+def _request(X, y, **settings):
+    from raymodel.jobs._request import train_request
+    from raymodel.train import prepare
+
+    model = TinyNet()
+    checked, spec = prepare(model, {"num_workers": 1, "progress": False, **settings}, {"train": (X, y)})
+    return train_request(model, checked, spec)
+
+
+def test_large_arrays_are_written_once_to_the_jobs_storage_and_the_payload_names_them(no_ray, tmp_path, monkeypatch):
+    from raymodel._internal import serialization
+    from raymodel.jobs import _store
+    from raymodel.jobs._request import restore_refs
+
+    monkeypatch.setenv("RAYMODEL_HOME", str(tmp_path))
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200_000, 4)).astype(np.float32)  # 3.2 MB: over FILE_BYTES
+    y = (X[:, 0] > 0).astype(np.int64)
+    blob, info = _request(X, y)
+    assert len(blob) < 200_000, len(blob)  # the arrays are not in it
+    assert info["not_durable"] is None and info["id"].startswith("train-")
+    folder = tmp_path / "jobs" / info["id"] / "data"
+    assert sorted(os.listdir(folder)) == ["train-x.npy", "train-y.npy"]  # no staged leftovers
+    assert np.array_equal(np.load(folder / "train-x.npy"), X) and np.array_equal(np.load(folder / "train-y.npy"), y)
+    spec = serialization.loads(blob)["data"]
+    stored = spec.splits["train"].x
+    assert isinstance(stored, _store.StoredArray) and stored.shape == X.shape and stored.nbytes == X.nbytes
+    restore_refs(spec, None, None, into_store=False)  # a tune job's runner: memory maps of the files
+    assert np.array_equal(spec.splits["train"].x, X) and np.array_equal(spec.splits["train"].y, y)
+
+    small, small_info = _request(X[:64], y[:64])  # small arrays ride in the payload
+    assert not (tmp_path / "jobs" / small_info["id"]).exists()
+    assert np.array_equal(serialization.loads(small)["data"].splits["train"].x, X[:64])
+
+
+def test_data_held_only_in_the_object_store_makes_a_job_not_durable_and_says_how_to_fix_it():
+    from raymodel.jobs._request import why_not_durable
+
+    rows = np.zeros((4, 2), dtype=np.float32)
+    assert why_not_durable(DataSpec({"train": Arrays(rows, None)})) is None
+    reason = why_not_durable(DataSpec({"train": Arrays(rows, None), "valid": RayDataset("valid", None)}))
+    assert reason.startswith("its 'valid' split is a `ray.data` Dataset")
+    assert "To make it durable, pass arrays" in reason
+
+    class ObjectRef:  # what `ray.put` returns, by name (no Ray here)
+        pass
+
+    reason = why_not_durable(DataSpec({"train": Arrays(ObjectRef(), None)}, signature={}))
+    assert "ObjectRefs" in reason and "pass the numpy arrays themselves" in reason
+
+
+def test_a_record_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    from raymodel._internal import storage
+
+    target = tmp_path / "jobs" / "train-1.json"
+    storage.write_text(str(target), json.dumps({"status": "PENDING"}))
+
+    def killed(*args):  # the process dies after writing the new record, before the rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        storage.write_text(str(target), json.dumps({"status": "RUNNING", "history": [1] * 1000}))
+    monkeypatch.undo()
+    assert json.loads(target.read_text()) == {"status": "PENDING"}  # the old record, whole
+    assert os.listdir(target.parent) == ["train-1.json"]  # and nothing half-written beside it
+
+
+def test_pruning_keeps_what_is_in_use_and_bounds_the_rest(tmp_path, monkeypatch):
+    from raymodel._internal import tmp
+    from raymodel.jobs._prune import limits_from_env, prune
+
+    home, scratch = tmp_path / "home", tmp_path / "tmp"
+    monkeypatch.setenv("RAYMODEL_HOME", str(home))
+    monkeypatch.setattr(tmp, "root", lambda: scratch)
+    now = time.time()
+
+    def entry(path: Path, mb: float, age_s: float) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"0" * int(mb * (1 << 20)))
+        os.utime(path, (now - age_s, now - age_s))
+
+    entry(home / "pools" / "pool-old" / "state.json", 0.1, 3 * 3600)  # ended long ago
+    entry(home / "pools" / "pool-live" / "state.json", 0.1, 3 * 3600)  # old, but its pool runs
+    entry(home / "pools" / "pool-a" / "big.bin", 3, 60)  # recent; the two are over the bound
+    entry(home / "pools" / "pool-b" / "big.bin", 3, 30)
+    entry(scratch / "whole" / "k1.pt", 3, 600)
+    entry(scratch / "whole" / "k2.pt", 3, 60)
+    entry(home / "jobs" / "train-done" / "payload.pkl", 0.1, 5)  # its job is done
+    entry(home / "jobs" / "train-new" / "payload.pkl", 0.1, 5)  # being submitted: no record yet
+    entry(home / "jobs" / "train-done.json", 0.01, 5)
+
+    monkeypatch.setenv("RAYMODEL_PRUNE_AFTER_S", "3600")
+    monkeypatch.setenv("RAYMODEL_PRUNE_MAX_MB", "4")
+    gone = prune({"pool-live"}, {"train-done"}, limits_from_env())
+    assert gone == {"pools": 2, "whole": 1, "jobs": 1}
+    assert sorted(os.listdir(home / "pools")) == ["pool-b", "pool-live"]  # the oldest over the bound went
+    assert os.listdir(scratch / "whole") == ["k2.pt"]
+    assert sorted(os.listdir(home / "jobs")) == ["train-done.json", "train-new"]
+
+    monkeypatch.setenv("RAYMODEL_PRUNE_MAX_MB", "lots")
+    with pytest.raises(rm.exceptions.SettingsError, match="`RAYMODEL_PRUNE_MAX_MB` must be a number >= 0"):
+        limits_from_env()
