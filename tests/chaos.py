@@ -72,15 +72,16 @@ def kill_server() -> float:
 
 
 def kill_worker() -> bool:
-    """SIGKILL one training worker of a pool (its process), if one runs."""
+    """SIGKILL one training worker (its process), once one runs (within a minute)."""
     from ray.util.state import list_actors
 
-    workers = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
-    if not workers:
-        return False
+    def alive() -> list:
+        return list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+
     try:
+        workers = until(alive, 60, 0.5)
         os.kill(int(random.choice(workers).pid), signal.SIGKILL)
-    except (ProcessLookupError, TypeError, ValueError):
+    except (AssertionError, ProcessLookupError, TypeError, ValueError):
         return False
     return True
 
@@ -153,12 +154,13 @@ def main() -> None:
             back_s.append(kill_server())
         elif kind == "worker":
             if not kill_worker():
+                print(f"kill {i + 1}/{len(plan)}: no worker ran", flush=True)
                 continue
         else:
             back_s.append(restart_head(ports))
         done[kind] += 1
         print(f"kill {i + 1}/{len(plan)}: {kind}", flush=True)
-        if i == 1:
+        if i == 0:
             rm.jobs.get(ids[-1]).stop()
     outcome = {}
     for job_id in ids:

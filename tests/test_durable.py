@@ -123,3 +123,38 @@ def test_pruning_keeps_what_is_in_use_and_bounds_the_rest(tmp_path, monkeypatch)
     monkeypatch.setenv("RAYMODEL_PRUNE_MAX_MB", "lots")
     with pytest.raises(rm.exceptions.SettingsError, match="`RAYMODEL_PRUNE_MAX_MB` must be a number >= 0"):
         limits_from_env()
+
+
+@pytest.mark.integration
+def test_chaos_a_queue_of_jobs_through_kills_of_the_server_a_worker_and_the_head(tmp_path):
+    """tests/chaos.py in its own process and head (``raymodel server start``): a head restart with a
+    running and a queued job, then 4 kills at random moments (seeded) of the server actor, a pool's
+    worker and the head, under a queue of train, one-off, tune and stopped jobs."""
+    from clusters import run_script
+
+    env = {
+        "RAYMODEL_HOME": str(tmp_path / "home"),
+        "RAYMODEL_SERVER_FILE": str(tmp_path / "server.json"),
+        "HOME": str(tmp_path),
+    }
+    head, chaos = run_script("chaos.py", ["0", "4"], env, timeout=900)
+
+    assert head["statuses"] == ["SUCCEEDED", "SUCCEEDED"], head
+    running_log, queued_log = head["logs"]
+    assert head["epochs"][0] == list(range(1, 7)) and head["epochs"][1] == [1, 2, 3]
+    assert "the job server restarted while it ran (after epoch" in running_log
+    assert running_log.count("epoch 1:") == 1, running_log  # resumed, not trained again from epoch 1
+    assert "still queued, in its place" in queued_log
+    assert head["back_s"] < 60, head
+
+    jobs = chaos["jobs"]
+    print("chaos:", json.dumps({k: chaos[k] for k in ("kills", "back_s")}), json.dumps(jobs))
+    assert sum(chaos["kills"].values()) == 4 and chaos["kills"]["head"] >= 1 and chaos["kills"]["server"] >= 1
+    stopped = chaos["ids"][-1]
+    for job_id, job in jobs.items():
+        assert job["status"] == ("STOPPED" if job_id == stopped else "SUCCEEDED"), (job_id, job)
+        assert job["epochs_once"], (job_id, job)
+    assert sum(job["restarts"] for job in jobs.values()) >= 1  # the server took some of them through a restart
+    assert sorted(chaos["listed"]) == sorted(set(chaos["listed"]))  # no record twice
+    assert set(chaos["ids"]) <= set(chaos["listed"])  # and none lost
+    assert chaos["left"] == [] and chaos["free_cpus"] == 2.0  # no job folder left, every CPU back
