@@ -240,12 +240,9 @@ class TorchLoop(WorkerLoop):
 
     def _sync_batches(self, split: Any, train: bool, epoch: int) -> Iterable[Any]:
         rank, world, s = self.run.rank, self.run.world, self.run.settings
-        if isinstance(split, Arrays):
-            x, y = to_tensor(split.x), None if split.y is None else to_tensor(split.y)
-            idx = torch.from_numpy(
-                worker_rows(len(split), rank, world, train=train, shuffle=s.shuffle, seed=s.seed, epoch=epoch)
-            )
-            return _array_batches(x, y, idx, s.batch_size)
+        if isinstance(split, Arrays):  # the object store's arrays, read in place: a copy of each batch only
+            idx = worker_rows(len(split), rank, world, train=train, shuffle=s.shuffle, seed=s.seed, epoch=epoch)
+            return _array_batches(split.x, split.y, idx, s.batch_size)
         if isinstance(split, TorchDataset):
             from torch.utils.data import DataLoader
 
@@ -377,10 +374,17 @@ def to_tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(a, dtype=dtype, order="C", copy=True))
 
 
-def _array_batches(x: torch.Tensor, y: torch.Tensor | None, idx: torch.Tensor, batch_size: int) -> Iterable[Any]:
+def _array_batches(x: np.ndarray, y: np.ndarray | None, idx: np.ndarray, batch_size: int) -> Iterable[Any]:
+    """Batches of the rows ``idx``, each gathered from the arrays (a new, writable array) and typed as
+    ``to_tensor`` types them."""
     for start in range(0, len(idx), batch_size):
         sel = idx[start : start + batch_size]
-        yield (x[sel],) if y is None else (x[sel], y[sel])
+        yield (_batch_tensor(x, sel),) if y is None else (_batch_tensor(x, sel), _batch_tensor(y, sel))
+
+
+def _batch_tensor(a: np.ndarray, sel: np.ndarray) -> torch.Tensor:
+    dtype = np.float32 if np.issubdtype(a.dtype, np.floating) or a.dtype == bool else np.int64
+    return torch.from_numpy(np.take(a, sel, axis=0).astype(dtype, copy=False))
 
 
 def _device(use_gpu: bool) -> torch.device:
