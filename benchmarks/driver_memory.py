@@ -16,7 +16,7 @@ an earlier job's data used, so their resident size counts both). Each run
 starts cold on a quiet cluster (no pool, every CPU free). Goals: the
 driver's peak growth <= 1.3x the data's size; the workers' peak no worse than hand-written's (within
 5 %); wall time <= 1.05x. raymodel runs three ways: on a pool started for the job (a cold
-pool starts in about 4 s more than a one-off run: paid once), on that pool warm, and as a one-off
+pool costs its start, once), on that pool warm, and as a one-off
 run (``pool=False``, a Ray Train run of its own as hand-written's). Hand-written runs first and
 last (its wall time is the mean of the two, so that neither pays the machine's warming alone).
 
