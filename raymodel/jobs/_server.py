@@ -38,15 +38,16 @@ from raymodel.jobs._control import JobControl
 from raymodel.jobs._from_registry import register_result
 from raymodel.jobs._keeper import PoolKeeper
 from raymodel.jobs._queue import fits
+from raymodel.jobs._recovery import Recovery, stored_result
 from raymodel.jobs._runner import new_runner
 from raymodel.jobs._scheduler import Scheduler
 
 _LOG_LINES = 200
 
 
-class JobServer(Scheduler, PoolKeeper, JobControl):
+class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
     """Job records, a priority queue (``Scheduler``), pools (``PoolKeeper``), changes and waits
-    (``JobControl``), and one runner actor per running job."""
+    (``JobControl``), restarts and disk (``Recovery``), and one runner actor per running job."""
 
     def __init__(
         self, home: str, pool_idle_s: float = DEFAULT_POOL_IDLE_S, limits: dict[str, float] | None = None
@@ -186,7 +187,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
             if record["status"] == "PENDING":
                 self._finish(job_id, "STOPPED", result=None)
             elif record["status"] == "RUNNING" and (record.get("lost") or record.get("reason")):
-                # It waits for lost resources (or its pool to start): no epoch will end to stop at.
+                # It waits for lost resources: no epoch will end for it to stop at.
                 record["stopping"] = True
                 record["stop_now"] = True
                 self._log(job_id, "stop requested while it waits: it ends now, with its newest checkpoint")
@@ -275,7 +276,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
                 if record.get("fail_with"):
                     self._finish(job_id, "FAILED", error=record.pop("fail_with"))
                 elif record.pop("stop_now", None):
-                    self._finish(job_id, "STOPPED", result=_stored_result(record))
+                    self._finish(job_id, "STOPPED", result=stored_result(record))
                 elif outcome.get("error"):
                     self._finish(job_id, "FAILED", error=outcome["error"], detail=outcome.get("traceback"))
                 elif record.get("preempt_by") and not stopped and not _all_epochs(record, outcome["result"]):
@@ -330,114 +331,6 @@ class JobServer(Scheduler, PoolKeeper, JobControl):
     def _save(self, job_id: str) -> None:
         _store.save_record(self.records[job_id])
 
-    def _prune(self, every_s: float = 60.0) -> None:
-        """Now and then, what the server left on disk (``jobs/_prune.py``)."""
-        if time.monotonic() - self._pruned < every_s:
-            return
-        self._pruned = time.monotonic()
-        from raymodel.jobs._prune import DEFAULTS, prune
-
-        with self.lock:
-            live = set(self.pools)
-            done = {i for i, r in self.records.items() if r["status"] not in ACTIVE}
-        gone = prune(live, done, {**DEFAULTS, **self.limits})
-        if any(gone.values()):
-            print("pruned: " + ", ".join(f"{n} {kind}" for kind, n in gone.items() if n), flush=True)
-
-    def _abandon(self, record: dict[str, Any], why: str = "") -> None:
-        """End a running job's run at once (its pool, or its runner, is killed); ``_reap`` ends the job.
-
-        A run that waits for lost resources has a worker group waiting to be placed, and Ray leaves
-        that placement group behind when its Train controller is killed (Ray Train's cleaner only
-        knows the groups of started workers): it would take the resources once they return. When
-        nothing else of the server's can be waiting to be placed, the waiting groups are removed."""
-        job_id = record["id"]
-        others = [
-            r
-            for r in self.records.values()
-            if r["status"] == "RUNNING" and r["id"] != job_id and (r.get("lost") or not r.get("pool_id"))
-        ]
-        starting = [p for p in self.pools.values() if p["state"] == "starting" and p["id"] != record.get("pool_id")]
-        waiting = [] if others or starting else _unplaced_groups()
-        pool_id = record.get("pool_id")
-        if pool_id and pool_id in self.pools:
-            self._end_pool(pool_id, why or f"{job_id} ends now", force=True)
-        elif job_id in self.runners:
-            ray.kill(self.runners[job_id])
-        if waiting:
-            threading.Timer(1.0, _remove_groups, [waiting]).start()  # once the controller is gone
-
-    def _recover(self) -> None:
-        """Load the records a previous server (this actor before a restart, or an earlier head with the
-        same storage) left: PENDING jobs keep their place, RUNNING ones wait again and resume from their
-        newest checkpoint, a stopping one ends STOPPED; a job that cannot be run again fails, saying why."""
-        for record in sorted(_store.load_records(), key=lambda r: r["submitted"]):
-            job_id = record["id"]
-            self.records[job_id] = record
-            if record["status"] not in ACTIVE:
-                continue
-            was = record["status"]
-            record.pop("pool_id", None)
-            record.pop("preempt_by", None)
-            record.pop("lost", None)
-            record["placement_groups"] = []
-            kept = _store.load_payload(job_id) if record.get("durable", False) else None
-            if record.get("stopping"):
-                self._finish(job_id, "STOPPED", result=_stored_result(record))
-            elif record.get("trial_id"):
-                self._finish(job_id, "STOPPED", result=None)  # its tune job resumes the trial
-            elif not record.get("durable", False):
-                self._finish(
-                    job_id,
-                    "FAILED",
-                    error=f"The job server restarted while the job was {was}, and the job could not be kept: "
-                    f"{record.get('not_durable') or 'it was submitted by an older server'}. Submit it again.",
-                )
-            elif kept is None:
-                self._finish(
-                    job_id,
-                    "FAILED",
-                    error=f"The job server restarted while the job was {was}, and its payload is missing from "
-                    f"`{_store.folder(job_id)}`. Submit it again.",
-                )
-            else:
-                self.payloads[job_id], pool = kept
-                self.extras[job_id] = {"pool": pool}
-                record["restarts"] = record.get("restarts", 0) + 1
-                if was == "RUNNING":
-                    done = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
-                    record.update(status="PENDING", resume=True)
-                    record["reason"] = "the job server restarted; it resumes from its newest checkpoint"
-                    self._log(
-                        job_id,
-                        f"the job server restarted while it ran (after epoch {done}): it resumes from its newest "
-                        "checkpoint"
-                        if record["history"]
-                        else "the job server restarted before its first checkpoint: it starts again from epoch 1",
-                    )
-                else:
-                    self._log(job_id, "the job server restarted: still queued, in its place")
-                self._save(job_id)
-
-
-def _unplaced_groups() -> list[str]:
-    """The placement groups Ray has not placed (yet), by id."""
-    try:
-        table = ray.util.placement_group_table()
-    except Exception:  # noqa: BLE001 - no table, nothing removed
-        return []
-    return [pg_id for pg_id, info in table.items() if info.get("state") in ("PENDING", "RESCHEDULING")]
-
-
-def _remove_groups(ids: list[str]) -> None:
-    from ray.util.placement_group import PlacementGroup
-
-    for pg_id in ids:
-        try:
-            ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-
 
 def _add_row(history: list[dict[str, Any]], row: dict[str, Any]) -> None:
     """Append ``row``; a row of an epoch already there (of the same trial) replaces it and every row
@@ -451,28 +344,6 @@ def _add_row(history: list[dict[str, Any]], row: dict[str, Any]) -> None:
                 history.extend(mine)
                 break
     history.append(row)
-
-
-def _stored_result(record: dict[str, Any]) -> dict[str, Any] | None:
-    """A training job's result from its run's storage, for a job ended from outside its run (a stop
-    while it waited, a restart while it stopped): the newest checkpoint, and the history so far."""
-    path = record.get("run_path")
-    if record["kind"] != "train" or not path:
-        return None
-    from raymodel._internal import checkpoint as ckpt
-    from raymodel._internal import storage
-
-    epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
-    history = [r for r in record["history"] if int(r.get("epoch", 0)) <= (epochs[-1] if epochs else 0)]
-    return {
-        "metrics": dict(history[-1]) if history else {},
-        "history": history,
-        "checkpoint": storage.join(path, f"checkpoint_epoch_{epochs[-1]:06d}") if epochs else None,
-        "best_checkpoint": None,
-        "path": path,
-        "config": {},
-        "name": path.rstrip("/").rsplit("/", 1)[-1],
-    }
 
 
 def _all_epochs(record: dict[str, Any], result: dict[str, Any] | None) -> bool:

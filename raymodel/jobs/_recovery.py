@@ -1,0 +1,149 @@
+"""``Recovery``: the training server's part that outlives it: loading what a previous server left
+(``_recover``, after an actor restart or a new head on the same storage), ending a run from outside
+(``_abandon``), and keeping its disk bounded (``_prune``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ray
+
+from raymodel.jobs import _store
+from raymodel.jobs._constants import ACTIVE
+
+
+class Recovery:
+    """Mixed into ``JobServer``: it holds ``records``, ``payloads``, ``extras``, ``pools``, ``runners``,
+    ``limits``, ``lock``, ``_log``, ``_save``, ``_finish`` and ``_end_pool``."""
+
+    def _prune(self, every_s: float = 60.0) -> None:
+        """Now and then, what the server left on disk (``jobs/_prune.py``)."""
+        if time.monotonic() - self._pruned < every_s:
+            return
+        self._pruned = time.monotonic()
+        from raymodel.jobs._prune import DEFAULTS, prune
+
+        with self.lock:
+            live = set(self.pools)
+            done = {i for i, r in self.records.items() if r["status"] not in ACTIVE}
+        gone = prune(live, done, {**DEFAULTS, **self.limits})
+        if any(gone.values()):
+            print("pruned: " + ", ".join(f"{n} {kind}" for kind, n in gone.items() if n), flush=True)
+
+    def _abandon(self, record: dict[str, Any], why: str = "") -> None:
+        """End a running job's run at once (its pool, or its runner, is killed); ``_reap`` ends the job.
+
+        A run that waits for lost resources has a worker group waiting to be placed, and Ray leaves
+        that placement group behind when its Train controller is killed (Ray Train's cleaner only
+        knows the groups of started workers): it would take the resources once they return. When
+        nothing else of the server's can be waiting to be placed, the waiting groups are removed."""
+        job_id = record["id"]
+        others = [
+            r
+            for r in self.records.values()
+            if r["status"] == "RUNNING" and r["id"] != job_id and (r.get("lost") or not r.get("pool_id"))
+        ]
+        starting = [p for p in self.pools.values() if p["state"] == "starting" and p["id"] != record.get("pool_id")]
+        waiting = [] if others or starting else _unplaced_groups()
+        pool_id = record.get("pool_id")
+        if pool_id and pool_id in self.pools:
+            self._end_pool(pool_id, why or f"{job_id} ends now", force=True)
+        elif job_id in self.runners:
+            ray.kill(self.runners[job_id])
+        if waiting:
+            threading.Timer(1.0, _remove_groups, [waiting]).start()  # once the controller is gone
+
+    def _recover(self) -> None:
+        """Load the records a previous server (this actor before a restart, or an earlier head with the
+        same storage) left: PENDING jobs keep their place, RUNNING ones wait again and resume from their
+        newest checkpoint, a stopping one ends STOPPED; a job that cannot be run again fails, saying why."""
+        for record in sorted(_store.load_records(), key=lambda r: r["submitted"]):
+            job_id = record["id"]
+            self.records[job_id] = record
+            if record["status"] not in ACTIVE:
+                continue
+            was = record["status"]
+            record.pop("pool_id", None)
+            record.pop("preempt_by", None)
+            record.pop("lost", None)
+            record["placement_groups"] = []
+            kept = _store.load_payload(job_id) if record.get("durable", False) else None
+            if record.get("stopping"):
+                self._finish(job_id, "STOPPED", result=stored_result(record))
+            elif record.get("trial_id"):
+                self._finish(job_id, "STOPPED", result=None)  # its tune job resumes the trial
+            elif not record.get("durable", False):
+                self._finish(
+                    job_id,
+                    "FAILED",
+                    error=f"The job server restarted while the job was {was}, and the job could not be kept: "
+                    f"{record.get('not_durable') or 'it was submitted by an older server'}. Submit it again.",
+                )
+            elif kept is None:
+                self._finish(
+                    job_id,
+                    "FAILED",
+                    error=f"The job server restarted while the job was {was}, and its payload is missing from "
+                    f"`{_store.folder(job_id)}`. Submit it again.",
+                )
+            else:
+                self.payloads[job_id], pool = kept
+                self.extras[job_id] = {"pool": pool}
+                record["restarts"] = record.get("restarts", 0) + 1
+                if was == "RUNNING":
+                    done = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
+                    record.update(status="PENDING", resume=True)
+                    record["reason"] = "the job server restarted; it resumes from its newest checkpoint"
+                    self._log(
+                        job_id,
+                        f"the job server restarted while it ran (after epoch {done}): it resumes from its newest "
+                        "checkpoint"
+                        if record["history"]
+                        else "the job server restarted before its first checkpoint: it starts again from epoch 1",
+                    )
+                else:
+                    self._log(job_id, "the job server restarted: still queued, in its place")
+                self._save(job_id)
+
+
+def stored_result(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A training job's result from its run's storage, for a job ended from outside its run (a stop
+    while it waited, a restart while it stopped): the newest checkpoint, and the history so far."""
+    path = record.get("run_path")
+    if record["kind"] != "train" or not path:
+        return None
+    from raymodel._internal import checkpoint as ckpt
+    from raymodel._internal import storage
+
+    epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
+    history = [r for r in record["history"] if int(r.get("epoch", 0)) <= (epochs[-1] if epochs else 0)]
+    return {
+        "metrics": dict(history[-1]) if history else {},
+        "history": history,
+        "checkpoint": storage.join(path, f"checkpoint_epoch_{epochs[-1]:06d}") if epochs else None,
+        "best_checkpoint": None,
+        "path": path,
+        "config": {},
+        "name": path.rstrip("/").rsplit("/", 1)[-1],
+    }
+
+
+def _unplaced_groups() -> list[str]:
+    """The placement groups Ray has not placed (yet), by id."""
+    try:
+        table = ray.util.placement_group_table()
+    except Exception:  # noqa: BLE001 - no table, nothing removed
+        return []
+    return [pg_id for pg_id, info in table.items() if info.get("state") in ("PENDING", "RESCHEDULING")]
+
+
+def _remove_groups(ids: list[str]) -> None:
+    from ray.util.placement_group import PlacementGroup
+
+    for pg_id in ids:
+        try:
+            ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+        except Exception:  # noqa: BLE001 - already gone
+            pass
