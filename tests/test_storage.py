@@ -181,3 +181,25 @@ def test_train_tune_registry_and_serve_across_nodes_with_everything_on_s3(s3, tm
     assert not (home / ".raymodel").exists(), sorted(str(p) for p in (home / ".raymodel").rglob("*"))
     local = [str(p) for p in home.rglob("*") if p.is_file()]
     assert not [p for p in local if "checkpoint" in p or "registry" in p or "raymodel.json" in p], local
+
+
+def test_the_training_servers_records_payloads_and_arrays_on_s3(s3, monkeypatch):
+    """A server whose home is a bucket keeps what a restart needs there: each record (one PUT, whole),
+    the payload, and a job's arrays as .npy objects; a done job's folder is pruned."""
+    import numpy as np
+
+    from raymodel.jobs import _store
+    from raymodel.jobs._prune import DEFAULTS, prune
+
+    monkeypatch.setenv("RAYMODEL_HOME", s3.uri("home"))
+    record = {"id": "train-1", "status": "PENDING", "submitted": 1.0, "history": []}
+    _store.save_record(record)
+    _store.save_payload("train-1", b"payload", {"key": "torch/1x[CPU=1]"})
+    X = np.arange(600_000, dtype=np.float32).reshape(-1, 4)
+    stored = _store.write_array(storage.join(_store.folder("train-1"), "data", "train-x.npy"), X)
+    assert [r["id"] for r in _store.load_records()] == ["train-1"]
+    assert _store.load_payload("train-1") == (b"payload", {"key": "torch/1x[CPU=1]"})
+    assert np.array_equal(_store.load_array(stored), X)
+    assert prune(set(), {"train-1"}, DEFAULTS)["jobs"] == 1  # done: its folder goes, its record stays
+    assert [k for k in s3.keys("home/jobs/") if not k.endswith("/")] == ["home/jobs/train-1.json"]  # no folders
+    assert _store.load_payload("train-1") is None
