@@ -164,7 +164,11 @@ def test_the_server_killed_mid_job_comes_back_resumes_the_running_job_and_keeps_
     log = running.logs()
     assert "the job server restarted while it ran (after epoch" in log and "again, from its newest checkpoint" in log
     assert log.count("epoch 1:") == 1, log  # resumed from its checkpoint: epoch 1 was not trained again
-    assert [row["epoch"] for row in queued.wait(timeout=240).history] == [1, 2]  # kept in the queue, then run
+    try:
+        assert [row["epoch"] for row in queued.wait(timeout=240).history] == [1, 2]  # kept in the queue, then run
+    except TimeoutError:
+        print(queued.logs(), rm.jobs.pools(), ray_session.available_resources(), ray_session.util.placement_group_table())
+        raise
     assert "still queued, in its place" in queued.logs()
     with pytest.raises(TrainingError, match="could not be kept: its 'train' split is a `ray.data` Dataset"):
         fleeting.wait(timeout=60)

@@ -59,9 +59,11 @@ class Recovery:
         """Load the records a previous server (this actor before a restart, or an earlier head with the
         same storage) left: PENDING jobs keep their place, RUNNING ones wait again and resume from their
         newest checkpoint, a stopping one ends STOPPED; a job that cannot be run again fails, saying why."""
+        held: set[str] = set()
         for record in sorted(_store.load_records(), key=lambda r: r["submitted"]):
             job_id = record["id"]
             self.records[job_id] = record
+            held.update(record.get("placement_groups") or ())
             if record["status"] not in ACTIVE:
                 continue
             was = record["status"]
@@ -106,6 +108,9 @@ class Recovery:
                 else:
                     self._log(job_id, "the job server restarted: still queued, in its place")
                 self._save(job_id)
+        # The previous server's pools and runs died with it; a worker group that was ending (its Train
+        # controller had let Ray Train's cleaner go) can leave its placement group holding resources.
+        _remove_groups(sorted(held))
 
 
 def stored_result(record: dict[str, Any]) -> dict[str, Any] | None:

@@ -241,6 +241,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
             held = self.records[job_id].setdefault("placement_groups", [])
             if placement_group not in held:
                 held.append(placement_group)
+                self._save(job_id)  # a restarted server removes what its predecessor's runs held
 
     # ------------------------------------------------------------ internals
     def _loop(self) -> None:
