@@ -73,10 +73,13 @@ def kill_server() -> float:
 
 def kill_worker() -> bool:
     """SIGKILL one training worker (its process), once one runs (within a minute)."""
+    import ray
     from ray.util.state import list_actors
 
+    address = ray.get_runtime_context().gcs_address  # this head's, with the test session's Ray beside it
+
     def alive() -> list:
-        return list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+        return list_actors(address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
 
     try:
         workers = until(alive, 60, 0.5)
@@ -198,7 +201,6 @@ def main() -> None:
         flush=True,
     )
     ray.shutdown()
-    cli("server", "stop")
 
 
 def _records(ids: list[str]) -> list[dict]:
@@ -206,4 +208,7 @@ def _records(ids: list[str]) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:  # never leave a head behind for the tests after this one
+        subprocess.run([*CLI, "server", "stop"], capture_output=True, timeout=120)

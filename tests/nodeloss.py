@@ -149,8 +149,9 @@ def main() -> None:
                 from ray.util.state import list_actors, list_placement_groups
 
                 print(job.logs(), rm.jobs.pools(), ray.available_resources(), file=sys.stderr)
-                print([(a.class_name, a.state, a.is_detached) for a in list_actors()], file=sys.stderr)
-                print(list_placement_groups(detail=True), file=sys.stderr)
+                address = ray.get_runtime_context().gcs_address
+                print([(a.class_name, a.state) for a in list_actors(address)], file=sys.stderr)
+                print(list_placement_groups(address, detail=True), file=sys.stderr)
                 raise
             lost_at = time.monotonic()
             cluster.remove_node(nodes.pop())

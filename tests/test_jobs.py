@@ -167,7 +167,8 @@ def test_the_server_killed_mid_job_comes_back_resumes_the_running_job_and_keeps_
     try:
         assert [row["epoch"] for row in queued.wait(timeout=240).history] == [1, 2]  # kept in the queue, then run
     except TimeoutError:
-        print(queued.logs(), rm.jobs.pools(), ray_session.available_resources(), ray_session.util.placement_group_table())
+        groups = ray_session.util.placement_group_table()
+        print(queued.logs(), rm.jobs.pools(), ray_session.available_resources(), groups)
         raise
     assert "still queued, in its place" in queued.logs()
     with pytest.raises(TrainingError, match="could not be kept: its 'train' split is a `ray.data` Dataset"):
