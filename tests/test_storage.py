@@ -191,7 +191,7 @@ def test_the_training_servers_records_payloads_and_arrays_on_s3(s3, monkeypatch)
     from raymodel.jobs import _store
     from raymodel.jobs._prune import DEFAULTS, prune
 
-    monkeypatch.setenv("RAYMODEL_HOME", s3.uri("home"))
+    monkeypatch.setenv("RAYMODEL_HOME", s3.uri("server-home"))  # its own: another test runs jobs at "home"
     record = {"id": "train-1", "status": "PENDING", "submitted": 1.0, "history": []}
     _store.save_record(record)
     _store.save_payload("train-1", b"payload", {"key": "torch/1x[CPU=1]"})
@@ -201,5 +201,5 @@ def test_the_training_servers_records_payloads_and_arrays_on_s3(s3, monkeypatch)
     assert _store.load_payload("train-1") == (b"payload", {"key": "torch/1x[CPU=1]"})
     assert np.array_equal(_store.load_array(stored), X)
     assert prune(set(), {"train-1"}, DEFAULTS)["jobs"] == 1  # done: its folder goes, its record stays
-    assert [k for k in s3.keys("home/jobs/") if not k.endswith("/")] == ["home/jobs/train-1.json"]  # no folders
+    assert [k for k in s3.keys("server-home/jobs/") if not k.endswith("/")] == ["server-home/jobs/train-1.json"]
     assert _store.load_payload("train-1") is None
