@@ -3,6 +3,7 @@ head that ``raymodel server start`` leaves running, and where helper actors are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -10,7 +11,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from raymodel._internal.ingress import resolve_ingress, with_serve_env
 
@@ -152,3 +153,22 @@ def set_threads(cpus: float) -> int:
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
     return threads
+
+
+#: Ray Train reads how long a worker group may take to start from the environment of the process that
+#: calls ``fit`` (and hands it to the run's controller).
+_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+
+
+@contextlib.contextmanager
+def worker_group_start_timeout(seconds: float | None) -> Iterator[None]:
+    """Ray Train's worker-group start timeout for the runs started in this block (an elastic run's
+    ``elastic_wait_s``); ``None``, or a value the user set in Ray's environment, leaves it alone."""
+    if seconds is None or _START_TIMEOUT in os.environ:
+        yield
+        return
+    os.environ[_START_TIMEOUT] = f"{seconds:g}"
+    try:
+        yield
+    finally:
+        os.environ.pop(_START_TIMEOUT, None)

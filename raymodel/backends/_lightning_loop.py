@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from raymodel._internal import tmp
 from raymodel.backends._pl import lightning as _lightning
-from raymodel.backends._torch_loop import ShardSampler, TorchLoop, to_tensor
+from raymodel.backends._torch_arrays import to_tensor
+from raymodel.backends._torch_loop import ShardSampler, TorchLoop
 from raymodel.backends._torch_optim import set_hyperparameters
 from raymodel.data import Arrays, Batches, RayDataset, TorchDataset, worker_batches
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from raymodel.backends import _torch_fsdp as fsdp
+from raymodel.backends._torch_arrays import array_batches
 from raymodel.backends._torch_optim import configure_optimizers, set_hyperparameters
 from raymodel.backends._torch_step import StepControl, with_last
 from raymodel.contract import WorkerLoop, batch_len
@@ -242,7 +243,7 @@ class TorchLoop(WorkerLoop):
         rank, world, s = self.run.rank, self.run.world, self.run.settings
         if isinstance(split, Arrays):  # the object store's arrays, read in place: a copy of each batch only
             idx = worker_rows(len(split), rank, world, train=train, shuffle=s.shuffle, seed=s.seed, epoch=epoch)
-            return _array_batches(split.x, split.y, idx, s.batch_size)
+            return array_batches(split.x, split.y, idx, s.batch_size)
         if isinstance(split, TorchDataset):
             from torch.utils.data import DataLoader
 
@@ -365,26 +366,6 @@ def _accumulate(sums: dict[str, torch.Tensor], outputs: Any, loss: torch.Tensor)
             if k != "loss" and isinstance(v, (torch.Tensor, float, int)) and getattr(v, "numel", lambda: 1)() == 1:
                 v = v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
                 sums[k] = sums[k] + v if k in sums else v.clone()
-
-
-def to_tensor(a: np.ndarray) -> torch.Tensor:
-    """Floats (and booleans) as float32, everything else as int64; always a writable copy
-    (arrays from the object store are read-only)."""
-    dtype = np.float32 if np.issubdtype(a.dtype, np.floating) or a.dtype == bool else np.int64
-    return torch.from_numpy(np.array(a, dtype=dtype, order="C", copy=True))
-
-
-def _array_batches(x: np.ndarray, y: np.ndarray | None, idx: np.ndarray, batch_size: int) -> Iterable[Any]:
-    """Batches of the rows ``idx``, each gathered from the arrays (a new, writable array) and typed as
-    ``to_tensor`` types them."""
-    for start in range(0, len(idx), batch_size):
-        sel = idx[start : start + batch_size]
-        yield (_batch_tensor(x, sel),) if y is None else (_batch_tensor(x, sel), _batch_tensor(y, sel))
-
-
-def _batch_tensor(a: np.ndarray, sel: np.ndarray) -> torch.Tensor:
-    dtype = np.float32 if np.issubdtype(a.dtype, np.floating) or a.dtype == bool else np.int64
-    return torch.from_numpy(np.take(a, sel, axis=0).astype(dtype, copy=False))
 
 
 def _device(use_gpu: bool) -> torch.device:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import cluster, locations, serialization, storage, tmp
@@ -170,7 +168,8 @@ class Trainable:
             )
         trainer, hub = self._trainer(printer)
         try:
-            with _worker_group_wait(self.settings):
+            wait_s = self.settings.elastic_wait_s if self.settings.elastic else None
+            with cluster.worker_group_start_timeout(wait_s):
                 result = _fit(trainer, printer)
         finally:
             if hub is not self._hub:
@@ -312,24 +311,6 @@ def worker_payload(model: Model, settings: TrainSettings, info: dict[str, Any]) 
         "initial_state": initial_state(model),
     }
     return serialization.dumps(payload, type(model), *settings.callbacks)
-
-
-#: Ray Train reads how long a worker group may take to start from the environment of the process that
-#: calls ``fit`` (and hands it to the run's controller).
-_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-
-
-@contextlib.contextmanager
-def _worker_group_wait(settings: TrainSettings) -> Iterator[None]:
-    """An elastic run's ``elastic_wait_s`` as Ray Train's worker-group start timeout, while it starts."""
-    if not settings.elastic or _START_TIMEOUT in os.environ:
-        yield  # a user's own setting of Ray's variable wins
-        return
-    os.environ[_START_TIMEOUT] = f"{settings.elastic_wait_s:g}"
-    try:
-        yield
-    finally:
-        os.environ.pop(_START_TIMEOUT, None)
 
 
 def _fit(trainer: Any, printer: ProgressPrinter | None) -> Any:
