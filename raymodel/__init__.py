@@ -51,6 +51,7 @@ _LAZY = {
     "TuneResult": ("raymodel.tune", "TuneResult"),
     "ServeSettings": ("raymodel.serve", "ServeSettings"),
     "ServedModel": ("raymodel.serve", "ServedModel"),
+    "Guard": ("raymodel.serve", "Guard"),
     "ModelRef": ("raymodel.registry", "ModelRef"),
 }
 
@@ -94,6 +95,7 @@ __all__ = [
     "TuneResult",
     "ServeSettings",
     "ServedModel",
+    "Guard",
     "ModelRef",
     "tune",
     "serve",

@@ -13,6 +13,7 @@ serving).
 """
 
 from raymodel.serve._driver import Servable, ServedModel
+from raymodel.serve._rollout import Guard, Rollout, rollouts
 from raymodel.serve._settings import ServeSettings
 
-__all__ = ["Servable", "ServeSettings", "ServedModel"]
+__all__ = ["Guard", "Rollout", "Servable", "ServeSettings", "ServedModel", "rollouts"]

@@ -23,7 +23,6 @@ import asyncio
 import collections
 import logging
 import os
-import threading
 import time
 import traceback
 import uuid
@@ -47,13 +46,8 @@ _END = object()  # the end of a streamed answer
 
 
 class ModelServer:
-    """One replica: loads its model from a checkpoint or a registry ref and answers requests.
-
-    A replica serving a registry alias (``"digits@production"``) or a key's
-    newest version (``"digits"``) checks it every ``poll_s`` seconds; when it
-    moves, the new version is loaded in the background and swapped in, and
-    requests keep flowing: each request uses the model it started with.
-    """
+    """One replica: loads its model from a checkpoint and answers requests (a route of registry
+    versions is a ``RouteServer``, which answers the same way with the version it picks)."""
 
     def __init__(
         self,
@@ -62,7 +56,6 @@ class ModelServer:
         max_batch_size: int,
         batch_wait_timeout_s: float,
         max_body_bytes: int,
-        poll_s: float = 2.0,
     ) -> None:
         self.source = source
         self.model = sources.load(source, source.get("version")) if source else None  # None: per request
@@ -71,6 +64,7 @@ class ModelServer:
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
         self.requests: collections.deque[tuple[float, float]] = collections.deque(maxlen=5000)  # (end, latency s)
         self.started = time.time()
+        self.loads = 0  # versions this replica has loaded (a route of several)
         self._warned_at = -60.0
         self.ingress = _ingress()
         self.threads = cluster.set_threads(_cpu_share())
@@ -79,26 +73,6 @@ class ModelServer:
             _json_error_page()
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
-        if source and "registry" in source and not isinstance(source.get("version"), int):
-            threading.Thread(target=self._follow, args=(poll_s,), name="raymodel-follow", daemon=True).start()
-
-    def _follow(self, poll_s: float) -> None:
-        """Swap in the version the alias (or the newest) names, whenever it changes."""
-        from raymodel.registry import Registry
-
-        registry = Registry(self.source["registry"])
-        while True:
-            time.sleep(poll_s)
-            try:
-                n = registry.resolve(self.source["key"], self.source.get("version"))
-                if n != self.model.source.get("version"):
-                    model = sources.load(self.source, n)
-                    self.model = model  # one assignment: a request sees the old model or the new one
-                    logger.info("now serving %s:%s", self.source["key"], n)
-            except Exception:  # noqa: BLE001 - a registry hiccup never stops the replica
-                logger.warning(
-                    "could not follow %s@%s\n%s", self.source["key"], self.source.get("version"), traceback.format_exc()
-                )
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
@@ -131,11 +105,11 @@ class ModelServer:
         status, content, size, model = await self._answer(payload)
         return _json(content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
 
-    def _stream(self, payload: dict[str, Any]) -> Any:
+    def _stream(self, payload: dict[str, Any], model: Any = None) -> Any:
         """``{"stream": true, ...}``: the model's answer piece by piece as server-sent events, one
         ``data: {"token": ...}`` event each, then ``data: [DONE]``. A request the model refuses is a 422
         before the stream starts; a failure after it is an ``event: error``."""
-        model = self.model
+        model = model or self.model
         began = time.monotonic()
         try:
             pieces = iter(model.backend.stream(model, payload))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from raymodel._internal import cluster, locations, storage
 from raymodel.contract import training_server
 from raymodel.exceptions import ServeError, SettingsError
-from raymodel.registry import sources
+from raymodel.serve._rollout import Guard, Rollout, start_rollout
 from raymodel.serve._route_plan import _is_multiplexed, _plan, _routed_application
 from raymodel.serve._settings import ServeSettings, replica_options
 
@@ -29,30 +29,53 @@ class ServedModel:
         self._servable = servable
 
     def set_split(self, split: Mapping[str, float]) -> None:
-        """New weights for a split route, live: Serve reconfigures the route's router in place (no
-        replica restarts, no request fails); returns once the router answers with them.
+        """New weights for a route of registry versions, live: Serve reconfigures the route's replicas
+        in place (no restart, no request fails); returns once the route answers with them.
 
         Args:
             split: ``{reference: weight}``, weights positive and summing to 1, e.g.
                 ``{"digits@production": 0.5, "digits@candidate": 0.5}``.
         """
+        servable = self._routed("set_split")
+        if servable.rollout_id is not None:
+            raise ServeError(f"`{self.route}` is being rolled out ({servable.rollout_id}); stop the rollout first.")
+        servable._set_split(split)  # every check first: a bad split changes nothing
+        servable.apply()
+        self.info["split"] = dict(servable.plan["split"])
+
+    def rollout(
+        self,
+        ref: str,
+        steps: tuple[float, ...] = (0.05, 0.25, 1.0),
+        step_s: float = 60.0,
+        guard: Guard | Mapping[str, Any] | None = None,
+    ) -> Rollout:
+        """Move this route's traffic to ``ref`` in steps, in the cluster; roll back at once on a breach
+        of ``guard``, promote after the last step (docs/model-server.md, "Rollouts").
+
+        Args:
+            ref: The candidate, a registry reference of the route's key (``"digits@candidate"``,
+                ``"digits:4"``); pinned to the version it names now.
+            steps: The candidate's shares, increasing, in (0, 1]; the route's version keeps the rest.
+            step_s: The least time a step lasts (it also waits for ``guard.min_requests``).
+            guard: ``rm.Guard`` (or a dict of its fields): the limits the candidate must keep.
+
+        Returns:
+            A ``Rollout``: ``status``, ``reason``, ``step``, ``wait()``, ``stop()``. It goes on if this
+            process exits; ``rm.serve.rollouts()`` lists it from any process.
+        """
+        self._routed("rollout")
+        return start_rollout(self.route, ref, steps, step_s, guard)
+
+    def _routed(self, what: str) -> Servable:
         servable = self._servable
         if servable is None or servable.plan is None or servable.plan.get("multiplex"):
             raise ServeError(
-                f"`set_split` changes a split route's weights; `{self.route}` serves one model or a multiplexed "
-                "key. Deploy `rm.Servable({'digits@production': 0.9, 'digits@candidate': 0.1}, route)` for a split."
+                f"`{what}` works on a route of registry versions; `{self.route}` serves "
+                + ("a multiplexed key" if servable is not None and servable.plan else "a model instance")
+                + ". Serve a reference: `rm.Servable('digits@production', route).deploy()`."
             )
-        servable._set_split(split)  # every check first: a bad split changes nothing
-        from ray import serve
-
-        serve.run(servable.as_application(), name=self.name, route_prefix=self.route, blocking=False)
-        wanted = servable.plan["split"]
-        deadline = time.monotonic() + 60
-        while self._handle.describe.remote().result(timeout_s=10).get("split") != wanted:
-            if time.monotonic() > deadline:
-                raise ServeError(f"`{self.route}` did not take the split {wanted} within 60 s; Serve's logs say why.")
-            time.sleep(0.1)
-        self.info["split"] = dict(wanted)
+        return servable
 
     def predict(self, payload: Any) -> Any:
         """Answer ``payload`` in-cluster (preprocess, batched forward, postprocess)."""
@@ -118,15 +141,17 @@ class Servable:
         self.route = _check_route(route)
         self.name = self.settings.name or (re.sub(r"[^A-Za-z0-9_-]", "_", self.route.strip("/")) or "root")
         self.model: Any = None
-        self.source: dict[str, Any] = {}
-        self.plan: dict[str, Any] | None = None  # a route of several versions (split, shadow, multiplexed)
+        self.plan: dict[str, Any] | None = None  # a route of registry versions (one, a split, a shadow, multiplexed)
+        self.rollout_id: str | None = None  # the rollout this route is in (set by the rollout controller)
         self._written: str | None = None  # the serve checkpoint ``as_application`` wrote
         self._registry = registry
-        if isinstance(model_or_ref, Mapping) or shadow is not None or _is_multiplexed(model_or_ref):
+        if (
+            isinstance(model_or_ref, (str, Mapping))
+            or type(model_or_ref).__name__ == "ModelRef"
+            or shadow is not None
+            or _is_multiplexed(model_or_ref)
+        ):
             self.plan, self.info = _plan(model_or_ref, shadow, shadow_fraction, registry, self.settings)
-        elif isinstance(model_or_ref, str) or type(model_or_ref).__name__ == "ModelRef":
-            self.source, self.info = sources.registry_source(str(model_or_ref), registry)
-            self.info.pop("resolved", None)
         elif hasattr(model_or_ref, "backend") and callable(getattr(model_or_ref, "save", None)):
             model_or_ref.backend.import_framework()
             from raymodel._internal.schema import schemas_of
@@ -153,18 +178,15 @@ class Servable:
 
         if self.plan is not None:
             return _routed_application(self)
-        source = self.source or {"checkpoint": _checkpoint_of(self.model, self.name)}
-        self._written = source.get("checkpoint") if not self.source else None
-        info = {
-            **self.info,
-            "source": dict(self.model.source) if self.model is not None and self.model.source else dict(source),
-        }
+        source = {"checkpoint": _checkpoint_of(self.model, self.name)}
+        self._written = source["checkpoint"]
+        info = {**self.info, "source": dict(self.model.source) if self.model.source else dict(source)}
         s = self.settings
         options = {"name": f"{self.name}-model", **replica_options(s)}
         return (
             serve.deployment(ModelServer)
             .options(**options)
-            .bind(source, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s.registry_poll_s)
+            .bind(source, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes)
         )
 
     def deploy(self) -> ServedModel:
@@ -197,14 +219,31 @@ class Servable:
                 serve.delete(self.name)
                 self._discard_written()
             raise
-        if self.plan is not None:
-            handle.warm.remote().result(timeout_s=300)  # the route's versions, loaded before its first request
         return ServedModel(self.name, self.route, url, handle, self.info, self)
 
     def _set_split(self, split: Mapping[str, float]) -> None:
         assert self.plan is not None
         plan, info = _plan(split, self.plan.get("shadow"), self.plan["shadow_fraction"], self._registry, self.settings)
         self.plan, self.info = plan, {**info, "route": self.route}
+
+    def apply(self, timeout_s: float = 60.0) -> None:
+        """Redeploy a running route with this servable's split (and rollout): a reconfiguration in
+        place; returns once a replica answers with it."""
+        from ray import serve
+
+        assert self.plan is not None
+        handle = serve.run(self.as_application(), name=self.name, route_prefix=self.route, blocking=False)
+        wanted = (self.plan["split"], self.rollout_id)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = handle.spec.remote().result(timeout_s=10)
+            if (now["plan"]["split"], now["rollout"]) == wanted:
+                return
+            if time.monotonic() > deadline:
+                raise ServeError(
+                    f"`{self.route}` did not take the split {wanted[0]} within {timeout_s:.0f} s; Serve's logs say why."
+                )
+            time.sleep(0.05)
 
     def _discard_written(self) -> None:
         """Delete the serve checkpoint ``as_application`` wrote, for a deployment that did not happen."""
@@ -214,8 +253,7 @@ class Servable:
     def __repr__(self) -> str:
         if self.plan is not None:
             return f"Servable({self.plan.get('split') or self.plan.get('multiplex')!r}, route={self.route!r})"
-        what = f"{self.source['key']}@{self.source.get('version')}" if self.source else self.info["class"]
-        return f"Servable({what!r}, route={self.route!r})"
+        return f"Servable({self.info['class']!r}, route={self.route!r})"
 
 
 def _plain(config: Mapping[str, Any]) -> dict[str, Any]:

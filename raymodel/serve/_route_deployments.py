@@ -1,10 +1,9 @@
-"""The model server's two deployments: a route of several registry versions.
+"""The two deployments of a multiplexed route (``"digits@*"``, ``"*"``): any version, per request.
 
-``ModelRouter`` is the route's HTTP ingress. Per request it chooses a version (a weighted split,
-sticky per ``x-raymodel-key``; or, on a multiplexed route, the ``x-raymodel-model`` header),
-sends the payload to ``VersionServer`` through a Serve handle with that version as the
-multiplexed model id, and answers with ``x-raymodel-model`` naming it. A shadow gets a copy of
-the payload after the answer is sent; its answer is compared and counted, never returned.
+``ModelRouter`` is the route's HTTP ingress. Per request it resolves the ``x-raymodel-model``
+header to a version, sends the payload to ``VersionServer`` through a Serve handle with that
+version as the multiplexed model id, and answers with ``x-raymodel-model`` naming it. (A route of
+versions known in advance, a split or a shadow, picks in process: ``_route_server.RouteServer``.)
 
 ``VersionServer`` is a ``ModelServer`` whose model is chosen per request: Serve's model
 multiplexing keeps an LRU of ``max_models_per_replica`` versions per replica and its router sends
@@ -19,10 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
-import threading
 import time
-import traceback
 from typing import Any
 
 from ray import serve
@@ -30,7 +26,7 @@ from ray import serve
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
 from raymodel.serve._deployment import ModelServer, _error, _json, _label, read_payload
-from raymodel.serve._traffic import KEY_HEADER, MODEL_HEADER, REPLICA_HEADER, VersionStats, compare, pick, point
+from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats
 
 logger = logging.getLogger("ray.serve")
 
@@ -90,7 +86,7 @@ class VersionServer(ModelServer):
 
 
 class ModelRouter:
-    """The HTTP ingress of a split, shadow or multiplexed route (see the module's docstring)."""
+    """The HTTP ingress of a multiplexed route (see the module's docstring)."""
 
     def __init__(self, backend: Any, plan: dict[str, Any], info: dict[str, Any], max_body_bytes: int) -> None:
         from raymodel.registry import Registry
@@ -98,63 +94,14 @@ class ModelRouter:
         self.backend, self.plan, self.info = backend, plan, info
         self.max_body_bytes = max_body_bytes
         self.registry = Registry(plan["registry"])
-        self.shares: list[tuple[str, float]] = list((plan.get("split") or {}).items())
-        self.labels: dict[str, str] = {}  # reference -> the version it names now
         self.handles: dict[str, Any] = {}
-        self.cache: dict[str, tuple[float, Any]] = {}  # a multiplexed route's header -> (when, label or error)
+        self.cache: dict[str, tuple[float, Any]] = {}  # the header -> (when, label or error)
         self.figures = VersionStats()
-        self.tasks: set[asyncio.Task[Any]] = set()
         self.poll_s = float(plan.get("poll_s", 2.0))
-        self._resolve_all()
-        threading.Thread(target=self._follow, name="raymodel-follow", daemon=True).start()
-
-    def reconfigure(self, config: dict[str, Any]) -> None:
-        """``served.set_split``: the new weights, from Serve's ``user_config`` (no restart)."""
-        if config.get("split"):
-            shares = list(config["split"].items())
-            labels = self._resolved([ref for ref, _ in shares] + self._shadow_refs())
-            self.labels = {**self.labels, **labels}  # first: every reference the new shares name has its version
-            self.shares = shares
-            logger.info("split now %s", self.shares)
-
-    # ------------------------------------------------------------ references
-    def _shadow_refs(self) -> list[str]:
-        return [self.plan["shadow"]] if self.plan.get("shadow") else []
-
-    def _refs(self) -> list[str]:
-        return [ref for ref, _ in self.shares] + self._shadow_refs()
-
-    def _resolved(self, refs: list[str]) -> dict[str, str]:
-        """``{reference: "key:N"}``: the version each names in the registry now."""
-        out = {}
-        for ref in refs:
-            key, version = parse_ref(ref)
-            out[ref] = f"{key}:{self.registry.resolve(key, version)}"
-        return out
-
-    def _resolve_all(self) -> None:
-        self.labels = self._resolved(self._refs())
-
-    def _follow(self) -> None:
-        """An alias (or a key's newest version) that moves is followed, as a one-version route does:
-        the new version is loaded first, then requests go to it."""
-        while True:
-            time.sleep(self.poll_s)
-            try:
-                labels = self._resolved(self._refs())
-                for ref, label in labels.items():
-                    if self.labels.get(ref) != label:
-                        self._to(label).warm.remote().result()
-                        logger.info("%s now names %s", ref, label)
-                self.labels = {**self.labels, **labels}
-            except Exception:  # noqa: BLE001 - a registry hiccup never stops the route
-                logger.warning("could not follow the route's references\n%s", traceback.format_exc())
 
     def _choose(self, headers: Any) -> tuple[str | None, Any]:
-        """``(label, None)``, or ``(None, error response)`` for a multiplexed request naming no version."""
-        multiplex = self.plan.get("multiplex")
-        if multiplex is None:
-            return self.labels[pick(self.shares, point(headers.get(KEY_HEADER)))], None
+        """``(label, None)``, or ``(None, error response)`` for a request naming no version."""
+        multiplex = self.plan["multiplex"]
         wanted = headers.get(MODEL_HEADER) or (multiplex if multiplex != "*" else "")
         if not wanted:
             detail = f"Name a version in the `{MODEL_HEADER}` header, e.g. `digits:3`."
@@ -211,29 +158,21 @@ class ModelRouter:
         if refused is not None:
             return refused
         began = time.monotonic()
-        status, content, size, pid = await self._call(label, payload)
+        status, content, size, pid = await self._to(label).answer.remote(payload)
         self.figures.record(label, time.monotonic() - began, status >= 500)
-        shadow = self.plan.get("shadow")
-        if shadow and random.random() < self.plan.get("shadow_fraction", 1.0):
-            task = asyncio.get_running_loop().create_task(self._shadow(payload, label, status, content))
-            self.tasks.add(task)  # kept until done: the loop holds tasks weakly
-            task.add_done_callback(self.tasks.discard)
         return _json(
             content, status, {"x-raymodel-batch-size": str(size), MODEL_HEADER: label, REPLICA_HEADER: str(pid)}
         )
 
     async def predict(self, payload: Any) -> Any:
-        """In-cluster calls through a Serve handle (the split's choice, no key: random)."""
+        """In-cluster calls through a Serve handle: a multiplexed route of one key answers its newest version."""
         label, refused = self._choose({})
         if refused is not None:
             raise RuntimeError(f"Name a version: {refused.body.decode()}")
-        status, content, _, _ = await self._call(label, payload)
+        status, content, _, _ = await self._to(label).answer.remote(payload)
         if status != 200:
             raise RuntimeError(f"{content['error']}: {content['detail']}")
         return content
-
-    async def _call(self, label: str, payload: Any) -> tuple[int, Any, int, int]:
-        return await self._to(label).answer.remote(payload)
 
     def _to(self, label: str) -> Any:
         """The versions deployment's handle for ``label`` (made once: ``options`` copies the handle)."""
@@ -244,23 +183,7 @@ class ModelRouter:
                 self.handles.pop(next(iter(self.handles)))
         return handle
 
-    async def _shadow(self, payload: Any, answered_label: str, status: int, answered: Any) -> None:
-        label = self.labels[self.plan["shadow"]]
-        try:
-            s_status, s_content, _, _ = await self._call(label, payload)
-        except Exception:  # noqa: BLE001 - a shadow's failure is counted, never the client's
-            s_status, s_content = 500, None
-        if status == 200 and s_status == 200:
-            agree, diffs = compare(answered, s_content)
-            self.figures.record_shadow(label, answered_label, agree, diffs, False)
-        else:
-            self.figures.record_shadow(label, answered_label, None, [], s_status >= 500)
-
     # ---------------------------------------------------------------- figures
-    async def warm(self) -> dict[str, list[str]]:
-        """Load every version the route names now (on the replicas the calls reach)."""
-        return {label: await self._to(label).warm.remote() for label in sorted(set(self.labels.values()))}
-
     async def describe(self) -> dict[str, Any]:
         figures = self.figures.summary()
         try:
@@ -269,37 +192,30 @@ class ModelRouter:
             replica = {"pid": None, "loaded": None}
         return {
             **self.info,
-            "split": dict(self.shares) if self.plan.get("multiplex") is None else None,
-            "serving": {ref: self.labels.get(ref) for ref in self._refs()},
-            "shadow": self.plan.get("shadow"),
-            "shadow_fraction": self.plan.get("shadow_fraction") if self.plan.get("shadow") else None,
-            "multiplex": self.plan.get("multiplex"),
+            "multiplex": self.plan["multiplex"],
             "loaded": replica["loaded"],
             "loads": replica.get("loads"),
             "replica_pid": replica["pid"],
             "router_pid": os.getpid(),
             "versions": figures["versions"],
-            "shadows": figures["shadow"],
             "window_s": figures["window_s"],
         }
 
     async def stats(self, window_s: float = 60.0) -> dict[str, Any]:
         """The dashboard's figures: the whole route's, and per version."""
-        figures = await self.describe()
-        versions = figures["versions"]
-        total = sum(v["requests"] for v in versions.values())
+        versions = (await self.describe())["versions"]
         p50s = [v["p50_ms"] for v in versions.values() if v["p50_ms"] is not None]
         return {
             "route": self.info.get("route"),
-            "serving": ", ".join(sorted(versions)) or ", ".join(sorted(set(self.labels.values()))),
-            "requests": total,
+            "serving": ", ".join(sorted(versions)) or self.info.get("multiplex"),
+            "requests": sum(v["requests"] for v in versions.values()),
             "rate_per_s": sum(v["rate_per_s"] for v in versions.values()),
             "p50_ms": max(p50s) if p50s else None,
             "p99_ms": max((v["p99_ms"] for v in versions.values() if v["p99_ms"] is not None), default=None),
             "mean_batch_size": None,
             "window_s": window_s,
             "versions": versions,
-            "shadows": figures["shadows"],
-            "split": figures["split"],
-            "refs": figures["serving"],
+            "shadows": {},
+            "split": None,
+            "refs": {},
         }

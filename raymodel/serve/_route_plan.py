@@ -83,11 +83,10 @@ def _plan(
 
 
 def _routed_application(servable: Any) -> Any:
-    """``ModelRouter`` (the HTTP ingress; the split in its ``user_config``, so that ``set_split`` is a
-    reconfiguration, not a restart) in front of ``VersionServer`` (multiplexed versions)."""
+    """The Serve application of a route of registry versions: ``RouteServer`` (one deployment; the split
+    and the rollout in its ``user_config``, so that a new split is a reconfiguration, not a restart),
+    or, for a multiplexed route, ``ModelRouter`` in front of ``VersionServer``."""
     from ray import serve
-
-    from raymodel.serve._route_deployments import ModelRouter, VersionServer
 
     s, plan = servable.settings, dict(servable.plan)
     split = plan.pop("split", None)
@@ -95,13 +94,29 @@ def _routed_application(servable: Any) -> Any:
     # is reconfigured in place. The version is what the route is, less its weights. (Serve's Python
     # API gives every ``serve.run`` a random version, a restart; the option is private since 2.x.)
     version = hashlib.sha256(repr((sorted(plan.items()), s)).encode()).hexdigest()[:16]
+    info = {key: value for key, value in servable.info.items() if key != "split"}
+    if split is not None:
+        from raymodel.serve._route_server import RouteServer
+
+        return (
+            serve.deployment(RouteServer)
+            .options(
+                name=f"{servable.name}-model",
+                version=version,
+                _internal=True,
+                user_config={"split": split, "rollout": servable.rollout_id},
+                **replica_options(s),
+            )
+            .bind(plan, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s)
+        )
+    from raymodel.serve._route_deployments import ModelRouter, VersionServer
+
     options = {"name": f"{servable.name}-versions", "version": version, "_internal": True, **replica_options(s)}
     backend = (
         serve.deployment(VersionServer)
         .options(**options)
         .bind(plan["registry"], s.max_models_per_replica, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes)
     )
-    info = {key: value for key, value in servable.info.items() if key != "split"}
     router = serve.deployment(ModelRouter).options(
         name=f"{servable.name}-router",
         version=version,
@@ -111,6 +126,5 @@ def _routed_application(servable: Any) -> Any:
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=max(256, s.max_ongoing_requests),
         logging_config={"enable_access_log": s.access_log},
-        user_config={"split": split} if split else None,
     )
     return router.bind(backend, plan, info, s.max_body_bytes)

@@ -1,19 +1,20 @@
 """The model server's choices, without Ray: which version answers a request, how a shadow's answer
 compares with the answered one, and the figures kept per version.
 
-A weighted split maps each request key to a point ``u`` in [0, 1) (CRC-32 of the key; a random
-point without one) and answers it with the reference whose share of [0, 1) holds ``u``, the shares
-laid end to end in the order given. The same key therefore always lands on the same reference while
-the split stands, and a new split moves only the keys whose point changes share.
+A weighted split maps each request key to a point ``u`` in [0, 1) (the first 8 bytes of the key's
+BLAKE2b digest; a random point without one) and answers it with the reference whose share of
+[0, 1) holds ``u``, the shares laid end to end in the order given. The same key therefore always
+lands on the same reference while the split stands, and a new split moves only the keys whose
+point changes share.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
 import random
 import time
-import zlib
 from typing import Any, Mapping
 
 from raymodel._internal.name_rules import parse_ref
@@ -60,10 +61,12 @@ def check_ref(ref: Any, what: str = "A reference") -> tuple[str, Any]:
 
 
 def point(key: str | None) -> float:
-    """Where a request key falls in [0, 1): the same key, the same point, on every replica and run."""
+    """Where a request key falls in [0, 1): the same key, the same point, on every replica and run.
+    A well-mixed hash: sequential keys (``user-0``, ``user-1``, ...) spread like random ones (CRC-32,
+    scaled, gave a 10% share 6.4% of 1,000 of them)."""
     if not key:
         return random.random()
-    return zlib.crc32(key.encode()) / 2**32
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
 
 
 def pick(shares: list[tuple[str, float]], u: float) -> str:
