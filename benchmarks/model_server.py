@@ -3,7 +3,9 @@
 Two registry versions of the digits MLP. Each side is a route on the same Serve (raymodel's default
 ingress), loaded by `wrk` (`benchmarks/loadgen.py`) in turns, `--rounds` times:
 - raymodel one version: `rm.Servable("digits@production", ...)`, the one-deployment route;
-- raymodel split: `rm.Servable({"digits@production": 0.9, "digits@candidate": 0.1}, ...)`;
+- raymodel split: `rm.Servable({"digits@production": 0.9, "digits@candidate": 0.1}, ...)`, the same
+  one deployment, which picks the version in process (goal: >= 0.8x the one-version route's req/s,
+  saturated);
 - raymodel shadow: `rm.Servable("digits@production", ..., shadow="digits@candidate")`;
 - hand-written split and shadow: an ingress deployment that picks one of two model deployments by
   weight through Serve handles (and for the shadow, sends a copy to the other without awaiting it).
@@ -165,6 +167,10 @@ def main() -> None:
                 f"  {a} / {b}: req/s {_ratio(runs, a, b, 'rps'):.2f}x, p50 {_ratio(runs, a, b, 'p50_ms'):.2f}x, "
                 f"p99 {_ratio(runs, a, b, 'p99_ms'):.2f}x"
             )
+        if load == "saturating":
+            ratio = _ratio(runs, "raymodel split", "raymodel one version", "rps")
+            verdict = "met" if ratio >= 0.8 else "NOT met"
+            print(f"  split route / one-version route, saturated: {ratio:.2f}x req/s (goal >= 0.8x: {verdict})")
 
 
 def _paced(url: str, body: dict, rate: float, seconds: float) -> list[float]:

@@ -274,3 +274,15 @@ class SlowNet(TinyNet):
 
         time.sleep(self.config["step_s"])
         return super().train_step(batch)
+
+
+class FlakyDigits(DigitsNet):
+    """A candidate that fails every third request it answers (its `postprocess` raises: a 500)."""
+
+    calls = 0
+
+    def postprocess(self, output):
+        FlakyDigits.calls += 1
+        if FlakyDigits.calls % 3 == 0:
+            raise RuntimeError("flaky candidate")
+        return super().postprocess(output)

@@ -22,6 +22,9 @@ from raymodel.exceptions import RayModelError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"] and argv[1:2] in (["rollout"], ["rollouts"]):  # `serve rollout ROUTE REF`
+        argv = [f"serve-{argv[1]}", *argv[2:]]
     args = _parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)

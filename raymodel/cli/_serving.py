@@ -25,6 +25,27 @@ def add_commands(sub: Any) -> None:
     serve.add_argument("--replicas", default="1", help="a number, or 'auto'")
     serve.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     serve.set_defaults(handler=_serve)
+    rollout = sub.add_parser(
+        "serve-rollout",
+        prog="raymodel serve rollout",
+        help="(`raymodel serve rollout ROUTE REF`) move a route's traffic to a candidate in steps, in the "
+        "cluster; roll back at once on a breach, promote (move the route's alias) after the last step",
+    )
+    rollout.add_argument("route", help="a served route of registry versions, e.g. /digits")
+    rollout.add_argument("ref", help="the candidate: KEY@ALIAS or KEY:VERSION of the route's key")
+    rollout.add_argument("--steps", default="0.05,0.25,1", help="the candidate's shares (default 0.05,0.25,1)")
+    rollout.add_argument("--step-s", type=float, default=60.0, help="the least seconds a step lasts (default 60)")
+    rollout.add_argument("--max-error-rate", type=float, default=0.01, help="the candidate's limit (default 0.01)")
+    rollout.add_argument("--max-p99-ms", type=float, help="the candidate's p99 latency limit (default: none)")
+    rollout.add_argument("--min-requests", type=int, default=100, help="a step's least requests (default 100)")
+    rollout.add_argument("--wait", action="store_true", help="follow it to its end (it goes on without you)")
+    rollout.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else the running one)")
+    rollout.set_defaults(handler=_rollout)
+    listed = sub.add_parser(
+        "serve-rollouts", prog="raymodel serve rollouts", help="(`raymodel serve rollouts`) the cluster's rollouts"
+    )
+    listed.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else the running one)")
+    listed.set_defaults(handler=_rollouts)
     predict = sub.add_parser(
         "predict",
         help="score Parquet/CSV files with a registry version (KEY, KEY:VERSION, "
@@ -73,6 +94,55 @@ def _serve(args: argparse.Namespace) -> None:
         if app is not None:
             app.shutdown()
         print(f"stopped serving {args.ref}", flush=True)
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from raymodel.serve import Guard, Rollout
+    from raymodel.serve._rollout import check_steps, start_rollout
+
+    try:
+        steps = tuple(float(x) for x in args.steps.split(","))
+    except ValueError:
+        raise SettingsError(
+            f"--steps takes shares separated by commas, like 0.05,0.25,1 (got {args.steps!r})."
+        ) from None
+    check_steps(steps, args.step_s)
+    guard = Guard(max_error_rate=args.max_error_rate, max_p99_ms=args.max_p99_ms, min_requests=args.min_requests)
+    init(address=args.address)
+    rollout: Rollout = start_rollout(args.route, args.ref, steps, args.step_s, guard)
+    state = rollout.state()
+    what = f"{state['route']} {state['baseline']} -> {state['candidate']}"
+    print(f"{rollout.id}: {what} in steps {args.steps}", flush=True)
+    if not args.wait:
+        print("it runs in the cluster; follow it with `raymodel serve rollouts`", flush=True)
+        return 0
+    said = None
+    while (state := rollout.state())["status"] == "running":
+        if state["reason"] != said:
+            said = state["reason"]
+            print(f"  {said}", flush=True)
+        time.sleep(0.5)
+    print(f"{state['status']}: {state['reason']}", flush=True)
+    return 0 if state["status"] == "promoted" else 1
+
+
+def _rollouts(args: argparse.Namespace) -> None:
+    from raymodel.serve import rollouts
+
+    init(address=args.address)
+    found = [r.state() for r in rollouts()]
+    if not found:
+        print("no rollouts")
+        return
+    for s in found:
+        shares = ", ".join(f"{ref} {w:.0%}" for ref, w in s["split"].items())
+        c = s["figures"]["candidate"]
+        print(
+            f"{s['id']}  {s['route']}  {s['baseline']} -> {s['candidate']}  {s['status']}  "
+            f"step {s['step']}/{len(s['steps'])}  [{shares}]  candidate: {c['requests']} requests, "
+            f"{c['errors']} failed, p99 {c['p99_ms']} ms"
+        )
+        print(f"    {s['reason']}")
 
 
 def _predict(args: argparse.Namespace) -> None:

@@ -34,6 +34,9 @@ logger = logging.getLogger("ray.serve")
 
 #: How often a replica of a route being rolled out sends its figures to the rollout controller.
 REPORT_S = 0.5
+#: Shadow copies a replica runs at once at most; more are not sent (saturated, the shadow would
+#: otherwise queue work without end and take the answered requests' CPU).
+MAX_SHADOWS = 32
 
 
 class _Route(NamedTuple):
@@ -142,7 +145,7 @@ class RouteServer(ModelServer):
         finally:
             self._count(label, time.monotonic() - began, failed)
         shadow = self.plan.get("shadow")
-        if shadow and random.random() < self.plan.get("shadow_fraction", 1.0):
+        if shadow and len(self.tasks) < MAX_SHADOWS and random.random() < self.plan.get("shadow_fraction", 1.0):
             task = asyncio.get_running_loop().create_task(self._shadow(route, payload, label, status, content))
             self.tasks.add(task)  # kept until done: the loop holds tasks weakly
             task.add_done_callback(self.tasks.discard)

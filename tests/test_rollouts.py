@@ -1,0 +1,248 @@
+"""Progressive delivery on the model server: rollouts that roll back or promote by themselves, driven
+in the cluster (a detached controller actor), under real load (`wrk`, threads of clients) on real Ray
+Serve over HTTP (HAProxy); and a route that autoscales."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import requests
+from models import FlakyDigits
+from sklearn.datasets import load_digits
+from test_model_server import _digits_net
+from waiting import until
+
+import raymodel as rm
+from raymodel.exceptions import ServeError, SettingsError
+from raymodel.serve._rollout import check_steps
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import loadgen
+
+TESTS = str(Path(__file__).resolve().parent)
+SMALL = {"ray_actor_options": {"num_cpus": 0.25}}
+
+
+# ---------------------------------------------------------------- without a cluster
+def test_a_guard_and_steps_are_checked_before_anything_starts():
+    assert rm.Guard() == rm.Guard(max_error_rate=0.01, max_p99_ms=None, min_requests=100)
+    assert rm.serve.Guard.coerce({"max_error_rate": 0.05}).max_error_rate == 0.05
+    for bad, says in (
+        ({"max_error_rate": 1.5}, "max_error_rate"),
+        ({"max_error_rate": True}, "max_error_rate"),
+        ({"max_p99_ms": 0}, "max_p99_ms"),
+        ({"min_requests": 0}, "min_requests"),
+        ({"min_requests": 2.5}, "min_requests"),
+    ):
+        with pytest.raises(SettingsError, match=says):
+            rm.Guard(**bad)
+    with pytest.raises(SettingsError, match="no field.*'max_errors'"):
+        rm.serve.Guard.coerce({"max_errors": 1})
+    assert check_steps([0.05, 0.25, 1], 60) == ((0.05, 0.25, 1.0), 60.0)
+    for steps, step_s, says in (
+        ((0.5, 0.25), 1, "must increase"),
+        ((0.0, 1.0), 1, r"share in \(0, 1\]"),
+        ((0.5, 1.5), 1, r"share in \(0, 1\]"),
+        ("0.5,1", 1, "candidate's shares"),
+        ((), 1, "candidate's shares"),
+        ((0.5, 1.0), -1, "step_s"),
+    ):
+        with pytest.raises(SettingsError, match=says):
+            check_steps(steps, step_s)
+
+
+# ---------------------------------------------------------------- on the session's Ray
+@pytest.fixture(scope="module")
+def registry(ray_session, tmp_path_factory):
+    """``digits`` 1 (production, stable), 2 (candidate) and 3, and 4: a candidate failing a third of its requests."""
+    saved = os.environ.get("RAYMODEL_REGISTRY")
+    os.environ["RAYMODEL_REGISTRY"] = str(tmp_path_factory.mktemp("rollouts") / "registry")
+    rm.registry.put(_digits_net(1), "digits", alias="production")
+    rm.registry.set_alias("digits", "stable", 1)
+    rm.registry.put(_digits_net(2), "digits", alias="candidate")
+    rm.registry.put(_digits_net(3), "digits")
+    flaky = FlakyDigits(config={"seed": 0})
+    flaky.ensure_setup()
+    flaky.net.load_state_dict(rm.registry.get("digits", 1).net.state_dict())  # it answers as production does
+    rm.registry.put(flaky, "digits", alias="flaky")
+    X, _ = load_digits(return_X_y=True)
+    yield {"X": (X / 16.0).astype(np.float32), "uri": os.environ["RAYMODEL_REGISTRY"]}
+    if saved is None:
+        os.environ.pop("RAYMODEL_REGISTRY", None)
+    else:
+        os.environ["RAYMODEL_REGISTRY"] = saved
+
+
+class Clients:
+    """``n`` clients sending requests with keys, one after another each, until stopped; every answer's
+    status and version, in order."""
+
+    def __init__(self, url: str, body: dict, n: int = 4) -> None:
+        self.url, self.body = url, body
+        self.answers: list[tuple[float, int, str | None]] = []
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, who: int) -> None:
+        with requests.Session() as s:
+            i = 0
+            while not self.stopped.is_set():
+                a = s.post(self.url, json=self.body, headers={"x-raymodel-key": f"user-{who}-{i}"}, timeout=30)
+                self.answers.append((time.monotonic(), a.status_code, a.headers.get("x-raymodel-model")))
+                i += 1
+
+    def stop(self) -> list[tuple[float, int, str | None]]:
+        self.stopped.set()
+        for t in self.threads:
+            t.join()
+        return self.answers
+
+
+@pytest.mark.integration
+def test_a_candidate_failing_a_third_of_its_requests_is_rolled_back_within_one_step(registry):
+    served = rm.Servable("digits@production", "/ro-bad", settings=SMALL).deploy()
+    clients = Clients(served.url, {"pixels": registry["X"][:1].tolist()})
+    try:
+        guard = rm.Guard(max_error_rate=0.01, min_requests=20)
+        rollout = served.rollout("digits@flaky", steps=(0.2, 0.5, 1.0), step_s=60, guard=guard)
+        assert rollout.wait(timeout=60) == "rolled back"  # within the first step (60 s long)
+        state = rollout.state()
+        assert state["step"] == 1 and state["split"] == {"digits@production": 1.0}
+        assert "digits:4 failed" in state["reason"] and "over max_error_rate 1.0%" in state["reason"], state
+        assert "serves digits:1 again, no alias moved" in state["reason"]
+        ended = time.monotonic()
+        time.sleep(2)
+    finally:
+        answers = clients.stop()
+        served.shutdown()
+    assert rm.registry.show("digits", "production").version == 1  # production untouched
+    later = [(status, label) for t, status, label in answers if t > ended + 0.5]
+    assert len(later) > 20 and set(later) == {(200, "digits:1")}, collections.Counter(later)
+    during = collections.Counter((status, label) for t, status, label in answers if t <= ended)
+    assert during[(500, "digits:4")] > 0 and (500, "digits:1") not in during  # only the candidate failed
+
+
+@pytest.mark.integration
+def test_a_good_candidate_is_promoted_through_three_steps_with_no_failed_request(registry):
+    served = rm.Servable("digits@stable", "/ro-good", settings=SMALL).deploy()
+    body = {"pixels": registry["X"][:1].tolist()}
+    done: dict = {}
+    stop = threading.Event()
+    load = threading.Thread(
+        target=lambda: done.update(loadgen.wrk(served.url, body, connections=4, seconds=60, stop=stop))
+    )
+    load.start()
+    try:
+        time.sleep(1)
+        guard = rm.Guard(max_error_rate=0.0, min_requests=20)
+        rollout = served.rollout("digits@candidate", steps=(0.1, 0.5, 1.0), step_s=2, guard=guard)
+        shares = set()
+        while rollout.status == "running":
+            shares.add(tuple(sorted(rollout.state()["split"].items())))
+            time.sleep(0.2)
+        time.sleep(1)  # the promoted route under load too
+    finally:
+        stop.set()
+        load.join()
+    try:
+        assert rollout.status == "promoted", rollout.reason
+        assert "promoted after 3 steps" in rollout.reason and "digits@stable now names digits:2" in rollout.reason
+        assert (("digits:2", 0.1), ("digits@stable", 0.9)) in shares and (("digits:2", 1.0),) in shares
+        assert rm.registry.show("digits", "stable").version == 2  # the alias moved
+        assert done["requests"] > 200 and done["non_2xx"] == 0 and done["socket_errors"] == 0, done
+        info = requests.get(served.url + "/info", timeout=30).json()
+        assert info["split"] == {"digits@stable": 1.0} and info["serving"] == "digits:2" and info["rollout"] is None
+        with pytest.raises(ServeError, match="serves digits:2 already|names digits:2, the version"):
+            served.rollout("digits@candidate", steps=(1.0,), step_s=0)
+    finally:
+        served.shutdown()
+        rm.registry.set_alias("digits", "stable", 1)
+
+
+@pytest.mark.integration
+def test_a_rollout_goes_on_after_the_process_that_started_it_exits(registry):
+    served = rm.Servable("digits:1", "/ro-cli", settings=SMALL).deploy()
+    clients = Clients(served.url, {"pixels": registry["X"][:1].tolist()}, n=2)
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+        "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    cli = [sys.executable, "-m", "raymodel.cli"]
+    try:
+        bad = subprocess.run([*cli, "serve", "rollout", "/ro-cli", "digits:3", "--steps", "0.5,0.2"], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert bad.returncode == 1 and "`steps` must increase" in bad.stderr, bad.stderr
+        command = [*cli, "serve", "rollout", "/ro-cli", "digits:3", "--steps", "0.5,1", "--step-s", "1"]
+        command += ["--min-requests", "10", "--max-error-rate", "0.05"]
+        started = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0, started.stderr[-3000:]
+        assert "/ro-cli digits:1 -> digits:3 in steps 0.5,1" in started.stdout, started.stdout
+        (rollout,) = [r for r in rm.serve.rollouts() if r.state()["route"] == "/ro-cli"]  # the caller has exited
+        assert rollout.wait(timeout=90) == "promoted", rollout.reason
+        assert "`/ro-cli` serves digits:3 (no alias to move)" in rollout.reason
+        listed = subprocess.run([*cli, "serve", "rollouts"], env=env, capture_output=True, text=True, timeout=120)
+        assert listed.returncode == 0 and f"{rollout.id}  /ro-cli  digits:1 -> digits:3  promoted" in listed.stdout
+        until(lambda: clients.answers and clients.answers[-1][2] == "digits:3")
+    finally:
+        answers = clients.stop()
+        served.shutdown()
+    assert {status for _, status, _ in answers} == {200}
+
+
+@pytest.mark.integration
+def test_a_split_route_scales_up_under_load_and_back_down(registry):
+    from ray import serve
+
+    settings = {
+        "ray_actor_options": {"num_cpus": 0.25},
+        "num_replicas": "auto",
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_ongoing_requests": 2,
+        "upscale_delay_s": 0,
+        "downscale_delay_s": 2,
+    }
+    served = rm.Servable({"digits@production": 0.5, "digits@candidate": 0.5}, "/scaled", settings=settings).deploy()
+
+    def replicas() -> int:
+        (deployment,) = serve.status().applications[served.name].deployments.values()
+        return sum(n for state, n in deployment.replica_states.items() if str(getattr(state, "value", state)) == "RUNNING")
+
+    try:
+        assert replicas() == 1
+        body = {"pixels": registry["X"][:1].tolist()}
+        stop = threading.Event()
+        done: dict = {}
+        load = threading.Thread(
+            target=lambda: done.update(loadgen.wrk(served.url, body, connections=16, seconds=90, stop=stop))
+        )
+        load.start()
+        try:
+            until(lambda: replicas() == 2, timeout=60)
+            pids = {requests.get(served.url + "/info", timeout=10).json()["replica_pid"] for _ in range(20)}
+        finally:
+            stop.set()
+            load.join()
+        assert len(pids) == 2 and done["non_2xx"] == 0, (pids, done)
+        until(lambda: replicas() == 1, timeout=60)  # back down once the load is gone
+        labels = collections.Counter(
+            requests.post(served.url, json=body, headers={"x-raymodel-key": f"k{i}"}, timeout=10).headers[
+                "x-raymodel-model"
+            ]
+            for i in range(200)
+        )
+        assert set(labels) == {"digits:1", "digits:2"}  # the one replica left serves both versions
+    finally:
+        served.shutdown()
