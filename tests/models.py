@@ -286,3 +286,25 @@ class FlakyDigits(DigitsNet):
         if FlakyDigits.calls % 3 == 0:
             raise RuntimeError("flaky candidate")
         return super().postprocess(output)
+
+
+class DigitsData:
+    """A data module: `setup(config)` runs on each worker and returns the splits (`--data models:DigitsData`
+    names the class; raymodel instantiates it, as Lightning does a DataModule)."""
+
+    def setup(self, config):
+        return digits_data()
+
+
+class NoConfigData:
+    """A data module whose `setup` takes no config: refused at submit."""
+
+    def setup(self):
+        return digits_data()
+
+
+class PathData(DigitsData):
+    """A data module class that needs an argument: `--data models:PathData` cannot instantiate it."""
+
+    def __init__(self, path):
+        self.path = path

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 import torch
-from models import DigitsNet
+from models import DigitsData, DigitsNet
 from sklearn.datasets import load_digits
 from waiting import until
 
@@ -103,11 +103,18 @@ def test_jobs_by_reference_refuse_bad_names_data_and_keys_before_anything_starts
         check_register("digits:4")
     with pytest.raises(DataError, match="package.module:OBJECT"):
         load_data("models.digits_data")
-    with pytest.raises(DataError, match="has no `nothing`; it has: .*digits_data"):
+    with pytest.raises(DataError, match="has no `nothing`; it has: .*DigitsNet"):
         load_data("models:nothing")
     with pytest.raises(DataError, match="cannot import `no_such_module`"):
         load_data("no_such_module:data")
     assert type(load_data("models:digits_data")).__name__ == "DataSpec"  # a function there is called for the data
+    assert type(load_data("models:DigitsData").module).__name__ == "DigitsData"  # a class, instantiated
+    with pytest.raises(DataError, match=r"names the class `PathData`.*`PathData\(\)` failed: TypeError"):
+        load_data("models:PathData")
+    with pytest.raises(DataError, match=r"`setup\(self\)`|`setup\(\)` cannot take the config"):
+        load_data("models:NoConfigData")
+    with pytest.raises(DataError, match=r"the class `DigitsData`; a data module is an instance of it"):
+        rm.data.resolve(DigitsData)
     assert split_sets({"num_epochs": 3, "lr": 0.1}, "train", {"lr": 0.01}) == ({"num_epochs": 3}, {"lr": 0.1})
     assert split_sets({"num_samples": 2, "train.num_workers": 2}, "tune", {})[0] == {
         "num_samples": 2,
@@ -121,6 +128,7 @@ def test_jobs_by_reference_refuse_bad_names_data_and_keys_before_anything_starts
     for args, says in (
         (["digits@nope", "--data", "models:digits_data"], "`digits` has no alias `nope`; aliases: production->1"),
         (["digits", "--data", "models:nothing"], "`models` has no `nothing`"),
+        (["digits", "--data", "models:NoConfigData"], "cannot take the config"),
         (["digits", "--data", "models:digits_data", "--set", "batchsize=3"], "`batchsize` is neither"),
         (["digits", "--data", "models:digits_data", "--register", "digits:9"], "KEY or KEY@ALIAS"),
     ):
@@ -410,6 +418,25 @@ def test_train_by_reference_registers_a_child_the_split_route_then_serves(split,
     key = next(k for k, a in zip(keys, answers) if a.headers["x-raymodel-model"] == "digits:4")
     refused = _post(requests.Session(), split.url, {"pixels": [[0.0] * 4]}, **key)
     assert refused.status_code == 422 and refused.json()["detail"] == "expected rows of 64 values, got 4"
+
+
+@pytest.mark.integration
+def test_train_by_reference_takes_a_data_module_class_and_sets_it_up_on_the_worker(versions):
+    import ray
+
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+        "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    command = [sys.executable, "-m", "raymodel.cli", "train", "digits:3", "--data", "models:DigitsData"]
+    command += ["--set", "num_epochs=1", "--set", "progress=false", "--wait"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job_id = done.stdout.split()[0]
+    assert f"{job_id} SUCCEEDED" in done.stdout, done.stdout
+    history = rm.jobs.get(job_id).history()
+    assert len(history) == 1 and history[0]["val_loss"] > 0  # DigitsData().setup(config) gave a valid split too
 
 
 @pytest.mark.integration

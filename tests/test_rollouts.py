@@ -218,7 +218,8 @@ def test_a_split_route_scales_up_under_load_and_back_down(registry):
 
     def replicas() -> int:
         (deployment,) = serve.status().applications[served.name].deployments.values()
-        return sum(n for state, n in deployment.replica_states.items() if str(getattr(state, "value", state)) == "RUNNING")
+        states = deployment.replica_states.items()
+        return sum(n for state, n in states if str(getattr(state, "value", state)) == "RUNNING")
 
     try:
         assert replicas() == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -57,3 +58,50 @@ def test_access_log_is_a_checked_serve_setting():
     assert rm.ServeSettings().access_log is False
     with pytest.raises(SettingsError, match="access_log.*True or False"):
         rm.ServeSettings(access_log="yes")
+
+
+def test_haproxy_gets_a_folder_of_its_own_and_a_script_that_keeps_it_to_itself(tmp_path):
+    env = ingress.with_serve_env({}, "haproxy")
+    shim = env["RAY_SERVE_HAPROXY_BINARY_PATH"]
+    folder = os.path.dirname(env["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"])
+    assert shim.startswith(str(ingress.haproxy_base())) and os.path.dirname(shim) == folder
+    assert env["RAY_SERVE_HAPROXY_SOCKET_PATH"].startswith(folder) and os.stat(folder).st_mode & 0o077 == 0
+    assert ingress.with_serve_env(env, "haproxy") == env  # the same process again: the same folder
+    # the script rewrites a config as Ray's template writes it, then runs the real binary
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(
+        "global\n    stats socket /x/admin.sock mode 666 level admin expose-fd listeners\n"
+        "frontend prometheus\n    bind :9101\n    mode http\nfrontend http_frontend\n    bind 127.0.0.1:8000\n"
+        "listen stats\n  bind *:8404\n  stats enable\n"
+    )
+    fake = tmp_path / "haproxy-real"
+    fake.write_text('#!/bin/sh\necho "ran with $*"\n')
+    fake.chmod(0o755)
+    script = tmp_path / "shim"
+    script.write_text(ingress.SHIM.replace("{binary}", str(fake)))
+    script.chmod(0o755)
+    out = subprocess.run([str(script), "-db", "-f", str(config), "-dR"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"ran with -db -f {config} -dR"
+    text = config.read_text()
+    assert "bind 127.0.0.1:9101" in text and "bind 127.0.0.1:8404" in text and "bind 127.0.0.1:8000" in text
+    assert "mode 600 level admin" in text and "mode 666" not in text
+
+
+@pytest.mark.integration
+def test_the_ingress_listens_where_the_routes_do_and_ends_with_the_server(tmp_path):
+    """tests/ingress.py: serve on a `raymodel server start` head, stop it, start it, serve again."""
+    from clusters import run_script
+
+    env = {
+        "RAYMODEL_HOME": str(tmp_path / "home"),
+        "RAYMODEL_SERVER_FILE": str(tmp_path / "server.json"),
+        "HOME": str(tmp_path),
+    }
+    (result,) = run_script("ingress.py", [], env, timeout=600)
+    first, after, again = result["first"], result["after_stop"], result["again"]
+    assert first["status"] == 200 and again["status"] == 200 and again["url"] == first["url"]
+    assert first["haproxy"] and first["listening"], first
+    assert all(address.startswith("127.0.0.1:") for address in first["listening"]), first["listening"]
+    assert f"127.0.0.1:{result['http']}" in first["listening"]
+    assert first["folder_mode"] == "0o700" and all("mode 600 level admin" in s for s in first["stats_socket"])
+    assert after == {"haproxy": [], "port": ""}, after  # no HAProxy outlives the server, the port is free

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from raymodel._internal.ingress import resolve_ingress, with_serve_env
+from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
 
 _QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
 
@@ -97,6 +97,7 @@ def init(
     if address is not None:
         kwargs["address"] = address
     elif not os.environ.get("RAY_ADDRESS"):
+        end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
         os.environ.update(with_serve_env(os.environ, ingress))  # a new local instance: its Serve reads them
         # Train V2 starts a preemption watcher actor with every worker group, to notice a node that the
         # autoscaler drains. A local instance is one machine that nothing drains: the watcher would only

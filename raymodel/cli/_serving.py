@@ -97,8 +97,7 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    from raymodel.serve import Guard, Rollout
-    from raymodel.serve._rollout import check_steps, start_rollout
+    from raymodel.serve import Guard, Rollout, rollout
 
     try:
         steps = tuple(float(x) for x in args.steps.split(","))
@@ -106,18 +105,17 @@ def _rollout(args: argparse.Namespace) -> int:
         raise SettingsError(
             f"--steps takes shares separated by commas, like 0.05,0.25,1 (got {args.steps!r})."
         ) from None
-    check_steps(steps, args.step_s)
     guard = Guard(max_error_rate=args.max_error_rate, max_p99_ms=args.max_p99_ms, min_requests=args.min_requests)
     init(address=args.address)
-    rollout: Rollout = start_rollout(args.route, args.ref, steps, args.step_s, guard)
-    state = rollout.state()
+    started: Rollout = rollout(args.route, args.ref, steps, args.step_s, guard)
+    state = started.state()
     what = f"{state['route']} {state['baseline']} -> {state['candidate']}"
-    print(f"{rollout.id}: {what} in steps {args.steps}", flush=True)
+    print(f"{started.id}: {what} in steps {args.steps}", flush=True)
     if not args.wait:
         print("it runs in the cluster; follow it with `raymodel serve rollouts`", flush=True)
         return 0
     said = None
-    while (state := rollout.state())["status"] == "running":
+    while (state := started.state())["status"] == "running":
         if state["reason"] != said:
             said = state["reason"]
             print(f"  {said}", flush=True)

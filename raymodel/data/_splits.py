@@ -171,8 +171,31 @@ def resolve(data: Any) -> DataSpec:
     if isinstance(data, Mapping):
         return _splits_from_mapping(data, where="`data`")
     if callable(getattr(data, "setup", None)) and not is_ray_dataset(data):
+        _check_module(data)
         return DataSpec(module=data)
     return DataSpec({"train": to_split(data, "train", where="`data`")})
+
+
+def _check_module(module: Any) -> None:
+    """A data module is an instance whose ``setup(config)`` returns the splits, on each worker: refuse,
+    now, a class (its ``setup`` would miss ``self``) and a ``setup`` that cannot take the config."""
+    import inspect
+
+    name = getattr(module, "__name__", type(module).__name__)
+    if inspect.isclass(module):
+        raise DataError(
+            f"`data` is the class `{name}`; a data module is an instance of it: pass `{name}()` "
+            "(`--data module:Class` instantiates the class itself)."
+        )
+    try:
+        inspect.signature(module.setup).bind({})
+    except TypeError:
+        raise DataError(
+            f"`data` is a data module (`{name}`) whose `setup{inspect.signature(module.setup)}` cannot take the "
+            "config; define `def setup(self, config): ...` returning {'train': ..., 'valid': ...}."
+        ) from None
+    except ValueError:  # a builtin without a signature: let it run
+        pass
 
 
 def _splits_from_mapping(data: Any, where: str) -> DataSpec:

@@ -9,6 +9,7 @@ import importlib
 import inspect
 from typing import Any, Mapping
 
+from raymodel import data as data_forms
 from raymodel._internal import name_rules
 from raymodel.exceptions import DataError, SettingsError
 
@@ -50,7 +51,8 @@ def check_register(text: Any) -> tuple[str, str | None]:
 
 
 def load_data(data: Any) -> Any:
-    """The data a ``"package.module:OBJECT"`` string names (a function there is called), else ``data``."""
+    """The data a ``"package.module:OBJECT"`` string names (a function there is called, a class is
+    instantiated: a data module), checked (``rm.data.resolve``); any other ``data`` as it is."""
     if not isinstance(data, str):
         return data
     module_name, sep, attr = data.partition(":")
@@ -70,7 +72,18 @@ def load_data(data: Any) -> Any:
             )
             raise DataError(f"`data` {data!r}: `{module_name}` has no `{attr}`; it has: {', '.join(public[:20])}.")
         obj = getattr(obj, part)
-    return obj() if inspect.isfunction(obj) else obj
+    if inspect.isclass(obj):  # a data module class, as Lightning's DataModule: an instance of it
+        try:
+            obj = obj()
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's constructor, named
+            raise DataError(
+                f"`data` {data!r} names the class `{obj.__name__}`, which raymodel instantiates without "
+                f"arguments, and `{obj.__name__}()` failed: {type(exc).__name__}: {exc}. Give its arguments "
+                "defaults, or name a function that returns the data."
+            ) from None
+    elif inspect.isfunction(obj):
+        obj = obj()
+    return data_forms.resolve(obj)  # checked here: data that cannot work is refused before anything is submitted
 
 
 def check_config_keys(config: Mapping[str, Any], known: Mapping[str, Any], what: str) -> None:

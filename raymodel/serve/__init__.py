@@ -14,6 +14,7 @@ serving).
 
 from raymodel.serve._driver import Servable, ServedModel
 from raymodel.serve._rollout import Guard, Rollout, rollouts
+from raymodel.serve._rollout import start_rollout as rollout
 from raymodel.serve._settings import ServeSettings
 
-__all__ = ["Guard", "Rollout", "Servable", "ServeSettings", "ServedModel", "rollouts"]
+__all__ = ["Guard", "Rollout", "Servable", "ServeSettings", "ServedModel", "rollout", "rollouts"]

@@ -7,7 +7,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from raymodel._internal import cluster, locations, storage
+from raymodel._internal import cluster, ingress, locations, storage
 from raymodel.contract import training_server
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._rollout import Guard, Rollout, start_rollout
@@ -302,7 +302,17 @@ def _wait_until_answering(url: str, timeout_s: float = 60.0) -> None:
 def _start_http(settings: ServeSettings) -> None:
     from ray import serve
 
-    serve.start(http_options={"host": settings.host, "port": settings.port})
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.port})
+    except Exception as exc:
+        if "Address already in use" not in str(exc):
+            raise
+        who = ingress.who_listens(settings.port)
+        raise ServeError(
+            f"Serve could not listen on {settings.host}:{settings.port}: it is taken"
+            + (f" by {who}" if who else " by another process")
+            + ". Stop that, or serve on another port: `ServeSettings(port=...)` (`--port`)."
+        ) from None
     cluster.quiet(False)  # Serve sets up its own driver logger when it starts: quiet it again
 
 

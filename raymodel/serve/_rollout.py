@@ -123,8 +123,12 @@ def controller(create: bool = False) -> Any:
     )
 
 
-def start_rollout(route: str, ref: str, steps: Any, step_s: Any, guard: Any) -> Rollout:
-    """Check everything here (a bad argument changes nothing), then start the rollout in the cluster."""
+def start_rollout(
+    route: str, ref: str, steps: Any = (0.05, 0.25, 1.0), step_s: Any = 60.0, guard: Any = None
+) -> Rollout:
+    """``rm.serve.rollout(route, ref, ...)``: ``served.rollout`` for a route served by any process, named
+    by its path (``"/digits"``); what ``raymodel serve rollout`` runs. Every argument is checked here
+    (a bad one changes nothing), then the rollout starts in the cluster."""
     steps, step_s = check_steps(steps, step_s)
     guard = Guard.coerce(guard)
     if not isinstance(ref, str) and type(ref).__name__ != "ModelRef":
