@@ -131,6 +131,29 @@ def test_a_candidate_failing_a_third_of_its_requests_is_rolled_back_within_one_s
     assert len(later) > 20 and set(later) == {(200, "digits:1")}, collections.Counter(later)
     during = collections.Counter((status, label) for t, status, label in answers if t <= ended)
     assert during[(500, "digits:4")] > 0 and (500, "digits:1") not in during  # only the candidate failed
+    _dashboard_shows(rollout.id)
+
+
+def _dashboard_shows(rollout_id: str) -> None:
+    """The dashboard's routes view (headless chromium) lists the rollout: step, shares, guard, figures."""
+    import re
+
+    from s3server import free_port
+    from test_dashboard import ARTIFACTS, _browser, _chromium
+
+    browser = _chromium()
+    base, token = rm.dashboard(port=free_port()).split("/?token=")
+    page = f"{base}/?token={token}#/routes"
+    dom = _browser(browser, page)
+    row = re.search(r'<table class="rollouts">.*?</table>', dom, re.S)
+    assert row, dom[-3000:]
+    text = row.group(0)
+    assert "<code>/ro-bad</code>" in text and "<code>digits:1</code> → <code>digits:4</code>" in text
+    assert '<span class="status ROLLED_BACK">rolled back</span>' in text and ">1/3<" in text
+    assert "digits@production 100%" in text and "errors ≤ 1.0%, 20 requests a step" in text
+    assert re.search(r"\d+ requests, \d+ failed \(\d+\.\d%\)", text) and "rolled back at step 1 (20%)" in text
+    ARTIFACTS.mkdir(exist_ok=True)
+    _browser(browser, page, f"--screenshot={ARTIFACTS / 'routes_rollouts.png'}", "--window-size=1280,900")
 
 
 @pytest.mark.integration

@@ -192,6 +192,7 @@ class RouteServer(ModelServer):
         """Send the figures of a route being rolled out to the rollout controller, every ``REPORT_S``."""
         from raymodel.serve._rollout import controller
 
+        handle = None
         while True:
             time.sleep(REPORT_S)
             rollout = self.rollout
@@ -200,8 +201,10 @@ class RouteServer(ModelServer):
             if rollout is None or not pending:
                 continue
             try:
-                controller().report.remote(rollout, pending)
+                handle = handle or controller()
+                handle.report.remote(rollout, pending)
             except Exception:  # noqa: BLE001 - the controller may be gone (the rollout ended): figures are dropped
+                handle = None
                 logger.debug("could not report figures of rollout %s\n%s", rollout, traceback.format_exc())
 
     def spec(self) -> dict[str, Any]:

@@ -122,6 +122,14 @@ def routes() -> list[dict[str, Any]]:
     return _clean(out)
 
 
+def rollouts() -> list[dict[str, Any]]:
+    """Every rollout the cluster's controller knows, newest first: step, shares, the guard and the
+    candidate's figures."""
+    from raymodel import serve
+
+    return _clean([r.state() for r in reversed(serve.rollouts())])
+
+
 def resources() -> dict[str, Any]:
     """The cluster's CPUs, GPUs and memory (total, used, free), what each running job holds, and the
     training server's pools (workers, what each holds, busy or idle since when, jobs run)."""

@@ -90,6 +90,7 @@ def create_app(token: str) -> Any:
         Route("/api/jobs/{job_id}/update", update, methods=["POST"]),
         Route("/api/models", lambda r: answer(_api.models)),
         Route("/api/routes", lambda r: answer(_api.routes)),
+        Route("/api/rollouts", lambda r: answer(_api.rollouts)),
         Route("/api/resources", lambda r: answer(_api.resources)),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]

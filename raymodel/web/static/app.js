@@ -104,6 +104,17 @@ const views = {
   },
 
   async routes() {
+    // Rollouts (served.rollout, `raymodel serve rollout`): step, shares, the guard and the candidate's figures.
+    const pct = (x) => (x == null ? "–" : (100 * x).toFixed(1) + "%");
+    const rolloutTable = (list) => !list.length ? "" : `<h2>Rollouts</h2><table class="rollouts"><thead><tr><th>route</th>
+      <th>from → to</th><th>status</th><th>step</th><th>shares</th><th>guard</th><th>candidate</th><th>why</th></tr></thead><tbody>` +
+      list.map((o) => { const c = o.figures.candidate, g = o.guard; return `<tr><td><code>${esc(o.route)}</code></td>
+      <td><code>${esc(o.baseline)}</code> → <code>${esc(o.candidate)}</code></td><td><span class="status ${esc(o.status.toUpperCase().replace(" ", "_"))}">${esc(o.status)}</span></td>
+      <td class="num">${o.step}/${o.steps.length}</td>
+      <td>${Object.entries(o.split).map(([ref, w]) => `${esc(ref)} ${(100 * w).toFixed(0)}%`).join(", ")}</td>
+      <td>errors ≤ ${pct(g.max_error_rate)}${g.max_p99_ms == null ? "" : `, p99 ≤ ${num(g.max_p99_ms, 3)} ms`}, ${g.min_requests} requests a step</td>
+      <td>${c.requests} requests, ${c.errors} failed (${pct(c.error_rate)}), p99 ${c.p99_ms == null ? "–" : num(c.p99_ms, 3) + " ms"}</td>
+      <td>${esc(o.reason || "")}</td></tr>`; }).join("") + `</tbody></table>`;
     // A route of several versions (a split, a shadow, "digits@*"): one row of figures per version.
     const ms = (v) => (v == null ? "–" : num(v, 3) + " ms");
     const versionRows = (s) => {
@@ -122,15 +133,16 @@ const views = {
       return `<tr><td></td><td colspan="7"><table class="versions"><thead><tr><th>version</th><th>split</th><th>requests</th><th>rate</th>
         <th>p50</th><th>p99</th><th>errors</th><th>agreement</th></tr></thead><tbody>${rows}${mirrored}</tbody></table></td></tr>`;
     };
-    const routes = await get("/api/routes");
-    if (!routes.length) return `<h1>Routes</h1><p class="muted">Nothing is served. <code>model.serve("/digits")</code> starts a route.</p>`;
+    const [routes, rollouts] = await Promise.all([get("/api/routes"), get("/api/rollouts")]);
+    if (!routes.length && !rollouts.length) return `<h1>Routes</h1><p class="muted">Nothing is served. <code>model.serve("/digits")</code> starts a route.</p>`;
     const rows = routes.map((r) => { const s = r.stats || {}; return `<tr><td><code>${esc(r.route || "–")}</code></td><td>${esc(r.name)} <span class="muted">(${r.replicas} replica${r.replicas === 1 ? "" : "s"})</span></td>
       <td>${badge(r.healthy ? "HEALTHY" : r.status)}</td><td>${esc(s.serving || "–")}</td><td class="num">${s.rate_per_s == null ? "–" : num(s.rate_per_s, 3) + "/s"}</td>
       <td class="num">${s.p50_ms == null ? "–" : num(s.p50_ms, 3) + " ms"}</td><td class="num">${s.p99_ms == null ? "–" : num(s.p99_ms, 3) + " ms"}</td>
       <td class="num">${num(s.mean_batch_size, 3)}</td></tr>${versionRows(s)}`; }).join("");
-    return `<h1>Routes</h1><table><thead><tr><th>route</th><th>application</th><th>health</th><th>serving</th><th>requests</th>
+    const table = !routes.length ? `<p class="muted">Nothing is served.</p>` : `<table><thead><tr><th>route</th><th>application</th><th>health</th><th>serving</th><th>requests</th>
       <th>p50</th><th>p99</th><th>mean batch</th></tr></thead><tbody>${rows}</tbody></table>
       <p class="muted">Rates and latencies: the last minute, as a replica of each route saw it.</p>`;
+    return `<h1>Routes</h1>${table}${rolloutTable(rollouts)}`;
   },
 
   async resources() {
