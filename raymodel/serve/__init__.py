@@ -12,9 +12,8 @@ that does not match ``output_schema``, with a ``request_id``; the replica keeps
 serving).
 """
 
-from raymodel.serve._driver import Servable, ServedModel
+from raymodel.serve._driver import Servable, ServedModel, rollout
 from raymodel.serve._rollout import Guard, Rollout, rollouts
-from raymodel.serve._rollout import start_rollout as rollout
 from raymodel.serve._settings import ServeSettings
 
 __all__ = ["Guard", "Rollout", "Servable", "ServeSettings", "ServedModel", "rollout", "rollouts"]

@@ -65,7 +65,7 @@ class ServedModel:
             process exits; ``rm.serve.rollouts()`` lists it from any process.
         """
         self._routed("rollout")
-        return start_rollout(self.route, ref, steps, step_s, guard)
+        return start_rollout(self.route, ref, steps, step_s, guard, Servable)
 
     def _routed(self, what: str) -> Servable:
         servable = self._servable
@@ -90,6 +90,19 @@ class ServedModel:
 
     def __repr__(self) -> str:
         return f"ServedModel(name={self.name!r}, url={self.url!r})"
+
+
+def rollout(
+    route: str,
+    ref: str,
+    steps: tuple[float, ...] = (0.05, 0.25, 1.0),
+    step_s: float = 60.0,
+    guard: Guard | Mapping[str, Any] | None = None,
+) -> Rollout:
+    """``served.rollout(...)`` for a route served by any process, named by its path (``"/digits"``);
+    what ``raymodel serve rollout`` runs. Arguments as ``ServedModel.rollout``; the route must serve
+    one registry version."""
+    return start_rollout(route, ref, steps, step_s, guard, Servable)
 
 
 class Servable:

@@ -123,19 +123,17 @@ def controller(create: bool = False) -> Any:
     )
 
 
-def start_rollout(
-    route: str, ref: str, steps: Any = (0.05, 0.25, 1.0), step_s: Any = 60.0, guard: Any = None
-) -> Rollout:
-    """``rm.serve.rollout(route, ref, ...)``: ``served.rollout`` for a route served by any process, named
-    by its path (``"/digits"``); what ``raymodel serve rollout`` runs. Every argument is checked here
-    (a bad one changes nothing), then the rollout starts in the cluster."""
+def start_rollout(route: str, ref: str, steps: Any, step_s: Any, guard: Any, servable: type) -> Rollout:
+    """Check every argument here (a bad one changes nothing), then start the rollout in the cluster;
+    ``servable`` is the ``Servable`` class, with which the controller redeploys the route."""
     steps, step_s = check_steps(steps, step_s)
     guard = Guard.coerce(guard)
     if not isinstance(ref, str) and type(ref).__name__ != "ModelRef":
         raise SettingsError(f"A rollout's candidate is a registry reference like 'digits@candidate' (got {ref!r}).")
     import ray
 
-    state = ray.get(controller(create=True).start.remote(route, str(ref), steps, step_s, dataclasses.asdict(guard)))
+    handle = controller(create=True)
+    state = ray.get(handle.start.remote(route, str(ref), steps, step_s, dataclasses.asdict(guard), servable))
     if isinstance(state, Exception):
         raise state
     return Rollout(state["id"], state)
@@ -247,12 +245,12 @@ class RolloutController:
 
     # ------------------------------------------------------------ the API
     def start(
-        self, route: str, ref: str, steps: tuple[float, ...], step_s: float, guard: dict[str, Any]
+        self, route: str, ref: str, steps: tuple[float, ...], step_s: float, guard: dict[str, Any], servable: type
     ) -> dict[str, Any] | Exception:
         """Check the route and the candidate, then drive the rollout on a thread; its first state.
         A refusal comes back as the exception (raised in the caller, without Ray's wrapping)."""
         try:
-            servable, baseline, candidate, alias = self._prepare(route, ref)
+            servable, baseline, candidate, alias = self._prepare(route, ref, servable)
         except (ServeError, SettingsError) as exc:
             return exc
         rollout_id = f"rollout-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -315,12 +313,11 @@ class RolloutController:
         return state
 
     # ------------------------------------------------------------ driving
-    def _prepare(self, route: str, ref: str) -> tuple[Any, str, str, str | None]:
+    def _prepare(self, route: str, ref: str, servable_class: type) -> tuple[Any, str, str, str | None]:
         """``(the route's Servable, its version "key:N", the candidate's "key:N", the alias to move)``."""
         from ray import serve
 
         from raymodel.registry import Registry
-        from raymodel.serve._driver import Servable
         from raymodel.serve._traffic import check_ref
 
         key, version = check_ref(ref, "The rollout's candidate")
@@ -355,7 +352,7 @@ class RolloutController:
         candidate = f"{key}:{registry.resolve(key, version)}"  # raises, naming the versions there are
         if candidate == baseline:
             raise ServeError(f"{ref!r} names {candidate}, the version `{route}` serves already.")
-        servable = Servable(
+        servable = servable_class(
             {base_ref: 1.0},
             route,
             settings=spec["settings"],
