@@ -170,6 +170,10 @@ def test_a_good_candidate_is_promoted_through_three_steps_with_no_failed_request
         time.sleep(1)
         guard = rm.Guard(max_error_rate=0.0, min_requests=20)
         rollout = served.rollout("digits@candidate", steps=(0.1, 0.5, 1.0), step_s=2, guard=guard)
+        with pytest.raises(ServeError, match="is being rolled out"):
+            served.set_split({"digits@stable": 0.5, "digits@candidate": 0.5})
+        with pytest.raises(ServeError, match="is being rolled out already"):
+            served.rollout("digits:3", steps=(1.0,), step_s=0)
         shares = set()
         while rollout.status == "running":
             shares.add(tuple(sorted(rollout.state()["split"].items())))

@@ -76,27 +76,13 @@ class ModelServer:
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
-        scope = request.scope
-        sub = scope["path"][len(scope.get("root_path", "")) :].strip("/")
-        if sub == "openapi.json" and request.method == "GET":
+        sub, answer = described(request)
+        if answer is not None:
+            return answer
+        if sub == "info":
+            return _json({**self.info, "serving": _label(self.model), **self.replica_info()})
+        if sub == "openapi.json":
             return _json(self.openapi())
-        if sub in ("health", "info"):
-            if request.method != "GET":
-                return _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
-            if sub == "health":
-                return _json({"status": "ok"})
-            return _json(
-                {
-                    **self.info,
-                    "serving": _label(self.model),
-                    "ingress": self.ingress,
-                    "replica_pid": os.getpid(),
-                    "torch_threads": self.threads,
-                    "batches_run_on": self._runner.where(),
-                    "batch_sizes_seen": sorted(set(self.batch_sizes)),
-                    "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes)),
-                }
-            )
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
         if refused is not None:
             return refused
@@ -104,6 +90,17 @@ class ModelServer:
             return self._stream(payload)
         status, content, size, model = await self._answer(payload)
         return _json(content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
+
+    def replica_info(self) -> dict[str, Any]:
+        """This replica's part of ``GET <route>/info``: the ingress, its process, threads and batches."""
+        return {
+            "ingress": self.ingress,
+            "replica_pid": os.getpid(),
+            "torch_threads": self.threads,
+            "batches_run_on": self._runner.where(),
+            "batch_sizes_seen": sorted(set(self.batch_sizes)),
+            "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes)),
+        }
 
     def _stream(self, payload: dict[str, Any], model: Any = None) -> Any:
         """``{"stream": true, ...}``: the model's answer piece by piece as server-sent events, one
@@ -219,6 +216,19 @@ class ModelServer:
     async def _batched(self, items: list[tuple[Any, Any]]) -> list[tuple[Any, int]]:
         self.batch_sizes.append(len(items))
         return await self._runner(items)
+
+
+def described(request: Any) -> tuple[str, Any]:
+    """``(the path below the route, an answer or None)``: ``GET health`` is answered here, and another
+    method on ``health``, ``info`` or ``openapi.json`` is a 405; the route answers the rest."""
+    scope = request.scope
+    sub = scope["path"][len(scope.get("root_path", "")) :].strip("/")
+    if sub in ("health", "info", "openapi.json"):
+        if request.method != "GET":
+            return sub, _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
+        if sub == "health":
+            return sub, _json({"status": "ok"})
+    return sub, None
 
 
 async def read_payload(request: Any, sub: str, max_body_bytes: int) -> tuple[Any, Any]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from raymodel._internal import cluster, ingress, locations, storage
 from raymodel.contract import training_server
 from raymodel.exceptions import ServeError, SettingsError
-from raymodel.serve._rollout import Guard, Rollout, start_rollout
+from raymodel.serve._rollout import Guard, Rollout, running_on, start_rollout
 from raymodel.serve._route_plan import _is_multiplexed, _plan, _routed_application
 from raymodel.serve._settings import ServeSettings, replica_options
 
@@ -37,8 +37,9 @@ class ServedModel:
                 ``{"digits@production": 0.5, "digits@candidate": 0.5}``.
         """
         servable = self._routed("set_split")
-        if servable.rollout_id is not None:
-            raise ServeError(f"`{self.route}` is being rolled out ({servable.rollout_id}); stop the rollout first.")
+        rolling = running_on(self.route)
+        if rolling is not None:
+            raise ServeError(f"`{self.route}` is being rolled out ({rolling}); stop the rollout first.")
         servable._set_split(split)  # every check first: a bad split changes nothing
         servable.apply()
         self.info["split"] = dict(servable.plan["split"])

@@ -139,6 +139,17 @@ def start_rollout(route: str, ref: str, steps: Any, step_s: Any, guard: Any, ser
     return Rollout(state["id"], state)
 
 
+def running_on(route: str) -> str | None:
+    """The id of the rollout running on ``route``, if any (None where no controller runs)."""
+    try:
+        handle = controller()
+    except ValueError:
+        return None
+    import ray
+
+    return ray.get(handle.running.remote(route))
+
+
 def rollouts() -> list[Rollout]:
     """Every rollout the cluster's controller knows (running and ended), oldest first."""
     try:
@@ -301,6 +312,11 @@ class RolloutController:
     def list(self) -> list[dict[str, Any]]:
         return [self._view(rollout_id) for rollout_id in self.rollouts]
 
+    def running(self, route: str) -> str | None:
+        """The id of the rollout running on ``route``, if any."""
+        with self.lock:
+            return next((i for i, r in self.rollouts.items() if r["route"] == route and r["status"] == "running"), None)
+
     def stop(self, rollout_id: str) -> None:
         self.get(rollout_id)
         self.stopping.add(rollout_id)
@@ -335,8 +351,9 @@ class RolloutController:
                 f"No route of registry versions at `{route}`; serve one first: "
                 f"`rm.Servable('{key}@production', '{route}').deploy()` (`raymodel serve`)."
             )
-        if spec["rollout"] is not None and self.rollouts.get(spec["rollout"], {}).get("status") == "running":
-            raise ServeError(f"`{route}` is being rolled out already ({spec['rollout']}); stop it first.")
+        running = self.running(route)
+        if running is not None:
+            raise ServeError(f"`{route}` is being rolled out already ({running}); stop it first.")
         plan = spec["plan"]
         if len(plan["split"]) != 1:
             raise ServeError(

@@ -25,7 +25,7 @@ from ray import serve
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
-from raymodel.serve._deployment import ModelServer, _error, _json, _label, read_payload
+from raymodel.serve._deployment import ModelServer, _error, _json, _label, described, read_payload
 from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats
 
 logger = logging.getLogger("ray.serve")
@@ -137,15 +137,12 @@ class ModelRouter:
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
-        scope = request.scope
-        sub = scope["path"][len(scope.get("root_path", "")) :].strip("/")
-        if sub in ("health", "info", "openapi.json"):
-            if request.method != "GET":
-                return _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
-            if sub == "health":
-                return _json({"status": "ok"})
-            if sub == "info":
-                return _json(await self.describe())
+        sub, answer = described(request)
+        if answer is not None:
+            return answer
+        if sub == "info":
+            return _json(await self.describe())
+        if sub == "openapi.json":
             label, refused = self._choose(request.headers)
             if refused is not None:
                 return refused

@@ -27,7 +27,7 @@ import traceback
 from typing import Any, NamedTuple
 
 from raymodel._internal.name_rules import parse_ref
-from raymodel.serve._deployment import ModelServer, _error, _json, _streams, read_payload
+from raymodel.serve._deployment import ModelServer, _json, _streams, described, read_payload
 from raymodel.serve._traffic import KEY_HEADER, MODEL_HEADER, REPLICA_HEADER, VersionStats, compare, pick, point
 
 logger = logging.getLogger("ray.serve")
@@ -119,15 +119,12 @@ class RouteServer(ModelServer):
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
-        scope = request.scope
-        sub = scope["path"][len(scope.get("root_path", "")) :].strip("/")
-        if sub in ("health", "info", "openapi.json"):
-            if request.method != "GET":
-                return _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
-            if sub == "health":
-                return _json({"status": "ok"})
-            if sub == "info":
-                return _json(self.describe())
+        sub, answer = described(request)
+        if answer is not None:
+            return answer
+        if sub == "info":
+            return _json(self.describe())
+        if sub == "openapi.json":
             return _json(self.openapi())
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
         if refused is not None:
@@ -227,12 +224,7 @@ class RouteServer(ModelServer):
             "rollout": self.rollout,
             "loaded": sorted(route.models),
             "loads": self.loads,
-            "ingress": self.ingress,
-            "replica_pid": os.getpid(),
-            "torch_threads": self.threads,
-            "batches_run_on": self._runner.where(),
-            "batch_sizes_seen": sorted(set(self.batch_sizes)),
-            "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes)),
+            **self.replica_info(),
             "versions": figures["versions"],
             "shadows": figures["shadow"],
             "window_s": figures["window_s"],
