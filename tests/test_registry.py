@@ -41,6 +41,15 @@ def test_versions_aliases_and_errors_naming_what_exists(registry, tiny):
 
     rm.registry.set_alias("tiny", "production", 2)
     np.testing.assert_allclose(rm.registry.get("tiny", "production").predict(X), models[1].predict(X))
+    # get takes what put gives, and the references Servable takes
+    for ref, n in ((refs[0], 0), ("tiny:1", 0), ("tiny@production", 1), ("tiny", 2)):
+        np.testing.assert_allclose(rm.registry.get(ref).predict(X), models[n].predict(X))
+    assert rm.registry.show(refs[1]).aliases == ["production"] and rm.registry.show("tiny@production").version == 2
+    assert rm.registry.open(os.environ["RAYMODEL_REGISTRY"]).resolve("tiny@production") == 2
+    with pytest.raises(RegistryError, match="'tiny:1' names its version already"):
+        rm.registry.get("tiny:1", 2)
+    with pytest.raises(RegistryError, match="what follows ':' must be a version number"):
+        rm.registry.get("tiny:latest")
     records = rm.registry.list("tiny")
     assert [(r.version, r.aliases, r.metadata) for r in records] == [
         (1, [], {"seed": 0}),

@@ -45,8 +45,9 @@ def put(obj: Any, key: str, alias: str | None = None, metadata: Mapping[str, Any
     return open().put(obj, key, alias=alias, metadata=metadata)
 
 
-def get(key: str, version: int | str | None = None, config: Mapping[str, Any] | None = None) -> Any:
-    """Load ``key`` (newest, a version number, or an alias) as a model with weights."""
+def get(key: str | ModelRef, version: int | str | None = None, config: Mapping[str, Any] | None = None) -> Any:
+    """Load ``key`` (newest, a version number, or an alias) as a model with weights; ``key`` may be
+    what ``put`` returned (a ``ModelRef``), ``"key:N"`` or ``"key@alias"``."""
     return open().get(key, version, config=config)
 
 
@@ -55,7 +56,7 @@ def list(key: str | None = None) -> _list[ModelRecord]:
     return open().list(key)
 
 
-def show(key: str, version: int | str | None = None) -> ModelRecord:
+def show(key: str | ModelRef, version: int | str | None = None) -> ModelRecord:
     return open().show(key, version)
 
 

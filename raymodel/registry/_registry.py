@@ -49,6 +49,22 @@ class ModelRecord:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created))
 
 
+def _named(key: Any, version: int | str | None) -> tuple[str, int | str | None]:
+    """``(key, version)`` of what ``get``/``show``/``resolve`` were given: a ``ModelRef``, ``"key:N"``,
+    ``"key@alias"``, or a bare key and a version."""
+    if isinstance(key, ModelRef):
+        named: tuple[str, int | str | None] = (key.key, key.version)
+    elif isinstance(key, str) and (":" in key or "@" in key):
+        named = name_rules.parse_ref(key)
+    else:
+        return key, version
+    if version is not None:
+        raise RegistryError(
+            f"{str(key)!r} names its version already; pass `version` only with a bare key (got version={version!r})."
+        )
+    return named
+
+
 class Registry:
     """A registry rooted at a local folder or a ``pyarrow.fs`` URI (layout: ``_store.py``).
 
@@ -119,13 +135,18 @@ class Registry:
 
     # ------------------------------------------------------------------ get
     @os_errors
-    def get(self, key: str, version: int | str | None = None, config: Mapping[str, Any] | None = None) -> Any:
+    def get(
+        self, key: str | ModelRef, version: int | str | None = None, config: Mapping[str, Any] | None = None
+    ) -> Any:
         """Load a version as a model instance with its weights.
 
         Args:
-            version: ``None`` (the newest), a version number, or an alias.
+            key: The key (``"digits"``), or a whole reference: what ``put`` returns (a ``ModelRef``),
+                ``"digits:3"`` or ``"digits@production"``.
+            version: With a bare key: ``None`` (the newest), a version number, or an alias.
             config: Entries merged over the stored config (e.g. inference-only options).
         """
+        key, version = _named(key, version)
         n = self.resolve(key, version)
         self._record(key, n, {})  # a corrupt record is named before anything is loaded
         with tmp.tempdir("get") as staging:
@@ -135,8 +156,10 @@ class Registry:
         return model
 
     @os_errors
-    def resolve(self, key: str, version: int | str | None = None) -> int:
-        """The version number that ``version`` (None, int or alias) names."""
+    def resolve(self, key: str | ModelRef, version: int | str | None = None) -> int:
+        """The version number that ``version`` (None, int or alias) names; ``key`` may be a whole
+        reference, as for ``get``."""
+        key, version = _named(key, version)
         name_rules.key(key)
         wanted = name_rules.version(version)
         versions = self._versions(key)
@@ -183,7 +206,9 @@ class Registry:
         return records
 
     @os_errors
-    def show(self, key: str, version: int | str | None = None) -> ModelRecord:
+    def show(self, key: str | ModelRef, version: int | str | None = None) -> ModelRecord:
+        """What the registry knows of a version; ``key`` may be a whole reference, as for ``get``."""
+        key, version = _named(key, version)
         return self._record(key, self.resolve(key, version), self._aliases(key))
 
     def _record(self, key: str, n: int, aliases: dict[str, int]) -> ModelRecord:
