@@ -32,7 +32,18 @@ from raymodel.jobs import init
 from raymodel.model import RayModel
 from raymodel.train import Trainable, TrainResult, TrainSettings
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version: one source, ``pyproject.toml``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("raymodel")
+    except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _version()
 
 
 # Submodules and classes that import Ray Tune / Serve only when first used.

@@ -93,6 +93,11 @@ def test_a_tampered_file_is_refused_before_anything_is_unpickled(tmp_path, victi
 def test_a_folder_without_manifest_is_not_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="is not a raymodel checkpoint"):
         rm.RayModel.from_checkpoint(tmp_path)
+    path = Path(TinyNet().save(tmp_path / "ckpt"))
+    with pytest.raises(CheckpointError, match=r"is a file; a checkpoint is a folder \(it is `raymodel.json`: pass its"):
+        rm.RayModel.from_checkpoint(path / "raymodel.json")
+    with pytest.raises(CheckpointError, match="is a file; a checkpoint is a folder. Pass the folder"):
+        rm.RayModel.from_checkpoint(path / "class.pkl")
 
 
 def test_loading_through_the_wrong_subclass_is_refused(tmp_path):

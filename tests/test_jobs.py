@@ -119,11 +119,26 @@ class Exploding(TinyNet):
 
 
 @pytest.mark.integration
-def test_a_failed_job_raises_the_workers_own_error(ray_session, tiny_data):
+def test_a_failed_job_raises_the_workers_own_error(ray_session, tiny_data, monkeypatch):
     job = Exploding().train({"num_workers": 1, "num_epochs": 2, "progress": False}, data=tiny_data, wait=False)
     with pytest.raises(TrainingError, match="RuntimeError: the loss exploded"):
         job.wait(timeout=120)
     assert job.status == "FAILED"
+    assert "RuntimeError: the loss exploded" in job.error and job.reason is None  # why, without logs() or wait()
+    assert repr(job).startswith(f"Job(id={job.id!r}, kind='train', status='FAILED', error=") and "exploded" in repr(job)
+    import contextlib
+    import io
+
+    import ray
+
+    from raymodel.cli import main
+
+    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)  # `raymodel jobs list` joins it
+    listed = io.StringIO()
+    with contextlib.redirect_stdout(listed):
+        assert main(["jobs", "list"]) == 0
+    row = next(line for line in listed.getvalue().splitlines() if line.startswith(job.id))
+    assert "FAILED (" in row and "the loss exploded" in row, row
 
 
 class DictNet(SlowNet):

@@ -140,6 +140,12 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     """The manifest of a checkpoint folder, after a schema check; ``CheckpointError`` otherwise."""
     directory = Path(directory)
     path = directory / MANIFEST
+    if directory.is_file():
+        inside = f" (it is `{MANIFEST}`: pass its folder, `{directory.parent}`)" if directory.name == MANIFEST else ""
+        raise CheckpointError(
+            f"`{directory}` is a file; a checkpoint is a folder{inside}. Pass the folder that `train()` returned "
+            "as `.checkpoint`, or one written by `model.save()`."
+        )
     if not directory.is_dir():
         raise CheckpointError(f"Checkpoint directory `{directory}` does not exist.")
     if not path.is_file():

@@ -200,7 +200,7 @@ def _jobs_list(args: argparse.Namespace) -> None:
                 r["id"],
                 r["kind"],
                 str(r.get("priority", 0)),
-                r["status"] + (f" ({r['reason']})" if r.get("reason") else ""),
+                r["status"] + (f" ({r['reason']})" if r.get("reason") else "") + _error_of(r),
                 _eta(r),
                 r["model_class"].rsplit(".", 1)[-1],
                 str(r.get("epochs") or "-"),
@@ -261,6 +261,15 @@ def _jobs_update(args: argparse.Namespace) -> int:
     shown = ", ".join(f"{k}={v!r}" for k, v in {**change["config"], **change["settings"]}.items())
     print(f"{args.id}: {shown} from its next epoch boundary")
     return 0
+
+
+def _error_of(record: dict[str, Any]) -> str:
+    """`` (the error line)`` of a FAILED job, its end for a table (the exception it ends with); else ``""``."""
+    error = record.get("error") if record["status"] == "FAILED" else None
+    if not error:
+        return ""
+    line = str(error).splitlines()[0]
+    return f" ({'...' + line[-77:] if len(line) > 80 else line})"
 
 
 def _jobs_show(args: argparse.Namespace) -> None:

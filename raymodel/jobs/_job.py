@@ -77,6 +77,13 @@ class Job:
         return self._record().get("reason")
 
     @property
+    def error(self) -> str | None:
+        """Why a FAILED job failed: the error line (the worker's exception, or what the server found);
+        ``None`` for any other status. ``logs()`` has the traceback's last lines."""
+        record = self._record()
+        return record.get("error") if record["status"] == "FAILED" else None
+
+    @property
     def eta(self) -> float | None:
         """Seconds until a PENDING job is expected to start, or a RUNNING job to end (from the running
         jobs' epochs left and their mean epoch time); ``None`` when not known yet or done."""
@@ -161,7 +168,12 @@ class Job:
                 raise TimeoutError(f"Job `{self.id}` is still {record['status']} after {timeout} s.")
 
     def __repr__(self) -> str:
-        return f"Job(id={self.id!r}, kind={self.kind!r})"
+        try:
+            record = self._record()
+        except Exception:  # noqa: BLE001 - a repr never fails: the server may be gone
+            return f"Job(id={self.id!r}, kind={self.kind!r})"
+        error = f", error={record.get('error')!r}" if record["status"] == "FAILED" else ""
+        return f"Job(id={self.id!r}, kind={self.kind!r}, status={record['status']!r}{error})"
 
 
 def _outcome(record: dict[str, Any]) -> Any:

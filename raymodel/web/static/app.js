@@ -65,7 +65,7 @@ const views = {
     const rows = jobs.map((j) => `<tr data-job="${esc(j.id)}">
       <td><a href="#/jobs/${encodeURIComponent(j.id)}">${esc(j.id)}</a></td><td>${esc(j.kind)}</td>
       <td class="num">${j.priority || 0}</td>
-      <td>${badge(j.status)}${j.reason ? `<div class="muted">${esc(j.reason)}</div>` : ""}</td>
+      <td>${badge(j.status)}${j.reason ? `<div class="muted">${esc(j.reason)}</div>` : ""}${j.status === "FAILED" && j.error ? `<div class="error">${esc(j.error.split("\n")[0].slice(0, 120))}</div>` : ""}</td>
       <td>${esc(j.model_class.split(".").pop())}</td><td>${when(j.started)}</td><td class="num">${secs(j.duration_s)}</td>
       <td>${esc(j.progress)}</td><td class="eta">${eta(j)}</td><td>${held(j.resources)}</td>
       <td>${DONE.includes(j.status) ? "" : `<button data-stop="${esc(j.id)}">stop</button>`}</td></tr>`).join("");
