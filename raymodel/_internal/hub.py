@@ -69,7 +69,7 @@ class RunHub:
             self._new_row.clear()
             try:
                 await asyncio.wait_for(self._new_row.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return []
         rows = list(self._rows)
         self._rows.clear()
