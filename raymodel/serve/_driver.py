@@ -246,16 +246,20 @@ class Servable:
         from ray import serve
 
         assert self.plan is not None
-        handle = serve.run(self.as_application(), name=self.name, route_prefix=self.route, blocking=False)
+        serve.run(self.as_application(), name=self.name, route_prefix=self.route, blocking=False)
         wanted = (self.plan["split"], self.rollout_id)
         deadline = time.monotonic() + timeout_s
         while True:
-            now = handle.spec.remote().result(timeout_s=10)
-            if (now["plan"]["split"], now["rollout"]) == wanted:
+            # A handle of its own each time: one kept from before the reconfiguration can go on
+            # reaching what it knew (seen once in a controller actor: a minute of the old split).
+            now = serve.get_app_handle(self.name).spec.remote().result(timeout_s=10)
+            seen = (now["plan"]["split"], now["rollout"])
+            if seen == wanted:
                 return
             if time.monotonic() > deadline:
                 raise ServeError(
-                    f"`{self.route}` did not take the split {wanted[0]} within {timeout_s:.0f} s; Serve's logs say why."
+                    f"`{self.route}` did not take the split {wanted[0]} (rollout {wanted[1]}) within "
+                    f"{timeout_s:.0f} s: it answers with {seen[0]} (rollout {seen[1]}); Serve's logs say why."
                 )
             time.sleep(0.05)
 
