@@ -22,12 +22,14 @@ demo: install
 test: install tools lint docs
 	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -ra --durations=15 tests
 
-# ruff (lint and format check) and import-linter (the layers of docs/architecture.md, in pyproject.toml).
+# ruff (lint and format check), import-linter (the layers of docs/architecture.md) and mypy (the
+# package's types, as a user's type checker reads them), each configured in pyproject.toml.
 LINTED := raymodel tests examples benchmarks
 lint: install
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # The manual in docs/ (MkDocs Material + mkdocstrings); --strict: a broken link or reference fails.
 docs: install

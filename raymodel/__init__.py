@@ -72,11 +72,11 @@ def __getattr__(name: str) -> Any:
         # The model base classes come from the backend table (raymodel/contract/_table.py), which
         # the plug-ins pushed themselves into; each imports its framework on first access, and a
         # missing one names the extra to install.
-        value = contract.model_classes().get(name)
-        if value is not None:
-            value.backend.import_framework()
-            globals()[name] = value
-            return value
+        model_class: Any = contract.model_classes().get(name)
+        if model_class is not None:
+            model_class.backend.import_framework()
+            globals()[name] = model_class
+            return model_class
     if name in _LAZY:
         import importlib
 

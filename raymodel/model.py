@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, TypeVar, overload
 
 from raymodel._internal import checkpoint as ckpt
 from raymodel._internal import storage, tmp
@@ -22,6 +22,7 @@ from raymodel.hooks import ModelHooks, call_sync, is_default
 if TYPE_CHECKING:
     from raymodel.contract import Backend
     from raymodel.hooks import RunContext
+    from raymodel.jobs import Job
     from raymodel.predict import Predictions
     from raymodel.serve import ServedModel, ServeSettings
     from raymodel.train import TrainResult, TrainSettings
@@ -149,7 +150,8 @@ class RayModel(ModelHooks):
         self.ensure_setup()
         checked, errors = schemas.check_input(payload)
         if errors:
-            raise DataError(f"The payload does not match `{schemas.input.where}`: {describe(errors)}")
+            where = schemas.input.where if schemas.input is not None else "the input schema"
+            raise DataError(f"The payload does not match `{where}`: {describe(errors)}")
         try:
             signature.check_payload(payload)
             x = self.preprocess(checked)
@@ -177,9 +179,28 @@ class RayModel(ModelHooks):
         return output
 
     # ---------------------------------------------------------------- verbs
+    @overload
+    def train(
+        self,
+        settings: TrainSettings | Mapping[str, Any] | None = None,
+        *,
+        data: Any = None,
+        wait: Literal[True] = True,
+    ) -> TrainResult: ...
+
+    @overload
+    def train(
+        self, settings: TrainSettings | Mapping[str, Any] | None = None, *, data: Any = None, wait: Literal[False]
+    ) -> Job: ...
+
+    @overload
     def train(
         self, settings: TrainSettings | Mapping[str, Any] | None = None, *, data: Any = None, wait: bool = True
-    ) -> TrainResult:
+    ) -> TrainResult | Job: ...
+
+    def train(
+        self, settings: TrainSettings | Mapping[str, Any] | None = None, *, data: Any = None, wait: bool = True
+    ) -> TrainResult | Job:
         """Train on Ray Train workers; afterwards this instance holds the trained weights.
 
         The run is a job of the training server, on a resident worker group
@@ -221,6 +242,29 @@ class RayModel(ModelHooks):
             return train_and_wait(self, settings, data)
         return Trainable(self, settings, data=data).fit()
 
+    @overload
+    def tune(
+        self,
+        space: Mapping[str, Any] | None = None,
+        *,
+        settings: TuneSettings | Mapping[str, Any] | None = None,
+        data: Any = None,
+        resume: bool = False,
+        wait: Literal[True] = True,
+    ) -> TuneResult: ...
+
+    @overload
+    def tune(
+        self,
+        space: Mapping[str, Any] | None = None,
+        *,
+        settings: TuneSettings | Mapping[str, Any] | None = None,
+        data: Any = None,
+        resume: bool = False,
+        wait: Literal[False],
+    ) -> Job: ...
+
+    @overload
     def tune(
         self,
         space: Mapping[str, Any] | None = None,
@@ -229,7 +273,17 @@ class RayModel(ModelHooks):
         data: Any = None,
         resume: bool = False,
         wait: bool = True,
-    ) -> TuneResult:
+    ) -> TuneResult | Job: ...
+
+    def tune(
+        self,
+        space: Mapping[str, Any] | None = None,
+        *,
+        settings: TuneSettings | Mapping[str, Any] | None = None,
+        data: Any = None,
+        resume: bool = False,
+        wait: bool = True,
+    ) -> TuneResult | Job:
         """Search hyperparameters with Ray Tune (ASHA by default); each trial is a ``train()`` run.
 
         With ``wait=False`` the experiment is a job of the training server (see ``train``).

@@ -25,7 +25,7 @@ import platform
 import re
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from raymodel._internal import serialization, tmp
 from raymodel.exceptions import CheckpointError, ChecksumError, RayModelError, SettingsError
@@ -257,7 +257,7 @@ def version_differences(manifest: dict[str, Any]) -> list[str]:
     ]
 
 
-def load_model(path: str | os.PathLike[str], config: dict[str, Any] | None = None, base: type | None = None) -> Any:
+def load_model(path: str | os.PathLike[str], config: Mapping[str, Any] | None = None, base: type | None = None) -> Any:
     """A model instance (class, config, weights) from a checkpoint, in any process.
 
     What ``RayModel.from_checkpoint`` does; the drivers call it here, so none of
@@ -265,14 +265,11 @@ def load_model(path: str | os.PathLike[str], config: dict[str, Any] | None = Non
     """
     import warnings
 
-    if config is not None and not isinstance(config, dict):
-        from collections.abc import Mapping
-
-        if not isinstance(config, Mapping):
-            raise SettingsError(
-                f"`config` must be a dict of entries merged over the checkpoint's config (got {config!r} "
-                f"that is a {type(config).__name__})."
-            )
+    if config is not None and not isinstance(config, Mapping):
+        raise SettingsError(
+            f"`config` must be a dict of entries merged over the checkpoint's config (got {config!r} "
+            f"that is a {type(config).__name__})."
+        )
     with local_copy(path) as directory:
         manifest = verify(directory)
         diffs = version_differences(manifest)

@@ -8,7 +8,6 @@ instance, or the payload itself for a JSON Schema. Each bad field is reported wi
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Mapping
 
 from raymodel.exceptions import ModelDefinitionError
@@ -87,10 +86,15 @@ class Schemas:
         return self.output.to_json(value)
 
 
-@functools.cache
+_SCHEMAS: dict[type, Schemas] = {}
+
+
 def schemas_of(model_cls: type) -> Schemas:
     """The compiled schemas of a model class (once per class)."""
-    return Schemas(model_cls)
+    found = _SCHEMAS.get(model_cls)
+    if found is None:
+        found = _SCHEMAS[model_cls] = Schemas(model_cls)
+    return found
 
 
 def json_path(parts: Any) -> str:

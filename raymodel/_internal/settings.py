@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Mapping, Sequence, TypeVar, dataclass_transform
 
 from raymodel.exceptions import SettingsError
 
@@ -71,8 +71,10 @@ MAX_RESOURCE = 10**13
 _SIGNED = {"priority"}
 
 
+@dataclass_transform(kw_only_default=True, frozen_default=True)
 def settings_class(cls: type[S]) -> type[S]:
-    """Make ``cls`` a frozen, keyword-only dataclass whose constructor validates its keys.
+    """Make ``cls`` a frozen, keyword-only dataclass whose constructor validates its keys (type checkers
+    see the dataclass, PEP 681: ``TrainSettings(num_epoch=3)`` is flagged in the user's editor too).
 
     The class may define ``_validate(self) -> list[str]`` returning problems; it
     may normalize fields with ``object.__setattr__`` (the instance is frozen).
@@ -85,7 +87,7 @@ def settings_class(cls: type[S]) -> type[S]:
     if sorted(grouped) != sorted(names):  # a field added without a group (a developer's mistake)
         raise TypeError(f"`{cls.__name__}.GROUPS` must name each field once (fields: {names}, grouped: {grouped}).")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if args:
             raise SettingsError(
                 f"`{cls.__name__}` takes keyword arguments only "
@@ -165,8 +167,10 @@ def check_int(
 ) -> str | None:
     if value is None and allow_none:
         return None
-    maximum = LIMITS.get(name, maximum) if maximum is None else maximum
-    minimum = -LIMITS[name] if minimum is None and name in _SIGNED else minimum  # type: ignore[assignment]
+    if maximum is None and name in LIMITS:
+        maximum = int(LIMITS[name])
+    if minimum is None and name in _SIGNED:
+        minimum = -int(LIMITS[name])
     if not _is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         floor = f" >= {minimum}" if minimum is not None else ""
         ceiling = f" <= {maximum}" if maximum is not None else ""

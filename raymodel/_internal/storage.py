@@ -64,8 +64,8 @@ def exists(location: str) -> bool:
         return local_path(location).exists()
     import pyarrow.fs
 
-    fs, path = filesystem(location)
-    return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+    fs, remote = filesystem(location)
+    return fs.get_file_info(remote).type != pyarrow.fs.FileType.NotFound
 
 
 def listdir(location: str) -> list[str]:
@@ -75,8 +75,8 @@ def listdir(location: str) -> list[str]:
         return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
     import pyarrow.fs
 
-    fs, path = filesystem(location)
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    fs, remote = filesystem(location)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(remote, allow_not_found=True))
     return sorted(info.base_name for info in infos)
 
 
@@ -87,16 +87,16 @@ def files_under(location: str) -> list[str]:
         return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
     import pyarrow.fs
 
-    fs, path = filesystem(location)
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(path, recursive=True, allow_not_found=True))
-    return sorted(i.path[len(path) + 1 :] for i in infos if i.type == pyarrow.fs.FileType.File)
+    fs, remote = filesystem(location)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(remote, recursive=True, allow_not_found=True))
+    return sorted(i.path[len(remote) + 1 :] for i in infos if i.type == pyarrow.fs.FileType.File)
 
 
 def read_bytes(location: str) -> bytes:
     if not is_uri(location):
         return local_path(location).read_bytes()
-    fs, path = filesystem(location)
-    with fs.open_input_stream(path) as fh:
+    fs, remote = filesystem(location)
+    with fs.open_input_stream(remote) as fh:
         return fh.read()
 
 
@@ -122,8 +122,8 @@ def write_bytes(location: str, data: bytes) -> None:
             with contextlib.suppress(FileNotFoundError):
                 staged.unlink()
         return
-    fs, path = filesystem(location)
-    with fs.open_output_stream(path) as fh:
+    fs, remote = filesystem(location)
+    with fs.open_output_stream(remote) as fh:
         fh.write(data)
 
 
@@ -166,13 +166,13 @@ def delete(location: str) -> None:
         return
     import pyarrow.fs
 
-    fs, path = filesystem(location)
-    info = fs.get_file_info(path)
+    fs, remote = filesystem(location)
+    info = fs.get_file_info(remote)
     with contextlib.suppress(FileNotFoundError, OSError):
         if info.type == pyarrow.fs.FileType.Directory:
-            fs.delete_dir(path)
+            fs.delete_dir(remote)
         elif info.type == pyarrow.fs.FileType.File:
-            fs.delete_file(path)
+            fs.delete_file(remote)
 
 
 @contextlib.contextmanager
@@ -189,7 +189,7 @@ def local_folder(location: str, prefix: str = "fetch") -> Iterator[Path]:
 
 def ensure_dir(location: str) -> None:
     if is_uri(location):
-        fs, path = filesystem(location)
-        fs.create_dir(path, recursive=True)
+        fs, remote = filesystem(location)
+        fs.create_dir(remote, recursive=True)
     else:
         os.makedirs(local_path(location), exist_ok=True)

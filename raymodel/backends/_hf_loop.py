@@ -216,7 +216,7 @@ class TrainerLoop(TorchLoop):
         return lambda prediction: model.compute_metrics(prediction.predictions, prediction.label_ids)
 
 
-def _base_class(model: Any) -> type:
+def _base_class(model: Any) -> Any:
     return next(k for k in reversed(type(model).__mro__) if "backend" in vars(k))
 
 

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 
 class KerasLoop(WorkerLoop):
+    #: The user's model: its networks, optimizers or booster are attributes that its ``setup`` and this loop set.
+    model: Any
+
     def __init__(self, run: Run) -> None:
         super().__init__(run)
         # On Ray Train workers (TF_CONFIG set by Ray): the multi-worker strategy; in a Tune trial: the default.

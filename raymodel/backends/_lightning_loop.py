@@ -136,6 +136,8 @@ class _RayFSDP(RayFSDPStrategy):
     gathers the whole state with ``offload_to_cpu=True``, which crashes FSDP when the weights are on
     the CPU already (a segfault cloning the gathered weights): here the CPU's state is gathered as is."""
 
+    kwargs: dict[str, Any]  # Lightning's FSDPStrategy: what it hands FSDP
+
     def lightning_module_state_dict(self) -> dict[str, Any]:
         if self.root_device.type != "cpu":
             return super().lightning_module_state_dict()
@@ -195,7 +197,10 @@ class _Reiterable:
         return self.make()
 
 
-class _Bridge(pl.Callback):
+_Callback: Any = pl.Callback  # Lightning's, from the package that is installed
+
+
+class _Bridge(_Callback):
     """Lightning's callback points -> ``WorkerRun``'s phases and batch hooks."""
 
     def __init__(self, run: Run, loop: LightningLoop) -> None:

@@ -14,10 +14,13 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raymodel._internal import serialization, tmp
 from raymodel.contract import WorkerLoop
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
 
 #: What each iteration's history row takes from RLlib's result (row key -> path in the result).
 ROW_KEYS = {
@@ -30,13 +33,14 @@ ROW_KEYS = {
 LEARNER_KEYS = ("policy_loss", "vf_loss", "entropy", "mean_kl_loss")
 
 
-def algorithm_class(name_or_class: Any) -> type:
+def algorithm_class(name_or_class: Any) -> type[Algorithm]:
     """The RLlib algorithm class of ``RayRLlibModel.algorithm`` (a name or the class itself)."""
     if isinstance(name_or_class, type):
         return name_or_class
     from ray.rllib.algorithms.registry import ALGORITHMS
 
-    return ALGORITHMS[name_or_class]()[0]
+    found: type[Algorithm] = ALGORITHMS[name_or_class]()[0]
+    return found
 
 
 def algo_config(model: Any, settings: Any, env_name: str) -> Any:
@@ -89,6 +93,9 @@ def env_name(model: Any) -> str:
 
 class RLlibLoop(WorkerLoop):
     """Builds the Algorithm after ``setup`` and trains one iteration per epoch."""
+
+    #: The user's model: its networks, optimizers or booster are attributes that its ``setup`` and this loop set.
+    model: Any
 
     def __init__(self, run: Any) -> None:
         super().__init__(run)

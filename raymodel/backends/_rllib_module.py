@@ -11,7 +11,7 @@ inputs), ``compute_values`` (``ValueFunctionAPI``) the user's ``value``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from ray.rllib.core.columns import Columns
@@ -39,12 +39,13 @@ class UserNetworks(TorchRLModule, ValueFunctionAPI):
     """An RLModule whose networks are the user's: ``setup`` builds them with the user's ``setup``."""
 
     def setup(self) -> None:
-        model = user_instance(self.model_config["raymodel"])
+        options = cast("dict[str, Any]", self.model_config)  # `algo_config`'s: the user's class and config
+        model = user_instance(options["raymodel"])
         self._user = model
         modules = {k: v for k, v in vars(model).items() if isinstance(v, torch.nn.Module)}
         for name, module in modules.items():
             setattr(self, name, module)  # registered: their parameters are the RLModule's, keys unchanged
-        self._has_value = bool(self.model_config.get("has_value"))
+        self._has_value = bool(options.get("has_value"))
 
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         return {Columns.ACTION_DIST_INPUTS: self._user.forward(batch[Columns.OBS])}

@@ -89,9 +89,11 @@ class AlgorithmRun:
             runtime_env={"env_vars": self.env},  # the env runners it starts inherit it
         )
         while True:
-            actor = remote.remote()
+            actor: Any = remote.remote()
             try:
-                returned = ray.get(actor.run.remote(self.loop_config, self.path, keep, self.run_config.callbacks))
+                returned: dict[str, Any] = ray.get(
+                    actor.run.remote(self.loop_config, self.path, keep, self.run_config.callbacks)
+                )
                 break
             except ray.exceptions.RayActorError as exc:  # the actor (or its node) died
                 failures += 1

@@ -7,7 +7,7 @@ import contextlib
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 
 from raymodel.contract import Backend, Model, rows_of, to_jsonable
 from raymodel.exceptions import ModelDefinitionError
@@ -22,17 +22,17 @@ _SHARDED = "sharded"  # the DCP checkpoint of strategy="fsdp", inside the state 
 class TorchBackend(Backend):
     name = "torch"
     extra = "torch"
-    imports = ("torch",)
-    packages = ("torch",)
+    imports: ClassVar[tuple[str, ...]] = ("torch",)
+    packages: ClassVar[tuple[str, ...]] = ("torch",)
     trainer = "ray.train.torch.TorchTrainer"
-    accepts = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
-    required_methods = ("setup", "configure_optimizers", "train_step")
+    accepts: ClassVar[tuple[str, ...]] = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
+    required_methods: ClassVar[tuple[str, ...]] = ("setup", "configure_optimizers", "train_step")
     hook_notes = {"before_batch": "yes (may replace the batch)", "after_batch": "yes (the step's output)"}
-    state_keys = ("modules", "optimizers", "schedulers", "sharded")
+    state_keys: ClassVar[tuple[str, ...]] = ("modules", "optimizers", "schedulers", "sharded")
     native_collective = True  # torch.distributed, which DDP already set up
     gradient_steps = True  # precision, accumulation and clipping (TrainSettings)
     elastic = True  # DDP's process group is rebuilt at each (re)start, at the new world size
-    strategies = ("ddp", "fsdp")
+    strategies: ClassVar[tuple[str, ...]] = ("ddp", "fsdp")
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._torch_loop import TorchLoop
@@ -99,7 +99,7 @@ class TorchBackend(Backend):
             state = {k: v for k, v in state.items() if k != "sharded"}
         torch.save(state, directory / "model.pt")  # torch's own format
 
-    def read_state(self, model: Model, directory: Path) -> dict[str, Any]:
+    def read_state(self, model: Any, directory: Path) -> dict[str, Any]:
         """The state; a sharded checkpoint is loaded into a train worker's own shards in place (any
         number of workers wrote it), and anywhere else read whole (``_torch_fsdp.whole_state``)."""
         import torch

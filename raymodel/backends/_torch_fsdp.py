@@ -21,7 +21,7 @@ import contextlib
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import torch
 import torch.distributed as dist
@@ -60,13 +60,16 @@ def shard(model: Any, modules: dict[str, nn.Module], settings: Any, device: torc
     for m in modules.values():  # the same start as DDP's: rank 0's weights
         for tensor in list(m.parameters()) + list(m.buffers()):
             dist.broadcast(tensor.data, src=0)
-    mesh = DeviceMesh.from_group(dist.group.WORLD, device.type)
+    world = dist.group.WORLD
+    if world is None:
+        raise RuntimeError("FSDP needs torch.distributed's process group; it is not initialized on this worker.")
+    mesh = DeviceMesh.from_group(world, device.type)
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if settings.precision == "bf16-mixed"
         else MixedPrecisionPolicy()
     )
-    kwargs = {"mesh": mesh, "mp_policy": policy}
+    kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": policy}
     for unit in shard_units(model, modules):
         fully_shard(unit, reshard_after_forward=settings.reshard_after_forward, **kwargs)
     roots = list(modules.values())
@@ -77,8 +80,10 @@ def shard(model: Any, modules: dict[str, nn.Module], settings: Any, device: torc
 
 def set_gradient_sync(roots: Iterable[nn.Module], sync: bool) -> None:
     """Off between the batches a gradient accumulation adds up (no reduce-scatter), on for the step's."""
+    from torch.distributed.fsdp import FSDPModule
+
     for root in roots:
-        root.set_requires_gradient_sync(sync)
+        cast(FSDPModule, root).set_requires_gradient_sync(sync)  # `shard` made each root an FSDPModule
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -132,7 +137,7 @@ def load_shards(directory: Path, modules: dict[str, nn.Module], optimizers: list
 
     root = _root(modules)
     model_sd, optim_sd = get_state_dict(root, optimizers)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, storage_reader=dcp.FileSystemReader(str(directory)))
     set_state_dict(root, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
 

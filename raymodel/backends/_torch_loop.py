@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 class TorchLoop(WorkerLoop):
     """Trains one worker's replica of a ``RayTorchModel``."""
 
+    #: The user's model: its networks, optimizers or booster are attributes that its ``setup`` and this loop set.
+    model: Any
+
     def __init__(self, run: Run) -> None:
         super().__init__(run)
         self.device = _device(run.settings.use_gpu)
@@ -150,7 +153,7 @@ class TorchLoop(WorkerLoop):
         if self.fsdp:
             fsdp.set_gradient_sync(self.model._fsdp_roots, not accumulating)
             return contextlib.nullcontext()
-        if accumulating and self.step_module is not None:
+        if accumulating and isinstance(self.step_module, nn.parallel.DistributedDataParallel):
             return self.step_module.no_sync()
         return contextlib.nullcontext()
 

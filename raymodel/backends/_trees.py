@@ -86,6 +86,9 @@ class TreeBackend(Backend):
 class TreeLoop(WorkerLoop):
     """One boosting round per epoch; a subclass wraps its framework's booster API."""
 
+    #: The user's model: its networks, optimizers or booster are attributes that its ``setup`` and this loop set.
+    model: Any
+
     def build(self) -> None:
         self.rows = {name: self._shard(name) for name in self.run.splits}
         self.datasets: dict[str, Any] = {}

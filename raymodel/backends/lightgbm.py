@@ -34,7 +34,7 @@ class LightGBMBackend(TreeBackend):
 
         return lightgbm.Booster(model_file=str(path))
 
-    def forward(self, model: RayModel, x: Any) -> Any:
+    def forward(self, model: Any, x: Any) -> Any:
         return self.trained_booster(model).predict(x)
 
 
@@ -54,6 +54,8 @@ class RayLightGBMModel(RayModel):
 
     backend = LightGBMBackend()
     booster: Any = None
+    #: The booster's parameter dict, which ``setup`` sets.
+    params: dict[str, Any]
 
 
 class LightGBMLoop(TreeLoop):
@@ -70,7 +72,8 @@ class LightGBMLoop(TreeLoop):
         params = {"verbosity": -1, **self.model.params}
         if self.run.world > 1:
             params = {"tree_learner": "data_parallel", "pre_partition": True, **params, **self._network()}
-        self.params, self.booster = params, None
+        self.params = params
+        self.booster: Any = None  # lightgbm.Booster, once the first round is boosted
 
     def _network(self) -> dict[str, Any]:
         """Ray Train's network parameters; on a pool, a fresh port per job (the previous job's

@@ -69,7 +69,7 @@ class LightningBackend(TorchBackend):
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
         return {"lightning": checkpoint, "modules": {"module": checkpoint["state_dict"]}}
 
-    def after_user_setup(self, model: Model, returned: Any) -> None:
+    def after_user_setup(self, model: Any, returned: Any) -> None:
         pl = _lightning()
         if returned is not None:
             model.module = returned
@@ -79,7 +79,7 @@ class LightningBackend(TorchBackend):
                 f"got {type(getattr(model, 'module', returned)).__name__}."
             )
 
-    def forward(self, model: Model, x: Any) -> Any:
+    def forward(self, model: Any, x: Any) -> Any:
         return model.module(x)
 
 

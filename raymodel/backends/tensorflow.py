@@ -101,7 +101,7 @@ class TensorflowBackend(Backend):
             datasets=datasets,
         )
 
-    def after_user_setup(self, model: RayModel, returned: Any) -> None:
+    def after_user_setup(self, model: Any, returned: Any) -> None:
         if returned is not None and getattr(model, "model", None) is None:
             model.model = returned
         keras_model = getattr(model, "model", None)
@@ -110,7 +110,7 @@ class TensorflowBackend(Backend):
                 f"`{type(model).__name__}.setup` must build and compile a Keras model into `self.model`."
             )
 
-    def get_state(self, model: RayModel) -> dict[str, Any]:
+    def get_state(self, model: Any) -> dict[str, Any]:
         """The weights, and the optimizer's variables once it has any."""
         state: dict[str, Any] = {"weights": [np.array(w) for w in model.model.get_weights()]}
         optimizer = getattr(model.model, "optimizer", None)
@@ -118,14 +118,14 @@ class TensorflowBackend(Backend):
             state["optimizer"] = [np.array(v) for v in optimizer.variables]
         return state
 
-    def write_state(self, model: RayModel, state: dict[str, Any], directory: Path) -> None:
+    def write_state(self, model: Any, state: dict[str, Any], directory: Path) -> None:
         holder = _plain_copy(model.model)
         holder.set_weights(state["weights"])
         holder.save_weights(str(directory / WEIGHTS_FILE))  # Keras' own format
         if "optimizer" in state:
             np.savez(directory / OPTIMIZER_FILE, *state["optimizer"])
 
-    def read_state(self, model: RayModel, directory: Path) -> dict[str, Any]:
+    def read_state(self, model: Any, directory: Path) -> dict[str, Any]:
         holder = _plain_copy(model.model)
         holder.load_weights(str(directory / WEIGHTS_FILE))
         state: dict[str, Any] = {"weights": holder.get_weights()}
@@ -134,17 +134,17 @@ class TensorflowBackend(Backend):
                 state["optimizer"] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
         return state
 
-    def set_state(self, model: RayModel, state: dict[str, Any]) -> None:
+    def set_state(self, model: Any, state: dict[str, Any]) -> None:
         model.model.set_weights(state["weights"])
         optimizer = getattr(model.model, "optimizer", None)
         if state.get("optimizer") and optimizer is not None and hasattr(optimizer, "set_weights"):
             optimizer.build(model.model.trainable_variables)
             optimizer.set_weights(state["optimizer"])
 
-    def forward(self, model: RayModel, x: Any) -> Any:
+    def forward(self, model: Any, x: Any) -> Any:
         return model.model(x, training=False)
 
-    def postprocess(self, model: RayModel, output: Any) -> Any:
+    def postprocess(self, model: Any, output: Any) -> Any:
         return to_jsonable(output)
 
 

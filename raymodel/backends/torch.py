@@ -107,7 +107,7 @@ class RayTorchModel(RayModel):
         if not getattr(self, "_fsdp_roots", None):  # FSDP reduce-scattered them in the backward
             average_gradients(TorchBackend.modules(self).values())
         if control is not None and getattr(self, "_step_due", True):
-            control.clip(self._optimizers)
+            control.clip(getattr(self, "_optimizers", []))  # the train loop's (configure_optimizers')
 
 
 __all__ = ["RayTorchModel", "TorchBackend"]

@@ -103,7 +103,7 @@ class TransformersBackend(TorchBackend):
         shutil.copytree(source, copy, dirs_exist_ok=True)
         return {"transformers": str(copy), "transformers_copy": True}
 
-    def set_state(self, model: Model, state: dict[str, Any]) -> None:
+    def set_state(self, model: Any, state: dict[str, Any]) -> None:
         """The weights of the state's folder; ``read_state``'s copy of it is removed after (a training
         run's loop keeps it: the ``Trainer`` resumes from it)."""
         folder = state.get("transformers")

@@ -33,7 +33,7 @@ class XGBoostBackend(TreeBackend):
         booster.load_model(str(path))
         return booster
 
-    def forward(self, model: RayModel, x: Any) -> Any:
+    def forward(self, model: Any, x: Any) -> Any:
         import xgboost
 
         return self.trained_booster(model).predict(xgboost.DMatrix(x))
@@ -56,6 +56,8 @@ class RayXGBoostModel(RayModel):
 
     backend = XGBoostBackend()
     booster: Any = None
+    #: The booster's parameter dict, which ``setup`` sets.
+    params: dict[str, Any]
 
 
 class XGBoostLoop(TreeLoop):

@@ -74,11 +74,11 @@ def _show(args: argparse.Namespace) -> None:
 
 def _alias(args: argparse.Namespace) -> None:
     version = name_rules.version(args.version)
-    _registry(args).set_alias(args.key, args.alias, version)  # type: ignore[arg-type]
+    _registry(args).set_alias(args.key, args.alias, version)
     print(f"{args.key}@{args.alias} -> version {version}")
 
 
 def _delete(args: argparse.Namespace) -> None:
     version = name_rules.version(args.version)
-    _registry(args).delete(args.key, version)  # type: ignore[arg-type]
+    _registry(args).delete(args.key, version)
     print(f"deleted {args.key}:{version}")

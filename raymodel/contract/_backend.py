@@ -362,14 +362,22 @@ class Model(Protocol):
     It also has every hook of ``raymodel.hooks.ModelHooks`` (``before_fit``, ...).
     """
 
-    #: The framework seam of the model's backend.
-    backend: ClassVar[Backend]
+    @property
+    def backend(self) -> Backend:
+        """The framework seam of the model's backend (a class attribute of each backend's model class)."""
+        ...
+
     #: ``default_config`` merged with the constructor's ``config``.
     config: dict[str, Any]
     #: Where the current weights came from (a checkpoint path or registry ref), if anywhere.
     source: dict[str, Any]
     #: The run this instance trains in; ``None`` outside a run.
     context: RunContext | None
+
+    #: Whether ``setup`` has run on this instance (a driver that replaces ``config`` resets it).
+    _is_setup: bool
+    #: The input a training run recorded (``None``: untrained, or built in code).
+    input_signature: dict[str, Any] | None
 
     @property
     def is_setup(self) -> bool: ...
@@ -404,7 +412,12 @@ class Run(Protocol):
 
     model: Model
     settings: Any  # the run's TrainSettings
-    num_epochs: int  # the last epoch (``job.update`` may change it)
+
+    @property
+    def num_epochs(self) -> int:
+        """The last epoch (``job.update`` may change it)."""
+        ...
+
     splits: dict[str, Any]
     rank: int
     world: int

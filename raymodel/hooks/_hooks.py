@@ -204,7 +204,8 @@ class Callback(TrainingHooks):
     """
 
     model: Any = None
-    context: RunContext | None = None
+    #: The run's ``RunContext``, set on each worker before the first hook is called.
+    context: RunContext
 
     def state_dict(self) -> dict[str, Any]:
         """What to save in each checkpoint (picklable); ``{}`` by default."""

@@ -86,8 +86,7 @@ def _await(job: Job, printer: Any) -> dict[str, Any]:
                 workers = starting[0].split(" of ", 1)[1]
                 reason = f"starting a pool of {workers} (once: later runs reuse them)"
         now = time.monotonic()
-        due = now - started > _QUIET_S and now - shown.get(reason, -1e9) > _REPEAT_S
-        if reason and due:
+        if reason and now - started > _QUIET_S and now - shown.get(reason, -1e9) > _REPEAT_S:
             repeat = reason in shown and not reason.startswith("starting a pool")
             if repeat or reason not in shown:
                 print(f"[{printer.label}] {reason}", file=printer.stream, flush=True)

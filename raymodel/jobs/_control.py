@@ -21,13 +21,14 @@ import ray
 from raymodel.jobs._constants import ACTIVE, UPDATABLE
 from raymodel.jobs._keeper import pending_demand
 from raymodel.jobs._queue import fits
+from raymodel.jobs._state import ServerState
 
 #: How long after a failure the server starts to look for a worker group Ray cannot place.
 _PLACE_GRACE_S = 2.0
 
 
-class JobControl:
-    """Mixed into ``JobServer``: it holds ``records``, ``lock``, ``changed``, ``_log``, ``_save``."""
+class JobControl(ServerState):
+    """Mixed into ``JobServer`` (its state: ``ServerState``)."""
 
     # ------------------------------------------------------------ clients
     def update(self, job_id: str, config: dict[str, Any] | None, settings: dict[str, Any] | None) -> dict[str, Any]:
@@ -40,12 +41,12 @@ class JobControl:
             problem = _check_update(record, dict(config or {}), dict(settings or {}))
             if problem:
                 return {"error": problem}
-            change = {"requested": time.time(), "config": dict(config or {}), "settings": dict(settings or {})}
-            change["epoch"] = None
+            config, settings = dict(config or {}), dict(settings or {})
+            change = {"requested": time.time(), "config": config, "settings": settings, "epoch": None}
             record.setdefault("changes", []).append(change)
-            if "num_epochs" in change["settings"]:
-                record["epochs"] = int(change["settings"]["num_epochs"])
-            shown = ", ".join(f"{k}={v!r}" for k, v in {**change["config"], **change["settings"]}.items())
+            if "num_epochs" in settings:
+                record["epochs"] = int(settings["num_epochs"])
+            shown = ", ".join(f"{k}={v!r}" for k, v in {**config, **settings}.items())
             self._log(job_id, f"update requested: {shown} (from the next epoch boundary)")
             self._save(job_id)
             self.changed.notify_all()

@@ -70,7 +70,7 @@ def run_job(
 
             relay = progress_callback(hub, wait=job.get("deliver", False), root=trainable.storage)
             trainable.add_callback(relay)
-        result = trainable.fit(load_result=False)
+        return {"result": dataclasses.asdict(trainable.fit(load_result=False))}
     else:
         from raymodel.tune import Tunable
 
@@ -86,8 +86,7 @@ def run_job(
         again = job["resume"] or (resume and _restorable(settings))  # a server restart: Tune's own state
         tunable = Tunable(model, job["space"], settings=settings, data=job["data"], resume=again)
         tunable.stop = JobStopper(runner.job_id)
-        result = tunable.fit()
-    return {"result": dataclasses.asdict(result)}
+        return {"result": dataclasses.asdict(tunable.fit())}
 
 
 def _restorable(settings: Any) -> bool:

@@ -17,13 +17,14 @@ import ray
 from raymodel._internal import cluster
 from raymodel.jobs._address import NAMESPACE
 from raymodel.jobs._queue import fits
+from raymodel.jobs._state import ServerState
 
 #: A pool asked to end that has not after this long is killed.
 _END_S = 30.0
 
 
-class PoolKeeper:
-    """Mixed into ``JobServer``: it holds ``pools``, ``pool_actors``, ``pool_refs``, ``lock`` and ``changed``."""
+class PoolKeeper(ServerState):
+    """Mixed into ``JobServer`` (its state: ``ServerState``)."""
 
     def pools_info(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -60,7 +61,7 @@ class PoolKeeper:
 
         spec = self.extras[record["id"]]["pool"]
         pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"
-        actor = (
+        actor: Any = (  # an actor handle: its methods' `.remote` are made at run time
             ray.remote(num_cpus=0)(PoolActor)
             .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id, scheduling_strategy=cluster.on_this_node())
             .remote(pool_id, spec["backend"], spec["num_workers"], spec["per_worker"], spec["use_gpu"])
@@ -153,7 +154,7 @@ def pending_demand(groups_only: bool = False) -> list[dict[str, float]]:
         demand = get_cluster_status(ray.get_runtime_context().gcs_address).resource_demands
     except Exception:  # noqa: BLE001 - no demand known is no reason to release anything
         return []
-    kinds = [demand.placement_group_demand]
+    kinds: list[list[Any]] = [demand.placement_group_demand]
     if not groups_only:
         kinds.append(demand.ray_task_actor_demand)
     bundles = [b for kind in kinds for d in kind for b in d.bundles_by_count]

@@ -79,11 +79,11 @@ class PoolActor:
                 scaling_config=ScalingConfig(
                     num_workers=self.num_workers, use_gpu=self.use_gpu, resources_per_worker=resources or None
                 ),
-                run_config=RunConfig(
+                run_config=RunConfig(  # type: ignore[call-arg]  # mypy reads ray.train's Train V1 branch
                     name=self.pool_id,
                     storage_path=locations.home_path("pools"),  # Ray Train's own files: no job writes here
                     failure_config=FailureConfig(max_failures=-1),  # each job counts its own
-                    callbacks=[PoolFailures(me)],
+                    callbacks=[PoolFailures(me)],  # type: ignore[list-item]  # a V2 UserCallback
                     logging_config=LoggingConfig("WARNING"),
                 ),
                 datasets=None,
@@ -119,7 +119,7 @@ class PoolActor:
             if self.ended or self.broken or self.ending:
                 return {"error": f"Training failed: the pool ended ({self.ended or self.broken})", "pool_ok": False}
             self.seq += 1
-            current = self.job = {
+            current: dict[str, Any] = {
                 **job,
                 "seq": self.seq,
                 "attempt": 0,
@@ -129,6 +129,7 @@ class PoolActor:
                 "paused": False,
                 "fresh_only": False,
             }
+            self.job = current
             self.cond.notify_all()
             allowed = int(job["spec"].get("max_failures", 0))
             while True:
@@ -152,7 +153,7 @@ class PoolActor:
                     continue
                 current["outcome"] = error
                 break
-            outcome = current["outcome"]
+            outcome: dict[str, Any] = current.get("outcome") or {}
             self.job = None
             ok = outcome.get("pool_ok", True) and not self.broken and not self.ended
             return {k: v for k, v in {**outcome, "pool_ok": ok}.items() if k not in ("at", "rank")}

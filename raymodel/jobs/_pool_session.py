@@ -91,7 +91,9 @@ def _store(directory: str, location: str) -> None:
     os.replace(staged, target)
 
 
-def prune(path: str, keep: int | None, metric: str | None, mode: str | None, history: dict[int, dict[str, Any]]):
+def prune(
+    path: str, keep: int | None, metric: str | None, mode: str | None, history: dict[int, dict[str, Any]]
+) -> None:
     """Keep the ``keep`` best checkpoints by ``metric`` (the newest without one) and always the newest,
     as Ray Train's ``CheckpointConfig`` does for a one-off run."""
     if keep is None:

@@ -12,11 +12,11 @@ import ray
 
 from raymodel.jobs import _store
 from raymodel.jobs._constants import ACTIVE
+from raymodel.jobs._state import ServerState
 
 
-class Recovery:
-    """Mixed into ``JobServer``: it holds ``records``, ``payloads``, ``extras``, ``pools``, ``runners``,
-    ``limits``, ``lock``, ``_log``, ``_save``, ``_finish`` and ``_end_pool``."""
+class Recovery(ServerState):
+    """Mixed into ``JobServer`` (its state: ``ServerState``)."""
 
     def _prune(self, every_s: float = 60.0) -> None:
         """Now and then, what the server left on disk (``jobs/_prune.py``)."""

@@ -47,8 +47,9 @@ def train_request(
     not_durable = None if (info or {}).get("trial_id") else why_not_durable(spec)
     spec, refs = _refs_apart(spec)
     spec = arrays_to_files(spec, job_id)
+    run_name = settings.name or locations.run_name(type(model).__name__)
     if settings.name is None:  # fixed now: a preempted job resumes from its own run's checkpoints
-        settings = dataclasses.replace(settings, name=locations.run_name(type(model).__name__))
+        settings = dataclasses.replace(settings, name=run_name)
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
     needs = model.backend.run_needs(settings)
     payload = {
@@ -64,7 +65,7 @@ def train_request(
     request: dict[str, Any] = {
         "id": job_id,
         "not_durable": not_durable,
-        "run_path": storage.join(settings.storage_path or locations.runs_root(), settings.name),
+        "run_path": storage.join(settings.storage_path or locations.runs_root(), run_name),
         "needs": needs,
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "settings": repr(settings),
@@ -80,7 +81,7 @@ def train_request(
     backend = model.backend
     if settings.on_pool and backend.on_ray_train:  # else the job's runner runs it (RLlib: in an actor of its own)
         request["pool"] = {
-            "key": pool_key(backend.name, settings.num_workers, per_worker),
+            "key": pool_key(backend.name, settings.max_workers, per_worker),
             "backend": serialization.dumps(backend, type(backend)),
             "backend_name": backend.name,
             "num_workers": settings.num_workers,
@@ -156,8 +157,9 @@ def restore_refs(spec: Any, datasets: dict[str, Any] | None, refs: list[Any] | N
     """Put a job's data back in place (in the job's runner): its Ray objects, which came as Ray
     arguments, and its arrays written to files, which go to the object store from there (without
     ``into_store``: memory maps of the files, for a tune job, which puts its data in the store itself)."""
+    datasets, refs = datasets or {}, refs or []
     for split in spec.splits.values():
-        if getattr(split, "key", None) in (datasets or {}):
+        if getattr(split, "key", None) in datasets:
             split.dataset = datasets[split.key]
         elif isinstance(split, Arrays):
             for part in ("x", "y"):

@@ -13,7 +13,7 @@ from raymodel.jobs._address import NAMESPACE
 
 
 def new_runner() -> Any:
-    runner = JobRunnerActor.options(
+    runner: Any = JobRunnerActor.options(
         namespace=NAMESPACE, max_concurrency=8, scheduling_strategy=cluster.on_this_node()
     ).remote()
     runner.warm.remote()

@@ -15,11 +15,11 @@ import ray
 from raymodel.jobs._constants import ACTIVE
 from raymodel.jobs._queue import choose_victims, etas, fits, plus, queue_order
 from raymodel.jobs._runner import new_runner
+from raymodel.jobs._state import ServerState
 
 
-class Scheduler:
-    """Mixed into ``JobServer``: it holds ``records``, ``payloads``, ``extras``, ``runners``, ``done_refs``,
-    ``pools``, ``pool_actors``, ``spare``, ``row_times`` and ``lock``."""
+class Scheduler(ServerState):
+    """Mixed into ``JobServer`` (its state: ``ServerState``)."""
 
     def _free(self) -> dict[str, float]:
         """What new work may take now: free in Ray, less what started work holds or is about to."""

@@ -24,6 +24,7 @@ disk (``jobs/_prune.py``).
 
 from __future__ import annotations
 
+import builtins  # `list` in the class is the clients' call
 import os
 import threading
 import time
@@ -56,22 +57,22 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         self.pool_idle_s = float(pool_idle_s)
         self.limits = dict(limits or {})  # pruning: `prune_after_s`, `prune_max_mb`
         self._pruned = -1e9
-        self.records: dict[str, dict[str, Any]] = {}
-        self.payloads: dict[str, bytes] = {}
-        self.extras: dict[str, dict[str, Any]] = {}  # per job: its pool's spec, its hub
-        self.runners: dict[str, Any] = {}
-        self.done_refs: dict[Any, str] = {}
-        self.pools: dict[str, dict[str, Any]] = {}
-        self.pool_actors: dict[str, Any] = {}
-        self.pool_refs: dict[Any, str] = {}  # each pool's end
+        self.records = {}
+        self.payloads = {}
+        self.extras = {}  # per job: its pool's spec, its hub
+        self.runners = {}
+        self.done_refs = {}
+        self.pools = {}
+        self.pool_actors = {}
+        self.pool_refs = {}  # each pool's end
         self._demand_checked = 0.0
-        self.row_times: dict[str, list[float]] = {}  # when each row arrived (epoch times: ETAs)
-        self.alive_nodes: set[str] = set()
-        self.lost_nodes: dict[str, float] = {}  # node id -> when it was seen dead
+        self.row_times = {}  # when each row arrived (epoch times: ETAs)
+        self.alive_nodes = set()
+        self.lost_nodes = {}  # node id -> when it was seen dead
         self._nodes_checked = 0.0
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a row, a status: wakes the clients' long polls
-        self.spare: Any = new_runner()
+        self.spare = new_runner()
         with self.lock:
             self._recover()
         threading.Thread(target=self._loop, name="raymodel-jobs", daemon=True).start()
@@ -83,7 +84,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         job_id = info.get("id") or _store.new_id(kind)
         with self.lock:
             if job_id in self.records:
-                return self.get(job_id)
+                return self._view(job_id)
         needs = dict(info["needs"])
         record = {
             "id": job_id,
@@ -142,7 +143,8 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
                     self._log(job_id, f"not durable: {info['not_durable']}")
                 self._save(job_id)
         self._schedule()
-        return self.get(job_id)
+        with self.lock:
+            return self._view(job_id)
 
     def get(self, job_id: str, timeout: float = 0.0) -> dict[str, Any] | None:
         """The record without its rows; waits up to ``timeout`` s for the job to end (a long poll)."""
@@ -150,12 +152,14 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
             self.changed.wait_for(
                 lambda: self.records.get(job_id, {}).get("status", "DONE") not in ACTIVE, timeout=timeout
             )
-            record = self.records.get(job_id)
-            if record is None:
-                return None
-            return {**{k: v for k, v in record.items() if k != "history"}, "eta": self._etas().get(job_id)}
+            return self._view(job_id) if job_id in self.records else None
 
-    def list(self) -> list[dict[str, Any]]:
+    def _view(self, job_id: str) -> dict[str, Any]:
+        """A job's record without its rows, with its ETA (under the lock)."""
+        record = self.records[job_id]
+        return {**{k: v for k, v in record.items() if k != "history"}, "eta": self._etas().get(job_id)}
+
+    def list(self) -> builtins.list[dict[str, Any]]:
         with self.lock:
             eta = self._etas()
             return [
@@ -170,7 +174,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
                 for r in sorted(self.records.values(), key=lambda r: r["submitted"])
             ]
 
-    def rows(self, job_id: str, start: int = 0, timeout: float = 0.0) -> tuple[list[dict[str, Any]], str]:
+    def rows(self, job_id: str, start: int = 0, timeout: float = 0.0) -> tuple[builtins.list[dict[str, Any]], str]:
         """The rows from ``start`` on and the status; waits up to ``timeout`` s for one (a long poll)."""
         with self.changed:
             record = self.records[job_id]
@@ -211,7 +215,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         with self.lock:
             return bool(self.records.get(job_id, {}).get("stopping"))
 
-    def push(self, job_id: str, rows: list[dict[str, Any]]) -> None:
+    def push(self, job_id: str, rows: builtins.list[dict[str, Any]]) -> None:
         with self.lock:
             record = self.records[job_id]
             for row in rows:

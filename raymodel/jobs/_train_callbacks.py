@@ -29,7 +29,7 @@ class JobFailures(UserCallback):
     def __init__(self, server: Any, job_id: str) -> None:
         self.server, self.job_id = server, job_id
 
-    def after_exception(self, run_context: Any, worker_exceptions: dict[int, BaseException]) -> None:
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         self.server.worker_lost.remote(self.job_id, {r: _failure_text(e) for r, e in worker_exceptions.items()})
 
 
@@ -39,7 +39,7 @@ class PoolFailures(UserCallback):
     def __init__(self, pool: Any) -> None:
         self.pool = pool
 
-    def after_exception(self, run_context: Any, worker_exceptions: dict[int, BaseException]) -> None:
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         import ray
 
         ray.get(self.pool.failure.remote({rank: _failure_text(e) for rank, e in worker_exceptions.items()}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
@@ -140,7 +140,7 @@ def predict_batch(
             "cpus": num_cpus,
         },
     )
-    result = _Dataset.copy(scored, _deep_copy=True, _as=Predictions)  # its own context: ...
+    result = cast(Predictions, _Dataset.copy(scored, _deep_copy=True, _as=Predictions))  # its own context: ...
     result.context.execution_options.preserve_order = bool(preserve_order)  # ... not the caller's global one
     return result
 

@@ -71,8 +71,9 @@ class ModelServer:
         self._runner = BatchRunner(run_batch)
         if self.ingress == "haproxy":
             _json_error_page()
-        self._batched.set_max_batch_size(max_batch_size)
-        self._batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        batched: Any = self._batched  # `@serve.batch`'s wrapper: this replica's sizes are set on it
+        batched.set_max_batch_size(max_batch_size)
+        batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:

@@ -42,6 +42,7 @@ class ServedModel:
             raise ServeError(f"`{self.route}` is being rolled out ({rolling}); stop the rollout first.")
         servable._set_split(split)  # every check first: a bad split changes nothing
         servable.apply()
+        assert servable.plan is not None  # `_routed` checked it
         self.info["split"] = dict(servable.plan["split"])
 
     def rollout(
@@ -198,7 +199,7 @@ class Servable:
         s = self.settings
         options = {"name": f"{self.name}-model", **replica_options(s)}
         return (
-            serve.deployment(ModelServer)
+            serve.deployment()(ModelServer)
             .options(**options)
             .bind(source, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes)
         )
@@ -339,7 +340,10 @@ def _http_address(settings: ServeSettings) -> tuple[str, int]:
     try:
         from ray.serve.context import _get_global_client
 
-        config = _get_global_client().http_config
+        client = _get_global_client()
+        if client is None:
+            return settings.host, settings.port
+        config = client.http_config
         return config.host, config.port
     except Exception:  # noqa: BLE001 - fall back to what was asked for
         return settings.host, settings.port

@@ -85,7 +85,7 @@ def check_steps(steps: Any, step_s: Any) -> tuple[tuple[float, ...], float]:
     """The candidate's shares, increasing in (0, 1], and a step's least length in seconds."""
     if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not steps:
         raise SettingsError(f"`steps` takes the candidate's shares, like (0.05, 0.25, 1.0) (got {steps!r}).")
-    out = []
+    out: list[float] = []
     for share in steps:
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
             raise SettingsError(f"Each step is a share in (0, 1] (got {share!r} in {tuple(steps)}).")

@@ -58,7 +58,7 @@ class RolloutController:
 
     # ------------------------------------------------------------ the API
     def start(
-        self, route: str, ref: str, steps: tuple[float, ...], step_s: float, guard: dict[str, Any], servable: type
+        self, route: str, ref: str, steps: tuple[float, ...], step_s: float, guard: dict[str, Any], servable: Any
     ) -> dict[str, Any] | Exception:
         """Check the route and the candidate, then drive the rollout on a thread; its first state.
         A refusal comes back as the exception (raised in the caller, without Ray's wrapping)."""

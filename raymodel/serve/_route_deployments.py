@@ -44,7 +44,7 @@ class VersionServer(ModelServer):
         self.loads = 0  # versions this replica has loaded (a route that thrashes its LRU shows it here)
         # ``@serve.multiplexed`` fixes its LRU size where it decorates; this replica's comes from the
         # settings, so the wrapper the decorator would make on first use is made here with it.
-        self._lru = _ModelMultiplexWrapper(VersionServer._load_version, self, max_models)
+        self._lru = _ModelMultiplexWrapper(VersionServer._load_version, self, max_models)  # type: ignore[arg-type]
         setattr(self, "__serve_multiplex_wrapper", self._lru)
 
     async def _load_version(self, label: str) -> Any:
@@ -99,13 +99,13 @@ class ModelRouter:
         self.figures = VersionStats()
         self.poll_s = float(plan.get("poll_s", 2.0))
 
-    def _choose(self, headers: Any) -> tuple[str | None, Any]:
-        """``(label, None)``, or ``(None, error response)`` for a request naming no version."""
+    def _choose(self, headers: Any) -> str | Any:
+        """The label of the version a request names, or an error response (naming none, or none known)."""
         multiplex = self.plan["multiplex"]
         wanted = headers.get(MODEL_HEADER) or (multiplex if multiplex != "*" else "")
         if not wanted:
             detail = f"Name a version in the `{MODEL_HEADER}` header, e.g. `digits:3`."
-            return None, _error(400, "no model named", detail)
+            return _error(400, "no model named", detail)
         now = time.monotonic()
         hit = self.cache.get(wanted)
         if hit is None or now - hit[0] > self.poll_s:
@@ -114,8 +114,8 @@ class ModelRouter:
                 self.cache.pop(next(iter(self.cache)))
         label = hit[1]
         if isinstance(label, str):
-            return label, None
-        return None, _error(404, "no such model", label["detail"])
+            return label
+        return _error(404, "no such model", label["detail"])
 
     def _resolve_header(self, wanted: str, multiplex: str) -> Any:
         try:
@@ -143,17 +143,17 @@ class ModelRouter:
         if sub == "info":
             return _json(await self.describe())
         if sub == "openapi.json":
-            label, refused = self._choose(request.headers)
-            if refused is not None:
-                return refused
+            label = self._choose(request.headers)
+            if not isinstance(label, str):
+                return label
             call = self._to(label).openapi_of
             return _json(await call.remote(self.info.get("route") or "/"))
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
         if refused is not None:
             return refused
-        label, refused = self._choose(request.headers)
-        if refused is not None:
-            return refused
+        label = self._choose(request.headers)
+        if not isinstance(label, str):
+            return label
         began = time.monotonic()
         status, content, size, pid = await self._to(label).answer.remote(payload)
         self.figures.record(label, time.monotonic() - began, status >= 500)
@@ -163,9 +163,9 @@ class ModelRouter:
 
     async def predict(self, payload: Any) -> Any:
         """In-cluster calls through a Serve handle: a multiplexed route of one key answers its newest version."""
-        label, refused = self._choose({})
-        if refused is not None:
-            raise RuntimeError(f"Name a version: {refused.body.decode()}")
+        label = self._choose({})
+        if not isinstance(label, str):
+            raise RuntimeError(f"Name a version: {label.body.decode()}")
         status, content, _, _ = await self._to(label).answer.remote(payload)
         if status != 200:
             raise RuntimeError(f"{content['error']}: {content['detail']}")

@@ -99,7 +99,7 @@ def _routed_application(servable: Any) -> Any:
         from raymodel.serve._route_server import RouteServer
 
         return (
-            serve.deployment(RouteServer)
+            serve.deployment()(RouteServer)
             .options(
                 name=f"{servable.name}-model",
                 version=version,
@@ -113,11 +113,11 @@ def _routed_application(servable: Any) -> Any:
 
     options = {"name": f"{servable.name}-versions", "version": version, "_internal": True, **replica_options(s)}
     backend = (
-        serve.deployment(VersionServer)
+        serve.deployment()(VersionServer)
         .options(**options)
         .bind(plan["registry"], s.max_models_per_replica, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes)
     )
-    router = serve.deployment(ModelRouter).options(
+    router = serve.deployment()(ModelRouter).options(
         name=f"{servable.name}-router",
         version=version,
         _internal=True,

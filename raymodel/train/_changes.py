@@ -10,12 +10,31 @@ changes go into each checkpoint; a run that resumes applies them again.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raymodel.contract import Model
+    from raymodel.hooks import HookRunner, RunContext
+    from raymodel.train._settings import TrainSettings
 
 
 class JobChanges:
-    """Mixed into ``WorkerRun``: it holds ``control``, ``changes``, ``settings``, ``context``, ``model``,
-    ``worker``, ``session``, ``hooks`` and ``_tag``."""
+    """Mixed into ``WorkerRun``, whose ``__init__`` sets what is declared here."""
+
+    control: tuple[Any, str] | None  # (training server, job id), or None outside the server
+    changes: list[dict[str, Any]]
+    settings: TrainSettings
+    context: RunContext
+    model: Model
+    worker: Any  # the backend's WorkerLoop
+    session: Any
+    hooks: HookRunner
+    _tag: dict[str, Any] | None  # the change the next row shows
+
+    if TYPE_CHECKING:
+
+        @property
+        def num_epochs(self) -> int: ...
 
     def _ask_server(self, epoch: int) -> dict[str, Any] | None:
         """Rank 0, at an epoch's end: whether the training server stops or preempts this job, and the

@@ -222,14 +222,15 @@ class Trainable:
         epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
         location = {e: storage.join(path, f"checkpoint_epoch_{e:06d}") for e in epochs}
         best = None
-        if settings.metric is not None:
+        metric = settings.metric
+        if metric is not None:
             rows = {int(r.get("epoch", 0)): r for r in history}
-            scored = [e for e in epochs if settings.metric in rows.get(e, {})]
+            scored = [e for e in epochs if metric in rows.get(e, {})]
             if scored:
                 pick = min if settings.mode == "min" else max
-                best = location[pick(scored, key=lambda e: float(rows[e][settings.metric]))]
+                best = location[pick(scored, key=lambda e: float(rows[e][metric]))]
             else:
-                _never_reported(settings.metric, history)
+                _never_reported(metric, history)
         return TrainResult(
             metrics=dict(history[-1]) if history else {},
             history=history,
@@ -269,7 +270,7 @@ class Trainable:
         if printer is not None:
             printer.hub = hub
             callbacks.append(printer.callback())
-        run_config = RunConfig(
+        run_config = RunConfig(  # type: ignore[call-arg]  # mypy reads ray.train's Train V1 branch
             name=self.name,
             storage_path=self.storage,
             failure_config=FailureConfig(max_failures=settings.max_failures),
@@ -282,11 +283,11 @@ class Trainable:
             logging_config=LoggingConfig("INFO" if settings.verbose else "WARNING"),
         )
         elastic = {"elastic_resize_monitor_interval_s": settings.elastic_resize_s} if settings.elastic else {}
-        scaling = ScalingConfig(
-            num_workers=settings.num_workers,
+        scaling = ScalingConfig(  # Train V2's (mypy reads ray.train's Train V1 branch): a range, elastic settings
+            num_workers=settings.num_workers,  # type: ignore[arg-type]
             use_gpu=settings.use_gpu,
             resources_per_worker=settings.resources_per_worker,
-            **elastic,
+            **elastic,  # type: ignore[arg-type]
         )
         trainer = backend.make_trainer(
             run_worker,

@@ -56,7 +56,7 @@ class BatchProgress:
 
 
 def _loss(outputs: Any) -> float | None:
-    value = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    value: Any = outputs.get("loss") if isinstance(outputs, dict) else outputs
     if hasattr(value, "detach"):
         value = value.detach()
     try:

@@ -183,7 +183,7 @@ class TrainSettings(SettingsBase):
         """Whether a run of these settings goes to a pool of the training server: the one rule, for
         ``train``, ``tune``'s trials and the server's jobs. ``pool=True`` and a fixed number of workers;
         an elastic range and ``num_workers=0`` (this process) run one-off."""
-        return self.pool and not self.elastic and self.num_workers > 0
+        return self.pool and not isinstance(self.num_workers, tuple) and self.num_workers > 0
 
     @property
     def min_workers(self) -> int:

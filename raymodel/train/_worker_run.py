@@ -83,8 +83,8 @@ class WorkerRun(JobChanges):
         self.hooks = HookRunner(self.model, self.callbacks, self.context)
         self.history: list[dict[str, Any]] = []
         #: Changes ``job.update`` made, as applied: ``{"epoch", "config", "settings"}`` (checkpointed).
-        self.changes: list[dict[str, Any]] = []
-        self._tag: dict[str, Any] | None = None  # the change the next row shows
+        self.changes = []
+        self._tag = None
         self.control = loop_config.get("control")  # (training server, job id): stop, preempt, changes
         self.start_epoch = 1
         self.config_changed = False

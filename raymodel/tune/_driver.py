@@ -119,7 +119,7 @@ class Tunable:
         """Whether trials run their training as jobs of the training server, on pools (several workers
         each, or ``train.num_workers`` tuned, with settings that go to a pool)."""
         ts = self.train_settings
-        return ts.on_pool and (ts.num_workers > 1 or f"{TRAIN_PREFIX}num_workers" in self.space)
+        return ts.on_pool and (ts.max_workers > 1 or f"{TRAIN_PREFIX}num_workers" in self.space)
 
     @property
     def trial_needs(self) -> dict[str, float]:
@@ -127,9 +127,9 @@ class Tunable:
         group it starts itself (a worker group on a pool is a job of the server, holding its own)."""
         ts = self.train_settings
         needs = trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS})
-        if ts.num_workers > 1 and not on_pool(ts):
+        if ts.max_workers > 1 and not on_pool(ts):
             for k, v in worker_resources(ts.resources_per_worker, ts.use_gpu).items():
-                needs[k] = needs.get(k, 0.0) + v * ts.num_workers
+                needs[k] = needs.get(k, 0.0) + v * ts.max_workers
         return needs
 
     def as_trainable(self) -> Any:
@@ -145,7 +145,8 @@ class Tunable:
         trainable = tune.with_parameters(trial, payload=payload, data=self.spec.for_workers())
         # One worker: the trial trains in its own process and holds that worker's resources.
         base = {name: getattr(self.train_settings, name) for name in PLACEMENT_FIELDS}
-        return tune.with_resources(trainable, functools.partial(resources_of, base))
+        # A function of the trial's config (`train.*` placement may be tuned) returning a resource dict.
+        return tune.with_resources(trainable, functools.partial(resources_of, base))  # type: ignore[arg-type]
 
     def as_tuner(self) -> Any:
         """The native ``tune.Tuner`` (or ``Tuner.restore`` with ``resume=True``), not yet fit."""
@@ -359,7 +360,7 @@ def _collect(
     on other nodes); locations keep the storage's scheme, which Ray's ``Result.path`` drops."""
     rows, reported, curves = [], set(), {}
     for r in results:
-        metrics = dict(r.metrics or {})
+        metrics: dict[str, Any] = dict(r.metrics or {})
         reported |= {k for k in metrics if k not in _TUNE_KEYS and not k.startswith("config")}
         # Our own epoch count: a trial resumed from its Train checkpoint restarts Tune's iteration count.
         epochs = int(metrics.get("epoch", metrics.get("training_iteration", 0)))

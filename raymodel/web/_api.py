@@ -104,7 +104,7 @@ def routes() -> list[dict[str, Any]]:
             for state, n in s.replica_states.items()
             if str(getattr(state, "value", state)) == "RUNNING"
         )
-        entry = {
+        entry: dict[str, Any] = {
             "name": name,
             "route": None,
             "status": str(getattr(app.status, "value", app.status)),
@@ -185,7 +185,7 @@ def _trials(record: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
         mine = rows.get(trial_id, [])
         epochs = max((r.get("epoch", 0) for r in mine), default=0)
         status = info.get("status", "RUNNING")
-        value = mine[-1].get(metric) if mine else None
+        value = mine[-1].get(metric) if mine and metric else None
         trials.append(
             {
                 "trial_id": trial_id,
@@ -193,7 +193,7 @@ def _trials(record: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
                 "status": status,
                 "epochs": epochs,
                 "metric": value,
-                "stopped_early": status == "TERMINATED" and bool(planned) and epochs < planned,
+                "stopped_early": status == "TERMINATED" and bool(planned) and epochs < int(planned or 0),
             }
         )
     result = record.get("result") or {}

@@ -1,0 +1,48 @@
+"""What the training server's parts share: the state ``JobServer.__init__`` makes, and the methods one
+part calls on another. ``Scheduler``, ``PoolKeeper``, ``JobControl`` and ``Recovery`` derive from it, so
+each is checked against one declaration of the server's state."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+
+class ServerState:
+    """The attributes of a ``JobServer`` (declared here, assigned in its ``__init__``)."""
+
+    pool_idle_s: float
+    limits: dict[str, float]
+    records: dict[str, dict[str, Any]]  # job id -> its record (what ``_store`` saves)
+    payloads: dict[str, bytes]  # job id -> the pickled model class, config, settings and data
+    extras: dict[str, dict[str, Any]]  # job id -> its pool's spec, its hub
+    runners: dict[str, Any]  # job id -> its JobRunner actor
+    done_refs: dict[Any, str]  # a runner's end -> its job id
+    pools: dict[str, dict[str, Any]]  # pool id -> its record
+    pool_actors: dict[str, Any]  # pool id -> its PoolActor
+    pool_refs: dict[Any, str]  # each pool's end -> its id
+    row_times: dict[str, list[float]]  # when each row arrived (epoch times: ETAs)
+    alive_nodes: set[str]
+    lost_nodes: dict[str, float]  # node id -> when it was seen dead
+    spare: Any  # a started JobRunner for the next job, or None
+    lock: threading.RLock
+    changed: threading.Condition  # a row, a status: wakes the clients' long polls
+    _pruned: float
+    _demand_checked: float
+    _nodes_checked: float
+
+    if TYPE_CHECKING:  # defined by JobServer and its parts; declared for the others
+
+        def _log(self, job_id: str, line: str) -> None: ...
+
+        def _save(self, job_id: str) -> None: ...
+
+        def _finish(
+            self, job_id: str, status: str, result: Any = None, error: str | None = None, detail: str | None = None
+        ) -> None: ...
+
+        def _start_pool(self, record: dict[str, Any]) -> str: ...
+
+        def _end_pool(self, pool_id: str, why: str, force: bool = False) -> None: ...
+
+        def _abandon(self, record: dict[str, Any], why: str = "") -> None: ...
