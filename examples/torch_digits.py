@@ -15,8 +15,7 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from digits import DigitsNet
-from digits import load_data as load_arrays
+from digits import DigitsNet, load_data as load_arrays
 
 import raymodel as rm
 

@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raymodel import backends, contract, data, exceptions  # noqa: F401 - backends: the plug-ins register themselves
 from raymodel.exceptions import (
@@ -31,6 +31,27 @@ from raymodel.hooks import Callback, RunContext
 from raymodel.jobs import init
 from raymodel.model import RayModel
 from raymodel.train import Trainable, TrainResult, TrainSettings
+
+if TYPE_CHECKING:  # the names `__getattr__` gives on first use, as a type checker sees them
+    from raymodel import callbacks as callbacks, registry as registry, serve as serve, tune as tune
+    from raymodel.backends.lightgbm import RayLightGBMModel as RayLightGBMModel
+    from raymodel.backends.lightning import RayLightningModel as RayLightningModel
+    from raymodel.backends.rllib import RayRLlibModel as RayRLlibModel
+    from raymodel.backends.tensorflow import RayTensorflowModel as RayTensorflowModel
+    from raymodel.backends.torch import RayTorchModel as RayTorchModel
+    from raymodel.backends.transformers import RayTransformersModel as RayTransformersModel
+    from raymodel.backends.xgboost import RayXGBoostModel as RayXGBoostModel
+    from raymodel.jobs import Job as Job
+    from raymodel.predict import Predictions as Predictions, predict_batch as predict_batch
+    from raymodel.registry import ModelRef as ModelRef
+    from raymodel.serve import (
+        Guard as Guard,
+        Servable as Servable,
+        ServedModel as ServedModel,
+        ServeSettings as ServeSettings,
+    )
+    from raymodel.tune import Tunable as Tunable, TuneResult as TuneResult, TuneSettings as TuneSettings
+    from raymodel.web import dashboard as dashboard
 
 
 def _version() -> str:

@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, TypeVar, overload
 
-from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import storage, tmp
+from raymodel._internal import checkpoint as ckpt, storage, tmp
 from raymodel.contract import register
 from raymodel.exceptions import (
     CheckpointError,

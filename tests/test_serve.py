@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from models import DigitsNet, TinyNet
 
 import raymodel as rm

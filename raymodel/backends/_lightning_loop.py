@@ -176,8 +176,12 @@ class _RayFSDP(RayFSDPStrategy):
 
 def _whole_state(model: Any) -> Any:
     """FSDP's whole-state context, gathered on rank 0 and left where it is (the CPU)."""
-    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import (
+        FullOptimStateDictConfig,
+        FullStateDictConfig,
+        FullyShardedDataParallel as FSDP,
+        StateDictType,
+    )
 
     return FSDP.state_dict_type(
         module=model,

@@ -18,8 +18,7 @@ from typing import Any
 
 import ray
 
-from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import storage
+from raymodel._internal import checkpoint as ckpt, storage
 from raymodel.exceptions import TrainingError
 from raymodel.train import LocalSession, WorkerRun
 

@@ -8,8 +8,7 @@ from typing import Any
 import ray
 from ray import tune
 
-from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import serialization
+from raymodel._internal import checkpoint as ckpt, serialization
 from raymodel.hooks import Callback
 from raymodel.jobs._address import running_handle
 

@@ -7,8 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import storage
+from raymodel._internal import checkpoint as ckpt, storage
 
 
 class PoolSession:

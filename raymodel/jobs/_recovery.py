@@ -119,8 +119,7 @@ def stored_result(record: dict[str, Any]) -> dict[str, Any] | None:
     path = record.get("run_path")
     if record["kind"] != "train" or not path:
         return None
-    from raymodel._internal import checkpoint as ckpt
-    from raymodel._internal import storage
+    from raymodel._internal import checkpoint as ckpt, storage
 
     epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
     history = [r for r in record["history"] if int(r.get("epoch", 0)) <= (epochs[-1] if epochs else 0)]

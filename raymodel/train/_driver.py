@@ -6,8 +6,7 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import cluster, locations, serialization, storage, tmp
+from raymodel._internal import checkpoint as ckpt, cluster, locations, serialization, storage, tmp
 from raymodel._internal.hub import start_hub, stop_hub
 from raymodel.contract import training_server
 from raymodel.data import DataSpec, RayDataset, nonfinite, resolve

@@ -27,8 +27,7 @@ from typing import Any, Awaitable, Iterator
 
 import numpy as np
 
-from raymodel._internal import checkpoint as ckpt
-from raymodel._internal import serialization, storage, tmp
+from raymodel._internal import checkpoint as ckpt, serialization, storage, tmp
 from raymodel._internal.hub import Collective
 from raymodel.exceptions import CheckpointError
 from raymodel.hooks import HookRunner, RunContext, maybe_await

@@ -28,8 +28,7 @@ import tempfile
 import threading
 from typing import Any
 
-from raymodel._internal import serialization
-from raymodel._internal import storage as locations
+from raymodel._internal import serialization, storage as locations
 from raymodel._internal.hub import start_hub, stop_hub
 from raymodel.contract import training_server
 from raymodel.train import LocalSession, worker_resources
