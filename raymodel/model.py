@@ -161,8 +161,8 @@ class RayModel(ModelHooks):
                 f"`{type(self).__name__}.preprocess` cannot use the payload {_short(payload)} "
                 f"(a {type(payload).__name__}): {type(exc).__name__}: {exc}"
             ) from exc
-        if schemas.input is None:  # a declared input_schema wins over the recorded signature
-            signature.check(self.input_signature, x)
+        if schemas.input is None:  # a declared input_schema wins over the recorded (or the model's own) signature
+            signature.check(signature.of_model(self), x)
         with self.backend.inference(self):
             try:
                 out = self.forward(x)

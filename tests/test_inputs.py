@@ -268,6 +268,82 @@ def test_nonfinite_inputs_warn_by_default_and_pass_with_allow(tmp_path):
         model.predict(torch.zeros((1, 4), dtype=torch.complex64))
 
 
+class _Convolution(rm.RayTorchModel):
+    def setup(self, config):
+        self.features = torch.nn.Conv2d(3, 4, kernel_size=3)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.features.parameters(), lr=0.1)
+
+    def forward(self, x):
+        return self.features(x).mean((1, 2, 3))
+
+    def train_step(self, batch):
+        return self(batch[0]).sum()
+
+
+def test_a_network_with_no_recorded_signature_checks_its_first_layer_and_refuses_nan():
+    """Untrained, or built in code: no signature was recorded. The first layer `forward` reaches names
+    the width it takes (not torch's `mat1 and mat2 shapes cannot be multiplied`); NaN, None and infinity
+    are refused (a network answers NaN for them)."""
+    model = TinyNet()
+    assert model.input_signature is None
+    assert len(model.predict([[0.0, 1.0, 2.0, 3.0]])) == 1
+    with pytest.raises(DataError, match=r"first layer: `net\.0` \(Linear\) takes 4 values a row, got 3"):
+        model.predict([[0.0, 1.0, 2.0]])
+    for bad in ([[0.0, None, 2.0, 3.0]], [[0.0, math.nan, 2.0, 3.0]], [[math.inf, 1.0, 2.0, 3.0]]):
+        with pytest.raises(DataError, match=r"1 NaN, None or infinite value\(s\) of 4; a network answers NaN"):
+            model.predict(bad)
+    assert all(not layer._forward_pre_hooks for layer in model.net)  # the check leaves nothing behind
+    conv = _Convolution()
+    assert len(conv.predict(np.zeros((2, 3, 5, 5)).tolist())) == 2
+    with pytest.raises(DataError, match=r"`features` \(Conv2d\) takes 3 channels, got 2 \(an input of shape"):
+        conv.predict(np.zeros((1, 2, 5, 5)).tolist())
+    model.input_signature = dict(SIGNATURE, nonfinite="allow")  # a recorded signature decides instead
+    assert np.isnan(model.predict([[0.0, math.nan, 2.0, 3.0]])).all()
+
+
+@pytest.mark.parametrize("framework", ["xgboost", "lightgbm"])
+def test_a_booster_with_no_recorded_signature_checks_its_width_and_takes_nan_as_missing(tiny, framework):
+    X, y = tiny
+    if framework == "xgboost":
+        import xgboost
+
+        class Trees(rm.RayXGBoostModel):
+            def setup(self, config):
+                self.params = {"objective": "binary:logistic"}
+
+        model = Trees()
+        model.ensure_setup()
+        model.booster = xgboost.train(model.params, xgboost.DMatrix(X, y), num_boost_round=2)
+    else:
+        import lightgbm
+
+        class Trees(rm.RayLightGBMModel):
+            def setup(self, config):
+                self.params = {"objective": "binary", "verbosity": -1, "min_data_in_leaf": 1}
+
+        model = Trees()
+        model.ensure_setup()
+        model.booster = lightgbm.train(model.params, lightgbm.Dataset(X, y), num_boost_round=2)
+    assert len(model.predict(X[:2].tolist())) == 2
+    with pytest.raises(DataError, match="^expected rows of 4 values, got 3$"):
+        model.predict([[0.0, 1.0, 2.0]])
+    assert len(model.predict([[0.0, math.nan, 2.0, 3.0]])) == 1  # a missing value, which trees handle
+
+
+def test_a_keras_model_with_no_recorded_signature_checks_its_input_shape():
+    sys.path.insert(0, str(Path(TESTS).parent / "examples"))
+    from keras_iris import KerasIris
+
+    model = KerasIris()
+    assert len(model.predict([[0.1, 0.2, 0.3, 0.4]])) == 1
+    with pytest.raises(DataError, match="^expected rows of 4 values, got 3$"):
+        model.predict([[0.1, 0.2, 0.3]])
+    with pytest.raises(DataError, match="a network answers NaN"):
+        model.predict([[0.1, math.nan, 0.3, 0.4]])
+
+
 def test_a_declared_input_schema_wins_over_the_signature():
     class Declared(TinyNet):
         input_schema = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}

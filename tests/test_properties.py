@@ -348,10 +348,11 @@ INPUTS = st.one_of(
 
 
 @BUDGET
-@given(x=INPUTS, policy=st.sampled_from(["warn", "error", "allow"]))
+@given(x=INPUTS, policy=st.sampled_from(["warn", "error", "allow", None]))
 def test_a_prediction_input_of_any_shape_and_dtype_answers_or_is_a_data_error(x, policy):
-    """A model trained on rows of 4 (its signature): any input answers (rows of 4 real numbers) or is a
-    `DataError` (never torch's error); complex is always refused; non-finite values follow the policy."""
+    """A model trained on rows of 4 (its signature), or one with none recorded (``policy=None``: the first
+    layer checks the width, non-finite values are refused): any input answers (rows of 4 real numbers) or
+    is a `DataError` (never torch's error); complex is always refused; non-finite values follow the policy."""
     import warnings
 
     import numpy as np
@@ -359,7 +360,7 @@ def test_a_prediction_input_of_any_shape_and_dtype_answers_or_is_a_data_error(x,
     from raymodel.exceptions import DataError
 
     model = _model()
-    model.input_signature = {"shape": [4], "dtype": "float32", "nonfinite": policy}
+    model.input_signature = None if policy is None else {"shape": [4], "dtype": "float32", "nonfinite": policy}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -369,6 +370,6 @@ def test_a_prediction_input_of_any_shape_and_dtype_answers_or_is_a_data_error(x,
         rows = np.asarray(x, dtype=np.float32)  # it answered: the input was numbers of the signature's shape
     assert rows.shape[1:] == (4,) or rows.shape == (4,), rows.shape
     assert np.asarray(x).dtype.kind != "c"
-    if policy == "error":
+    if policy in ("error", None):
         assert np.isfinite(rows).all()
     assert np.asarray(out).shape[-1] == 2

@@ -46,13 +46,22 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def describe_shape(shape: list[int]) -> str:
-    """``rows of 64 values`` for a 1-D signature, ``inputs of shape (N, 8, 8)`` otherwise."""
-    if len(shape) == 1:
+def describe_shape(shape: list[int | None]) -> str:
+    """``rows of 64 values`` for a 1-D signature, ``inputs of shape (N, 8, 8)`` otherwise (``?``: any)."""
+    if len(shape) == 1 and shape[0] is not None:
         return f"rows of {shape[0]} value{'s' if shape[0] != 1 else ''}"
     if not shape:
         return "single values (shape (N,))"
-    return f"inputs of shape (N, {', '.join(map(str, shape))})"
+    return f"inputs of shape (N, {', '.join('?' if n is None else str(n) for n in shape)})"
+
+
+def of_model(model: Any) -> dict[str, Any] | None:
+    """The signature ``model``'s inputs are checked against: the one its training recorded, else what
+    its backend can tell of the model itself (``Backend.unrecorded_signature``)."""
+    if model.input_signature:
+        recorded: dict[str, Any] = model.input_signature
+        return recorded
+    return model.backend.unrecorded_signature(model)
 
 
 def check(
@@ -67,10 +76,11 @@ def check(
     """
     if not signature or getattr(x, "shape", None) is None or getattr(x, "dtype", None) is None:
         return
-    expected = [int(n) for n in signature.get("shape", [])]
-    got = [int(n) for n in tuple(x.shape)]
-    if got[1:] != expected and got != expected:  # a batch of rows, or one row without its batch dimension
-        raise DataError(f"expected {describe_shape(expected)}, got {_got(got, expected)}")
+    if "shape" in signature:  # a length of None: any (a Keras input of any sequence length)
+        expected = [None if n is None else int(n) for n in signature["shape"]]
+        got = [int(n) for n in tuple(x.shape)]
+        if not _fits(got[1:], expected) and not _fits(got, expected):  # rows, or one row without its batch
+            raise DataError(f"expected {describe_shape(expected)}, got {_got(got, expected)}")
     kind = _kind(str(x.dtype))
     if kind == "c":
         raise DataError(
@@ -85,10 +95,8 @@ def check(
     bad, size = _nonfinite(x)
     if not bad:
         return
-    message = (
-        f"the input holds {bad} NaN, None or infinite value(s) of {size}; the model was trained "
-        f"with `nonfinite={policy!r}`"
-    )
+    why = signature.get("why") or f"the model was trained with `nonfinite={policy!r}`"
+    message = f"the input holds {bad} NaN, None or infinite value(s) of {size}; {why}"
     if policy == "error":
         raise DataError(message)
     (warn or _warn)(message)
@@ -105,7 +113,11 @@ def check_payload(payload: Any) -> None:
         )
 
 
-def _got(got: list[int], expected: list[int]) -> str:
+def _fits(got: list[int], expected: list[int | None]) -> bool:
+    return len(got) == len(expected) and all(e is None or g == e for g, e in zip(got, expected))
+
+
+def _got(got: list[int], expected: list[int | None]) -> str:
     if len(expected) == 1 and len(got) == 2:
         return f"{got[1]}"
     if len(expected) == 1 and len(got) == 1:

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 
-from raymodel.contract import Backend, Model, rows_of, to_jsonable
-from raymodel.exceptions import ModelDefinitionError
+from raymodel.contract import UNRECORDED_NAN, Backend, Model, rows_of, to_jsonable
+from raymodel.exceptions import DataError, ModelDefinitionError
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +33,9 @@ class TorchBackend(Backend):
     gradient_steps = True  # precision, accumulation and clipping (TrainSettings)
     elastic = True  # DDP's process group is rebuilt at each (re)start, at the new world size
     strategies: ClassVar[tuple[str, ...]] = ("ddp", "fsdp")
+    #: With no recorded signature, the first ``Linear`` or ``Conv`` layer ``forward`` reaches checks the
+    #: width of what it is given (a ``DataError`` naming the layer, not torch's shape error).
+    checks_first_layer: ClassVar[bool] = True
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._torch_loop import TorchLoop
@@ -156,20 +159,29 @@ class TorchBackend(Backend):
     def postprocess(self, model: Model, output: Any) -> Any:
         return to_jsonable(output)
 
+    def unrecorded_signature(self, model: Model) -> dict[str, Any] | None:
+        """NaN, None or infinity in a network's input gives NaN answers: refused. Its width is checked as
+        ``forward`` reaches the first layer (``inference``)."""
+        return {"nonfinite": "error", "why": UNRECORDED_NAN}
+
     @contextlib.contextmanager
     def inference(self, model: Model) -> Iterator[None]:
         import torch
 
-        modules = self.modules(model).values()
+        named = self.modules(model)
+        modules = named.values()
         was_training = [m.training for m in modules]
         for m in modules:
             m.eval()
+        guard = _first_layer_guard(model, named) if self.checks_first_layer and not model.input_signature else None
         try:
             with torch.inference_mode():
                 yield
         finally:
             for m, flag in zip(modules, was_training):
                 m.train(flag)
+            for handle in guard or ():
+                handle.remove()
 
     def stack(self, inputs: Sequence[Any]) -> Any:
         import torch
@@ -177,3 +189,41 @@ class TorchBackend(Backend):
         if all(isinstance(x, torch.Tensor) for x in inputs):
             return torch.cat(list(inputs), dim=0)
         return super().stack(inputs)
+
+
+def _first_layer_guard(model: Model, modules: dict[str, Any]) -> list[Any]:
+    """Hooks on every ``Linear`` and ``ConvNd`` layer: the first one ``forward`` reaches checks the size
+    of its input's features (channels) against its own, before torch would fail on it; the rest stand by."""
+    from torch import nn
+
+    layers = [
+        (f"{top}.{name}" if name else top, layer)
+        for top, module in modules.items()
+        for name, layer in module.named_modules()
+        if isinstance(layer, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+    ]
+    reached = False
+
+    def check(name: str, layer: Any, args: tuple[Any, ...]) -> None:
+        nonlocal reached
+        if reached or not args or getattr(args[0], "shape", None) is None:
+            return
+        reached = True
+        shape = tuple(args[0].shape)
+        if isinstance(layer, nn.Linear):
+            wanted, got, what = layer.in_features, shape[-1] if shape else None, "values a row"
+        else:  # (N, C, ...) or unbatched (C, ...)
+            dims = len(layer.kernel_size)
+            wanted = layer.in_channels
+            got = shape[-(dims + 1)] if len(shape) > dims else None
+            what = "channels"
+        if got != wanted:
+            raise DataError(
+                f"the input does not fit `{type(model).__name__}`'s first layer: `{name}` "
+                f"({type(layer).__name__}) takes {wanted} {what}, got {got} (an input of shape {shape})"
+            )
+
+    return [
+        layer.register_forward_pre_hook(lambda layer, args, name=name: check(name, layer, args))
+        for name, layer in layers
+    ]

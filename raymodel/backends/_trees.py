@@ -60,6 +60,16 @@ class TreeBackend(Backend):
     def set_state(self, model: Any, state: dict[str, Any]) -> None:
         model.booster = state.get("booster")
 
+    def num_features(self, booster: Any) -> int:
+        """How many features a row of ``booster``'s input has."""
+        raise NotImplementedError("The 'num_features' method must be implemented.")
+
+    def unrecorded_signature(self, model: Any) -> dict[str, Any] | None:
+        """The booster's width; NaN is a missing value to a boosted tree, so it is allowed."""
+        booster = getattr(model, "booster", None)
+        width = {"shape": [self.num_features(booster)]} if booster is not None else {}
+        return {**width, "nonfinite": "allow"}
+
     def trained_booster(self, model: Any) -> Any:
         if model.booster is None:
             raise ModelDefinitionError(f"`{type(model).__name__}` has no trained booster yet: train it first.")

@@ -34,6 +34,9 @@ class LightGBMBackend(TreeBackend):
 
         return lightgbm.Booster(model_file=str(path))
 
+    def num_features(self, booster: Any) -> int:
+        return int(booster.num_feature())
+
     def forward(self, model: Any, x: Any) -> Any:
         return self.trained_booster(model).predict(x)
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from raymodel.contract import Backend, to_jsonable
+from raymodel.contract import UNRECORDED_NAN, Backend, to_jsonable
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
@@ -140,6 +140,17 @@ class TensorflowBackend(Backend):
         if state.get("optimizer") and optimizer is not None and hasattr(optimizer, "set_weights"):
             optimizer.build(model.model.trainable_variables)
             optimizer.set_weights(state["optimizer"])
+
+    def unrecorded_signature(self, model: Any) -> dict[str, Any] | None:
+        """A built Keras model's input shape (``None``: any length); NaN is refused (a silent NaN answer)."""
+        keras_model = getattr(model, "model", None)
+        try:
+            shape = keras_model.input_shape if getattr(keras_model, "built", False) else None
+        except (AttributeError, ValueError):  # a subclassed model, or one of several inputs
+            shape = None
+        if isinstance(shape, tuple) and all(n is None or isinstance(n, int) for n in shape):
+            return {"shape": list(shape[1:]), "nonfinite": "error", "why": UNRECORDED_NAN}
+        return {"nonfinite": "error", "why": UNRECORDED_NAN}
 
     def forward(self, model: Any, x: Any) -> Any:
         return model.model(x, training=False)

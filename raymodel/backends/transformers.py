@@ -54,6 +54,7 @@ class TransformersBackend(TorchBackend):
     state_keys = ("transformers", "modules")
     strategies = ("ddp",)
     elastic = False
+    checks_first_layer = False  # token ids reach an embedding; a shape error inside is not the request's
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._hf_loop import TrainerLoop

@@ -33,6 +33,9 @@ class XGBoostBackend(TreeBackend):
         booster.load_model(str(path))
         return booster
 
+    def num_features(self, booster: Any) -> int:
+        return int(booster.num_features())
+
     def forward(self, model: Any, x: Any) -> Any:
         import xgboost
 

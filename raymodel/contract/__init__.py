@@ -28,7 +28,7 @@ from raymodel.contract._arrays import (
     split_nested,
     to_jsonable,
 )
-from raymodel.contract._backend import DATA_KINDS, Backend, Model, Run, WorkerLoop, worker_resources
+from raymodel.contract._backend import DATA_KINDS, UNRECORDED_NAN, Backend, Model, Run, WorkerLoop, worker_resources
 from raymodel.contract._server import TrainingServer, provide_training_server, training_server
 from raymodel.contract._table import backends, hook_table, model_classes, register
 
@@ -36,6 +36,7 @@ __all__ = [
     "Backend",
     "WorkerLoop",
     "DATA_KINDS",
+    "UNRECORDED_NAN",
     "Model",
     "Run",
     "register",

@@ -43,6 +43,13 @@ if TYPE_CHECKING:
 DATA_KINDS = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
 
 
+#: Why a network with no recorded signature refuses NaN, None or infinity (``unrecorded_signature``).
+UNRECORDED_NAN = (
+    "a network answers NaN for them (the model has no recorded input signature: clean the input, or train it "
+    "with `TrainSettings(nonfinite='allow')` to let them through)"
+)
+
+
 class Backend:
     """Base contract of a backend: the facts about a framework, its state and its inference.
 
@@ -148,6 +155,13 @@ class Backend:
         """The shape and dtype of what ``forward`` takes (``raymodel._internal.signature``), recorded in every
         checkpoint: the training data's by default."""
         return spec.signature
+
+    def unrecorded_signature(self, model: Model) -> dict[str, Any] | None:
+        """What a model with no recorded signature (untrained, or built in code) is checked against
+        before ``forward``: what the model itself says of its input (a built Keras model's input shape,
+        a booster's number of features), and the ``nonfinite`` policy of the framework (NaN is a
+        missing value to a boosted tree, a silent NaN answer to a network). ``None``: no check."""
+        return None
 
     # ------------------------------------------------------------- training
     def run_needs(self, settings: Any) -> dict[str, float]:

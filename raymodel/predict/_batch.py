@@ -238,7 +238,7 @@ def _check_signature(model: Any, dataset: Any, feature_columns: Any, keep_column
     rows its feature columns make (from the data's schema, nothing read) must fit it, checked before
     any actor starts. Each actor checks every batch too (what a reference's model or a custom
     ``predict_batch_preprocess`` makes)."""
-    sig = getattr(model, "input_signature", None)
+    sig = signature.of_model(model)
     custom = getattr(type(model), "predict_batch_preprocess", None)
     if not sig or getattr(model, "input_schema", None) is not None or custom is None:
         return

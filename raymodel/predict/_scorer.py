@@ -35,9 +35,9 @@ class Scorer:
         else:
             features = {name: values for name, values in batch.items() if name not in self.keep_columns}
         x = model.predict_batch_preprocess(features)
-        if model.input_signature and schemas_of(type(model)).input is None:  # a declared schema wins
+        if schemas_of(type(model)).input is None:  # a declared schema wins
             try:
-                signature.check(model.input_signature, x, warn=self._warn)
+                signature.check(signature.of_model(model), x, warn=self._warn)
             except DataError as exc:
                 where = f"`predict_batch` of `{type(model).__name__}` (columns {list(features)})"
                 raise DataError(f"{where}: {exc}.") from None

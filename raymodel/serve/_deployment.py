@@ -196,9 +196,9 @@ class ModelServer:
             request_id = _request_id()
             logger.error("request %s: preprocess failed\n%s", request_id, traceback.format_exc())
             return 500, {"error": "model error", "detail": _message(exc), "request_id": request_id}, 0, model
-        if model.input_signature and schemas_of(type(model)).input is None:  # a declared schema wins
+        if schemas_of(type(model)).input is None:  # a declared schema wins
             try:
-                signature.check(model.input_signature, x, warn=self._warn_nonfinite)
+                signature.check(signature.of_model(model), x, warn=self._warn_nonfinite)
             except DataError as exc:
                 return 422, {"error": "invalid payload", "detail": str(exc)}, 0, model
         output, size = await self._batched((x, model))
