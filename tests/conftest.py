@@ -12,6 +12,37 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "lane(name): checks what the background lane's job `name` returned (lane.py)")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The selected tests of the background lane go last; their jobs start now (``tests/lane.py``)."""
+    from lane import LANE
+
+    laned = [item for item in items if item.get_closest_marker("lane")]
+    if not laned or config.option.collectonly:
+        return
+    items[:] = [item for item in items if not item.get_closest_marker("lane")] + laned
+    LANE.start([item.get_closest_marker("lane").args[0] for item in laned])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from lane import LANE
+
+    if LANE.took:
+        print("\nbackground lane: " + ", ".join(f"{name} {s:.0f} s" for name, s in LANE.took.items()))
+    LANE.close()
+
+
+@pytest.fixture(scope="session")
+def lane():
+    """The background lane's results (``lane.result(name)``)."""
+    from lane import LANE
+
+    return LANE
+
+
 @pytest.fixture(scope="session", autouse=True)
 def raymodel_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Runs and the registry go to a temporary RAYMODEL_HOME."""

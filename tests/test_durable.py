@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+import lane
 import numpy as np
 import pytest
 from models import TinyNet
@@ -125,19 +126,25 @@ def test_pruning_keeps_what_is_in_use_and_bounds_the_rest(tmp_path, monkeypatch)
         limits_from_env()
 
 
-@pytest.mark.integration
-def test_chaos_a_queue_of_jobs_through_kills_of_the_server_a_worker_and_the_head(tmp_path):
-    """tests/chaos.py in its own process and head (``raymodel server start``): a head restart with a
-    running and a queued job, then 4 kills at random moments (seeded) of the server actor, a pool's
-    worker and the head, under a queue of train, one-off, tune and stopped jobs."""
+@lane.job("chaos", expected_s=240)
+def _chaos(scratch: Path) -> list[dict]:
     from clusters import run_script
 
     env = {
-        "RAYMODEL_HOME": str(tmp_path / "home"),
-        "RAYMODEL_SERVER_FILE": str(tmp_path / "server.json"),
-        "HOME": str(tmp_path),
+        "RAYMODEL_HOME": str(scratch / "home"),
+        "RAYMODEL_SERVER_FILE": str(scratch / "server.json"),
+        "HOME": str(scratch),
     }
-    head, chaos = run_script("chaos.py", ["0", "4"], env, timeout=900)
+    return run_script("chaos.py", ["0", "4"], env, timeout=900)
+
+
+@pytest.mark.integration
+@pytest.mark.lane("chaos")
+def test_chaos_a_queue_of_jobs_through_kills_of_the_server_a_worker_and_the_head(lane):
+    """tests/chaos.py in its own process and head (``raymodel server start``, on the background lane): a
+    head restart with a running and a queued job, then 4 kills at random moments (seeded) of the server
+    actor, a pool's worker and the head, under a queue of train, one-off, tune and stopped jobs."""
+    head, chaos = lane.result("chaos")
 
     assert head["statuses"] == ["SUCCEEDED", "SUCCEEDED"], head
     running_log, queued_log = head["logs"]

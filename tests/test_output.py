@@ -13,6 +13,7 @@ import sys
 import termios
 from pathlib import Path
 
+import lane
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,14 +58,21 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.integration
-def test_the_demos_steps_print_only_raymodels_lines(tmp_path):
+@lane.job("demo", expected_s=55)
+def _demo(scratch: Path) -> subprocess.CompletedProcess:
     from s3server import free_port
 
     script = STEPS.format(examples=str(ROOT / "examples"), port=free_port())
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=_env(tmp_path), capture_output=True, text=True, timeout=500, cwd=tmp_path
+    return subprocess.run(
+        [sys.executable, "-c", script], env=_env(scratch), capture_output=True, text=True, timeout=500, cwd=scratch
     )
+
+
+@pytest.mark.integration
+@pytest.mark.lane("demo")
+def test_the_demos_steps_print_only_raymodels_lines(lane):
+    """The demo's steps as a user's script, in a fresh process and Ray (on the background lane)."""
+    done = lane.result("demo")
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     foreign = [line for line in lines if not any(re.match(pattern, line) for pattern in OURS)]

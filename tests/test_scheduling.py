@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+import lane
 import pytest
 from clusters import run_script
 from conformance import CrashOnce
@@ -243,11 +244,18 @@ def _names(folder):
 
 
 # ------------------------------------------------------------ node loss
+@lane.job("nodeloss", expected_s=180)
+def _nodeloss(scratch: Path) -> list[dict]:
+    env = {"RAYMODEL_HOME": str(scratch / "home"), "HOME": str(scratch)}
+    return run_script("nodeloss.py", ["elastic", "fixed", "stop_waiting", "give_up"], env, timeout=600)
+
+
 @pytest.mark.integration
-def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for_is_stopped_or_gives_up(tmp_path):
-    """Its own process and Ray cluster: a head with no CPUs and two 1-CPU worker nodes."""
-    env = {"RAYMODEL_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)}
-    results = run_script("nodeloss.py", ["elastic", "fixed", "stop_waiting", "give_up"], env, timeout=600)
+@pytest.mark.lane("nodeloss")
+def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for_is_stopped_or_gives_up(lane):
+    """Its own process and Ray cluster (on the background lane): a head with no CPUs and two 1-CPU worker
+    nodes."""
+    results = lane.result("nodeloss")
     seen = {r["scenario"]: r for r in results}
     elastic, fixed = seen["elastic"], seen["fixed"]
     epochs = [row["epoch"] for row in elastic["history"]]

@@ -175,10 +175,10 @@ def test_two_routes_reserve_without_drops_and_shutdown(ray_session, served, digi
         thread.join()
     assert statuses and set(statuses) == {200}, f"requests dropped during re-serve: {set(statuses)}"
     assert requests.post(replaced.url, json=payload, timeout=30).json() == second.predict(payload)
-    # No signature (never trained): a row forward cannot take is the model's error, a 500 Serve's logs name
+    # No signature (never trained): the first layer forward reaches names the width it takes (a 422)
     response = requests.post(replaced.url, json=[[0.0] * 3], timeout=30)
-    assert response.status_code == 500 and "mat1 and mat2" in response.json()["detail"]
-    assert response.json()["request_id"] == response.headers["x-request-id"]
+    assert response.status_code == 422, response.text
+    assert "first layer: `net.0` (Linear) takes 64 values a row, got 3" in response.json()["detail"]
 
     replaced.shutdown()
     assert requests.post(other.url, json=payload, timeout=30).status_code == 404
@@ -241,6 +241,7 @@ def test_declared_schemas_validate_requests_and_publish_openapi(ray_session, dig
         # An answer that breaks the output schema is the server's error, and names the field.
         broken = requests.post(typed_app.url, json={"pixels": X[:3].tolist()}, timeout=30)
         assert broken.status_code == 500 and "$.digit[0]" in broken.json()["detail"], broken.text
+        assert broken.json()["request_id"] == broken.headers["x-request-id"]  # Serve's logs name it
         assert requests.post(typed_app.url, json=good, timeout=30).status_code == 200  # still serving
     finally:
         for app in (typed_app, rows_app):

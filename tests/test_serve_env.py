@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
+import lane
 import pytest
 
 import raymodel as rm
@@ -87,17 +89,24 @@ def test_haproxy_gets_a_folder_of_its_own_and_a_script_that_keeps_it_to_itself(t
     assert "mode 600 level admin" in text and "mode 666" not in text
 
 
-@pytest.mark.integration
-def test_the_ingress_listens_where_the_routes_do_and_ends_with_the_server(tmp_path):
-    """tests/ingress.py: serve on a `raymodel server start` head, stop it, start it, serve again."""
+@lane.job("ingress", expected_s=45)
+def _ingress(scratch: Path) -> list[dict]:
     from clusters import run_script
 
     env = {
-        "RAYMODEL_HOME": str(tmp_path / "home"),
-        "RAYMODEL_SERVER_FILE": str(tmp_path / "server.json"),
-        "HOME": str(tmp_path),
+        "RAYMODEL_HOME": str(scratch / "home"),
+        "RAYMODEL_SERVER_FILE": str(scratch / "server.json"),
+        "HOME": str(scratch),
     }
-    (result,) = run_script("ingress.py", [], env, timeout=600)
+    return run_script("ingress.py", [], env, timeout=600)
+
+
+@pytest.mark.integration
+@pytest.mark.lane("ingress")
+def test_the_ingress_listens_where_the_routes_do_and_ends_with_the_server(lane):
+    """tests/ingress.py (on the background lane): serve on a `raymodel server start` head, stop it, start
+    it, serve again."""
+    (result,) = lane.result("ingress")
     first, after, again = result["first"], result["after_stop"], result["again"]
     assert first["status"] == 200 and again["status"] == 200 and again["url"] == first["url"]
     assert first["haproxy"] and first["listening"], first

@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import lane
 import numpy as np
 import pytest
 from conformance import attempts, recorded
@@ -153,16 +154,26 @@ def test_an_experiment_on_s3_resumes_where_it_stopped(ray_session, s3, tiny):
 
 
 # ---------------------------------------------------------------- multi-node
-@pytest.mark.integration
-def test_train_tune_registry_and_serve_across_nodes_with_everything_on_s3(s3, tmp_path):
-    """Its own process and Ray cluster: a head with no CPUs (the driver's node) and two worker nodes."""
+@lane.job("multinode", expected_s=70)
+def _multinode(scratch: Path) -> tuple[dict, list[str], Path]:
+    """The script's result, the bucket's keys after it, and the driver's HOME (on a server of its own)."""
     from clusters import run_script
     from s3server import free_port
 
-    home = tmp_path / "driver-home"  # the driver's HOME: ~/.raymodel would be here
+    home = scratch / "driver-home"  # the driver's HOME: ~/.raymodel would be here
     home.mkdir()
-    env = {"RAYMODEL_HOME": s3.uri("home"), "HOME": str(home)}
-    (seen,) = run_script("multinode.py", [str(free_port())], env, timeout=480)
+    with S3Server() as s3:
+        env = {"RAYMODEL_HOME": s3.uri("home"), "HOME": str(home)}
+        (seen,) = run_script("multinode.py", [str(free_port())], env, timeout=480)
+        return seen, s3.keys("home/"), home
+
+
+@pytest.mark.integration
+@pytest.mark.lane("multinode")
+def test_train_tune_registry_and_serve_across_nodes_with_everything_on_s3(lane):
+    """Its own process and Ray cluster (on the background lane): a head with no CPUs (the driver's node)
+    and two worker nodes."""
+    seen, stored, home = lane.result("multinode")
 
     assert seen["train_checkpoint"].startswith("s3://models/home/runs/")
     assert seen["tune_best"].startswith("s3://models/home/runs/") and seen["tune_path"].startswith("s3://")
@@ -174,7 +185,7 @@ def test_train_tune_registry_and_serve_across_nodes_with_everything_on_s3(s3, tm
     assert len(seen["nodes"]) == 3 and seen["worker_nodes"] and seen["replica_nodes"]
     assert seen["head"] not in seen["worker_nodes"] + seen["replica_nodes"]
     # Everything went to S3: runs, the registry and the serve checkpoint (removed at shutdown).
-    keys = [k for k in s3.keys("home/") if not k.endswith("/")]  # not pyarrow's empty folder markers
+    keys = [k for k in stored if not k.endswith("/")]  # not pyarrow's empty folder markers
     assert any(k.startswith("home/runs/") and k.endswith("raymodel.json") for k in keys)
     assert any(k.startswith("home/registry/digits/versions/1/") for k in keys)
     assert not any(k.startswith("home/serve/") for k in keys), "the serve checkpoint was not removed"

@@ -202,6 +202,8 @@ class ModelServer:
             except DataError as exc:
                 return 422, {"error": "invalid payload", "detail": str(exc)}, 0, model
         output, size = await self._batched((x, model))
+        if isinstance(output, Failed) and isinstance(output.exc, DataError):  # the model's own check of its input
+            return 422, {"error": "invalid payload", "detail": str(output.exc)}, size, model
         if isinstance(output, Failed):
             request_id = _request_id()
             logger.error("request %s failed\n%s", request_id, output.trace)
