@@ -324,10 +324,19 @@ def test_predict_names_a_payload_it_cannot_use(payload, shown):
         _model().predict(payload)
 
 
+class _BrokenForward(TinyNet):
+    def forward(self, x):
+        return self.net(x[:, :2])  # a bug of the model's: its first layer takes 4 features
+
+
 def test_predict_notes_the_payload_when_forward_fails():
+    """A model's own error in `forward` stays its error (a wrong width is the input's: `DataError`, in
+    test_inputs.py), with a note naming the payload."""
+    model = _BrokenForward()
+    model.input_signature = {"shape": [4], "dtype": "float32", "nonfinite": "warn"}  # the input is right
     with pytest.raises(RuntimeError) as info:
-        _model().predict([[1.0, 2.0]])  # 2 features for a 4-feature model
-    assert any("payload [[1.0, 2.0]]" in note for note in info.value.__notes__)
+        model.predict([[1.0, 2.0, 3.0, 4.0]])
+    assert any("payload [[1.0, 2.0, 3.0, 4.0]]" in note for note in info.value.__notes__)
 
 
 def test_stale_writers_are_judged_by_pid_and_age(tmp_path, monkeypatch):

@@ -103,10 +103,33 @@ def init(
         # autoscaler drains. A local instance is one machine that nothing drains: the watcher would only
         # cost a process start (about 3 s of CPU on 2 cores) per run and per restart.
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+        kwargs["dashboard_port"] = own_api_server(os.environ, ray_init_kwargs.get("dashboard_port"))
 
     kwargs.update(ray_init_kwargs)
     ray.init(**kwargs)
     quiet(verbose)
+
+
+#: Where Ray's state API clients send their queries when given no address (``ray.util.state``).
+API_SERVER = "RAY_API_SERVER_ADDRESS"
+_OWN_API_SERVER = "RAYMODEL_API_SERVER_PID"
+
+
+def own_api_server(environ: Any, dashboard_port: int | None = None) -> int:
+    """Choose the dashboard's port of a Ray instance about to start from ``environ`` (a free one, unless
+    given), and point ``RAY_API_SERVER_ADDRESS`` there; every process of the instance inherits it.
+
+    Without it, a state API query made without an address (Ray Train V2's placement group cleaner asks
+    it whether a run's controller is alive) finds *a* Ray instance of the machine, the newest: with two
+    on one machine, one's cleaner was told another's controller is dead and removed a live worker
+    group. A variable the user set stays; one a raymodel process set for its own instance is replaced."""
+    from raymodel._internal.ingress import free_port
+
+    port = int(dashboard_port) if dashboard_port is not None else free_port()
+    if API_SERVER not in environ or environ.get(_OWN_API_SERVER) is not None:
+        environ[API_SERVER] = f"http://127.0.0.1:{port}"
+        environ[_OWN_API_SERVER] = str(os.getpid())
+    return port
 
 
 class _BelowWarning(logging.Filter):

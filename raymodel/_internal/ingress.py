@@ -67,8 +67,8 @@ def serve_env(ingress: str, private: Mapping[str, str] | None = None) -> dict[st
             "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
             # Ray's 4 threads are more than a small machine's cores, where HAProxy shares them with replicas.
             "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
-            "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-            "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+            "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
         }
     )
     if private is not None:
@@ -183,7 +183,7 @@ def _is_ray_process(pid: int) -> bool:
     return b"ray::" in args or b"default_worker.py" in args
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as sock:

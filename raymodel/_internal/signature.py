@@ -57,11 +57,13 @@ def describe_shape(shape: list[int | None]) -> str:
 
 def of_model(model: Any) -> dict[str, Any] | None:
     """The signature ``model``'s inputs are checked against: the one its training recorded, else what
-    its backend can tell of the model itself (``Backend.unrecorded_signature``)."""
-    if model.input_signature:
-        recorded: dict[str, Any] = model.input_signature
+    its backend can tell of the model itself (``Backend.unrecorded_signature``); ``None`` for anything
+    that is not a model instance (a registry reference, a checkpoint's path)."""
+    recorded: dict[str, Any] | None = getattr(model, "input_signature", None)
+    if recorded:
         return recorded
-    return model.backend.unrecorded_signature(model)
+    backend = getattr(model, "backend", None)
+    return None if backend is None else backend.unrecorded_signature(model)
 
 
 def check(

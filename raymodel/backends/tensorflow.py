@@ -143,7 +143,7 @@ class TensorflowBackend(Backend):
 
     def unrecorded_signature(self, model: Any) -> dict[str, Any] | None:
         """A built Keras model's input shape (``None``: any length); NaN is refused (a silent NaN answer)."""
-        keras_model = getattr(model, "model", None)
+        keras_model: Any = getattr(model, "model", None)
         try:
             shape = keras_model.input_shape if getattr(keras_model, "built", False) else None
         except (AttributeError, ValueError):  # a subclassed model, or one of several inputs
