@@ -17,7 +17,7 @@ Per-epoch wall is the median time between the ends of consecutive epochs, taken 
 callback on each side the same way (epoch 2 and 3); total wall is from the call to the result in hand.
 Ratios are raymodel / hand-written.
 
-    python benchmarks/hf_trainer.py [--epochs 3] [--rows 2048]
+    python benchmarks/hf_trainer.py [--epochs 3] [--rows 2048] [--reps 3]
 """
 
 from __future__ import annotations
@@ -150,25 +150,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rows", type=int, default=2048)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions, the sides in turn: medians (ranges)")
     args = parser.parse_args()
 
     import raymodel as rm
 
     rm.init(num_cpus=2)
     rm.jobs.server()  # running, as in a session that trains more than once; no pool yet
-    rm.jobs.release_pools()
     data = tokenized(args.rows)
-    with tempfile.TemporaryDirectory() as folder:
-        hand = hand_written(data, args.epochs, folder)
-        cold = through_raymodel(data, args.epochs, folder, "raymodel-cold")
-        warm = through_raymodel(data, args.epochs, folder, "raymodel-warm")
-    rows = {"hand-written (Ray's pattern, cold)": hand, "raymodel, cold (new pool)": cold, "raymodel, warm pool": warm}
+    runs: dict[str, list[dict[str, float]]] = {"hand": [], "cold": [], "warm": []}
+    with tempfile.TemporaryDirectory() as root:
+        for rep in range(args.reps):
+            folder = os.path.join(root, str(rep))
+            os.makedirs(folder)
+            rm.jobs.release_pools()  # the cold side starts its pool; the hand-written side has the CPUs
+            runs["hand"].append(hand_written(data, args.epochs, folder))
+            runs["cold"].append(through_raymodel(data, args.epochs, folder, "raymodel-cold"))
+            runs["warm"].append(through_raymodel(data, args.epochs, folder, "raymodel-warm"))
+            print(f"repetition {rep + 1}/{args.reps} done", flush=True)
+    hand, cold, warm = ({k: statistics.median(r[k] for r in runs[side]) for k in runs[side][0]} for side in runs)
+    rows = {
+        "hand-written (Ray's pattern, cold)": "hand",
+        "raymodel, cold (new pool)": "cold",
+        "raymodel, warm pool": "warm",
+    }
     print(f"\nHF Trainer, tiny BERT, {args.rows} rows, {args.epochs} epochs, 2 workers, this machine")
-    print(f"{'':36} {'per epoch s':>12} {'1st epoch end s':>16} {'total s':>9} {'val_acc':>8}")
-    for label, row in rows.items():
+    print(f"medians of {args.reps} repetitions (ranges)")
+    print(f"{'':36} {'per epoch s':>18} {'1st epoch end s':>18} {'total s':>18} {'val_acc':>8}")
+
+    def cell(side: str, key: str) -> str:
+        values = [r[key] for r in runs[side]]
+        return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+    for label, side in rows.items():
         print(
-            f"{label:36} {row['per_epoch_s']:12.2f} {row['first_epoch_end_s']:16.2f} "
-            f"{row['total_s']:9.2f} {row['val_accuracy']:8.3f}"
+            f"{label:36} {cell(side, 'per_epoch_s'):>18} {cell(side, 'first_epoch_end_s'):>18} "
+            f"{cell(side, 'total_s'):>18} {statistics.median(r['val_accuracy'] for r in runs[side]):8.3f}"
         )
     ratios = {
         "per-epoch wall, raymodel warm / hand-written (goal <= 1.05)": warm["per_epoch_s"] / hand["per_epoch_s"],

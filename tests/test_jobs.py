@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import lane
 import pytest
 import requests
 import torch
@@ -207,40 +209,36 @@ print(job.id)
 """
 
 
-@pytest.mark.integration
-def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start(tmp_path):
+@lane.job("server_start", expected_s=45)
+def _server_start(scratch: Path) -> dict[str, Any]:
+    """`raymodel server start`, a job submitted by a process that then exits, and the CLI and the
+    dashboard of other processes on it, then `server stop`: what each step answered (on the lane)."""
     from s3server import free_port
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHONBREAKPOINT"))}
-    env.update({"RAYMODEL_SERVER_FILE": str(tmp_path / "server.json"), "RAYMODEL_HOME": str(tmp_path / "home")})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYMODEL_", "PYTHONBREAKPOINT"))}
+    env.update({"RAYMODEL_SERVER_FILE": str(scratch / "server.json"), "RAYMODEL_HOME": str(scratch / "home")})
     cli = [PYTHON, "-m", "raymodel.cli"]
-    run = lambda *a, **kw: subprocess.run([*cli, *a], env=env, capture_output=True, text=True, timeout=300, **kw)  # noqa: E731
+    run = lambda *a: subprocess.run([*cli, *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    steps: dict[str, Any] = {}
     try:
-        started = run(
-            "server", "start", "--port", str(free_port()), "--dashboard-port", str(free_port()), "--num-cpus", "2"
-        )
-        assert started.returncode == 0, started.stderr[-2000:]
-        submitted = subprocess.run(
+        ports = ("--port", str(free_port()), "--dashboard-port", str(free_port()))
+        steps["started"] = run("server", "start", *ports, "--num-cpus", "2")
+        if steps["started"].returncode != 0:
+            return steps
+        steps["submitted"] = submitted = subprocess.run(
             [PYTHON, "-c", SUBMIT.format(tests=TESTS)], env=env, capture_output=True, text=True, timeout=300
         )
-        assert submitted.returncode == 0, submitted.stderr[-2000:]
-        job_id = submitted.stdout.strip().splitlines()[-1]  # the submitter has exited
-        waited = run("jobs", "wait", job_id)
-        assert waited.returncode == 0 and f"{job_id} SUCCEEDED" in waited.stdout, waited.stderr[-2000:]
-        listed = run("jobs", "list")
-        assert job_id in listed.stdout and "SUCCEEDED" in listed.stdout
-        assert listed.stdout.split()[:5] == ["ID", "KIND", "PRIORITY", "STATUS", "ETA"]
-        late = run("jobs", "update", job_id, "--set", "lr=0.1", "--set", "num_epochs=5")
-        assert late.returncode == 2 and "is SUCCEEDED: a finished job cannot change" in late.stderr, late.stderr
-        assert run("jobs", "update", job_id).returncode != 0  # nothing to change
-        status = run("server", "status")  # the job's pool stays, idle, for the next job
-        assert "jobs: 1 SUCCEEDED" in status.stdout and "pools: 1" in status.stdout, status.stdout
-        assert re.search(r"torch/1x\[CPU=1\]\s+holds 1 CPU\s+idle \d+ s\s+jobs run 1", status.stdout), status.stdout
-        logs = run("jobs", "logs", job_id)
-        assert "epoch 3" in logs.stdout
-        missing = run("jobs", "show", "no-such-job")
-        assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "No job `no-such-job`" in missing.stderr
-        assert (tmp_path / "home" / "jobs" / f"{job_id}.json").exists()  # the record outlives everyone
+        if submitted.returncode != 0:
+            return steps
+        steps["job_id"] = job_id = submitted.stdout.strip().splitlines()[-1]  # the submitter has exited
+        steps["waited"] = run("jobs", "wait", job_id)
+        steps["listed"] = run("jobs", "list")
+        steps["late"] = run("jobs", "update", job_id, "--set", "lr=0.1", "--set", "num_epochs=5")
+        steps["nothing"] = run("jobs", "update", job_id)
+        steps["status"] = run("server", "status")  # the job's pool stays, idle, for the next job
+        steps["logs"] = run("jobs", "logs", job_id)
+        steps["missing"] = run("jobs", "show", "no-such-job")
+        steps["record"] = (scratch / "home" / "jobs" / f"{job_id}.json").exists()  # it outlives everyone
         dashboard = subprocess.Popen(
             [*cli, "dashboard", "--port", str(free_port())],
             env=env,
@@ -249,14 +247,39 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
             stderr=subprocess.DEVNULL,
         )
         try:
-            url = dashboard.stdout.readline().split()[-1]  # "raymodel dashboard: http://127.0.0.1:PORT/?token=..."
-            assert url.startswith("http://127.0.0.1:") and "?token=" in url
-            shown = requests.get(url.split("?")[0] + "api/jobs", timeout=60).json()
-            assert [j["status"] for j in shown if j["id"] == job_id] == ["SUCCEEDED"]
+            steps["url"] = url = dashboard.stdout.readline().split()[-1]  # "raymodel dashboard: http://...?token="
+            steps["shown"] = requests.get(url.split("?")[0] + "api/jobs", timeout=60).json()
         finally:
             dashboard.terminate()
             dashboard.wait(timeout=30)
     finally:
-        stopped = run("server", "stop")
-    assert stopped.returncode == 0 and "stopped" in stopped.stdout
-    assert run("jobs", "list").returncode == 1  # no server: one line, exit 1
+        steps["stopped"] = run("server", "stop")
+        steps["after"] = run("jobs", "list")
+    return steps
+
+
+@pytest.mark.integration
+@pytest.mark.lane("server_start")
+def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start(lane):
+    steps = lane.result("server_start")
+    started, submitted = steps["started"], steps.get("submitted")
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+    job_id, waited, listed = steps["job_id"], steps["waited"], steps["listed"]
+    assert waited.returncode == 0 and f"{job_id} SUCCEEDED" in waited.stdout, waited.stderr[-2000:]
+    assert job_id in listed.stdout and "SUCCEEDED" in listed.stdout
+    assert listed.stdout.split()[:5] == ["ID", "KIND", "PRIORITY", "STATUS", "ETA"]
+    late = steps["late"]
+    assert late.returncode == 2 and "is SUCCEEDED: a finished job cannot change" in late.stderr, late.stderr
+    assert steps["nothing"].returncode != 0  # nothing to change
+    status = steps["status"].stdout
+    assert "jobs: 1 SUCCEEDED" in status and "pools: 1" in status, status
+    assert re.search(r"torch/1x\[CPU=1\]\s+holds 1 CPU\s+idle \d+ s\s+jobs run 1", status), status
+    assert "epoch 3" in steps["logs"].stdout
+    missing = steps["missing"]
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "No job `no-such-job`" in missing.stderr
+    assert steps["record"]
+    assert steps["url"].startswith("http://127.0.0.1:") and "?token=" in steps["url"]
+    assert [j["status"] for j in steps["shown"] if j["id"] == job_id] == ["SUCCEEDED"]
+    assert steps["stopped"].returncode == 0 and "stopped" in steps["stopped"].stdout
+    assert steps["after"].returncode == 1  # no server: one line, exit 1

@@ -9,6 +9,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import lane
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,27 +30,34 @@ def _run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProc
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=540, cwd=cwd)
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    built = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", out, ROOT)
+@lane.job("package", expected_s=30)
+def _package(scratch: Path) -> tuple[Path, Path]:
+    """The wheel, and the python of a new virtual environment holding it and what `pip install raymodel`
+    brings with it (the development pins, so pip takes what its cache holds). No Ray: on the lane."""
+    built = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", scratch, ROOT)
     assert built.returncode == 0, built.stderr
-    (found,) = out.glob("raymodel-*.whl")
-    return found
-
-
-@pytest.fixture(scope="module")
-def bare(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new virtual environment holding the wheel and what `pip install raymodel` brings with it (the
-    development pins, so pip takes what its cache holds): its python."""
-    venv = tmp_path_factory.mktemp("bare") / "venv"
+    (wheel,) = scratch.glob("raymodel-*.whl")
+    venv = scratch / "venv"
     made = _run(sys.executable, "-m", "venv", "--without-pip", venv)
     assert made.returncode == 0, made.stderr
     python = venv / "bin" / "python"
     pip = (sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-compile")
     installed = _run(*pip, "--constraint", ROOT / "constraints.txt", wheel)
     assert installed.returncode == 0, installed.stderr[-3000:]
-    return python
+    return wheel, python
+
+
+pytestmark = pytest.mark.lane("package")
+
+
+@pytest.fixture
+def wheel(lane) -> Path:
+    return lane.result("package")[0]
+
+
+@pytest.fixture
+def bare(lane) -> Path:
+    return lane.result("package")[1]
 
 
 def test_the_wheel_holds_the_typed_package_and_nothing_else(wheel: Path) -> None:

@@ -139,11 +139,16 @@ def _kind(dtype: str) -> str:
 
 def _nonfinite(x: Any) -> tuple[int, int]:
     """How many values of ``x`` are NaN or infinite, of how many; a tensor is counted where it lives
-    (no copy off its device)."""
+    (no copy off its device). A finite sum means every value is finite (one NaN or infinity makes the
+    sum NaN or infinite): one pass without a mask in the common case; a sum that overflows is counted."""
     if hasattr(x, "isfinite") and hasattr(x, "numel"):  # a torch tensor
-        finite = x.isfinite()
-        return (0 if finite.all() else int((~finite).sum())), int(x.numel())
+        if bool(x.sum().isfinite()):
+            return 0, int(x.numel())
+        return int((~x.isfinite()).sum()), int(x.numel())
     values = np.asarray(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(values.sum()):
+            return 0, int(values.size)
     return int(values.size - np.count_nonzero(np.isfinite(values))), int(values.size)
 
 
