@@ -38,7 +38,11 @@ def listening(pids: set[int]) -> list[str]:
             inodes[f"socket:[{fields[9]}]"] = f"{ip}:{int(hex_port, 16)}"
     out = set()
     for pid in pids:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # it ended meanwhile
+            continue
+        for fd in fds:
             try:
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
@@ -61,7 +65,15 @@ def serve_once(port: int) -> dict:
     answer = requests.post(url, json={"pixels": [[0.0] * 64]}, timeout=30)
     server = json.loads(Path(os.environ["RAYMODEL_SERVER_FILE"]).read_text())
     folder = server["haproxy_dir"]
-    pids = set(haproxy_processes(folder))
+    # Serve reloads HAProxy when a route changes: the process it replaces lingers a moment with its
+    # listeners closed. Read the processes and their sockets until the new one answers for them.
+    deadline = time.monotonic() + 30
+    while True:
+        pids = set(haproxy_processes(folder))
+        sockets = listening(pids)
+        if sockets or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     config = next(Path(folder).glob("*/haproxy.cfg")).read_text()
     ray.shutdown()
     return {
@@ -70,7 +82,7 @@ def serve_once(port: int) -> dict:
         "folder": folder,
         "folder_mode": oct(stat.S_IMODE(os.stat(Path(folder).parent).st_mode)),
         "haproxy": sorted(pids),
-        "listening": listening(pids),
+        "listening": sockets,
         "stats_socket": [line.strip() for line in config.splitlines() if "stats socket" in line],
     }
 

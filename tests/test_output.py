@@ -63,8 +63,13 @@ def _demo(scratch: Path) -> subprocess.CompletedProcess:
     from s3server import free_port
 
     script = STEPS.format(examples=str(ROOT / "examples"), port=free_port())
+    # What a `ray start` that ended without `ray stop` leaves (as does any `ray.cluster_utils.Cluster`):
+    # the address Ray's own `ray.init()` would join. `rm.init(num_cpus=2)` starts a local instance still.
+    (scratch / "ray").mkdir()
+    (scratch / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
+    env = {**_env(scratch), "RAY_TMPDIR": str(scratch)}
     return subprocess.run(
-        [sys.executable, "-c", script], env=_env(scratch), capture_output=True, text=True, timeout=500, cwd=scratch
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=500, cwd=scratch
     )
 
 

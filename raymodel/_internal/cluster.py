@@ -94,9 +94,11 @@ def init(
     }
     if address is None and not os.environ.get("RAY_ADDRESS") and not ray_init_kwargs:
         address = (running_server() or {}).get("address")  # `raymodel server start` is running: join it
-    if address is not None:
-        kwargs["address"] = address
-    elif not os.environ.get("RAY_ADDRESS"):
+    if address == "local" or (address is None and not os.environ.get("RAY_ADDRESS")):
+        # A new local instance, said so to Ray: given no address, `ray.init` would join the cluster
+        # named in /tmp/ray/ray_current_cluster (the last `ray start`, or any `ray.cluster_utils.Cluster`
+        # on the machine) and refuse `num_cpus` there.
+        kwargs["address"] = "local"
         end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
         os.environ.update(with_serve_env(os.environ, ingress))  # a new local instance: its Serve reads them
         # Train V2 starts a preemption watcher actor with every worker group, to notice a node that the
@@ -104,6 +106,8 @@ def init(
         # cost a process start (about 3 s of CPU on 2 cores) per run and per restart.
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
         kwargs["dashboard_port"] = own_api_server(os.environ, ray_init_kwargs.get("dashboard_port"))
+    elif address is not None:
+        kwargs["address"] = address
 
     kwargs.update(ray_init_kwargs)
     ray.init(**kwargs)

@@ -74,7 +74,8 @@ def init(
 
     ``RAY_ADDRESS`` (or ``address=``) joins a cluster, as does a running
     ``raymodel server start``; otherwise a local instance is started (the
-    dashboard stays on: Train V2 needs its state API).
+    dashboard stays on: Train V2 needs its state API), never the cluster a
+    ``ray start`` left in ``/tmp/ray/ray_current_cluster`` (name it to join it).
     With ``verbose=False`` Ray's own log lines are hidden on the driver.
 
     Args:
