@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
+
+from raymodel._internal.ingress import free_port
 
 #: Credentials moto accepts; set in the environment of every process that reaches the server.
 ENV = {
@@ -15,12 +16,6 @@ ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:

@@ -184,9 +184,29 @@ def _is_ray_process(pid: int) -> bool:
 
 
 def free_port() -> int:
+    """A TCP port of 127.0.0.1 that is free now, for another process to bind later (HAProxy, a dashboard).
+
+    It is drawn below the kernel's ephemeral range, where ``bind(port 0)`` and every outgoing
+    connection take theirs: a port from that range could be taken by some connection on the machine
+    in the seconds before the process that was handed it binds it ("Address already in use").
+    """
+    import random
     import socket
 
-    with socket.socket() as sock:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    draw = random.SystemRandom()  # not the seeded `random`: processes seeded alike would draw alike
+    for _ in range(64):
+        port = draw.randrange(max(1024, low - 12000), low) if low > 2048 else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    with socket.socket() as sock:  # a crowded range: any port the kernel gives
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
