@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -33,6 +34,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if LANE.took:
         print("\nbackground lane: " + ", ".join(f"{name} {s:.0f} s" for name, s in LANE.took.items()))
     LANE.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def collected_after_each_module():
+    """A Ray Data execution that failed keeps its actors, and their CPUs, until Python collects the
+    reference cycle of its exception: after each module, collect, so that no module starts short of CPUs
+    (a leaked 0.25 CPU left RLlib's PPO, which takes both, waiting for its env runner)."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
