@@ -60,6 +60,40 @@ def test_a_guard_and_steps_are_checked_before_anything_starts():
             check_steps(steps, step_s)
 
 
+def test_the_controllers_threads_build_serve_configs_one_at_a_time():
+    """Serve registers and unregisters a module with cloudpickle's one registry to build each deployment
+    config: two rollout threads of the controller routing at once broke it ("... is not registered for
+    pickle by value"; seen in a suite run: a good rollout stopped). Four threads route at once here."""
+    from ray.serve._private.config import DeploymentConfig
+
+    from raymodel.serve._rollout_controller import RolloutController
+
+    class Building:
+        rollout_id = None
+
+        def _set_split(self, split):
+            pass
+
+        def apply(self):
+            for _ in range(100):
+                DeploymentConfig()  # what `serve.deployment()` and `serve.run` build
+
+    controller, failed = RolloutController(), []
+
+    def route():
+        try:
+            controller._route(Building(), {"digits:1": 1.0}, None)
+        except ValueError as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=route) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failed == []
+
+
 # ---------------------------------------------------------------- on the session's Ray
 @pytest.fixture(scope="module")
 def registry(ray_session, tmp_path_factory):

@@ -55,6 +55,11 @@ class RolloutController:
         self.figures: dict[str, dict[str, _Figures]] = {}  # id -> {"candidate", "baseline", "step"}
         self.stopping: set[str] = set()
         self.lock = threading.Lock()
+        # Ray Serve builds every deployment config by registering a module with cloudpickle, dumping
+        # and unregistering it (`RequestRouterConfig`): one registry for the process, so two threads
+        # at once (a rollout's step and a request to start another) fail with "... is not registered
+        # for pickle by value". The controller's threads call Serve one at a time.
+        self.serve_calls = threading.RLock()
 
     # ------------------------------------------------------------ the API
     def start(
@@ -63,7 +68,8 @@ class RolloutController:
         """Check the route and the candidate, then drive the rollout on a thread; its first state.
         A refusal comes back as the exception (raised in the caller, without Ray's wrapping)."""
         try:
-            servable, baseline, candidate, alias = self._prepare(route, ref, servable)
+            with self.serve_calls:
+                servable, baseline, candidate, alias = self._prepare(route, ref, servable)
         except (ServeError, SettingsError) as exc:
             return exc
         rollout_id = f"rollout-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -216,9 +222,10 @@ class RolloutController:
             print(f"rollout {rollout_id} stopped\n{traceback.format_exc()}", flush=True)
 
     def _route(self, servable: Any, split: dict[str, float], rollout_id: str | None) -> None:
-        servable._set_split(split)
-        servable.rollout_id = rollout_id
-        servable.apply()
+        with self.serve_calls:
+            servable._set_split(split)
+            servable.rollout_id = rollout_id
+            servable.apply()
 
     def _watch(
         self, rollout_id: str, i: int, share: float, guard: dict[str, Any], step_s: float
