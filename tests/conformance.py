@@ -259,11 +259,12 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         trained=trained,
         test_train_history_hooks_and_accuracy=test_train_history_hooks_and_accuracy,
         test_a_used_pool_trains_exactly_as_a_fresh_one=test_a_used_pool_trains_exactly_as_a_fresh_one,
-        test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row=(
-            test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row
-        ),
+        # The tests on the case's idle pool first: Ray Data's actors and Tune's trials end it.
         test_a_killed_worker_resumes_from_the_newest_checkpoint=(
             test_a_killed_worker_resumes_from_the_newest_checkpoint
+        ),
+        test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row=(
+            test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row
         ),
         test_tune_serve_and_registry=test_tune_serve_and_registry,
     )

@@ -135,15 +135,16 @@ def _chaos(scratch: Path) -> list[dict]:
         "RAYMODEL_SERVER_FILE": str(scratch / "server.json"),
         "HOME": str(scratch),
     }
-    return run_script("chaos.py", ["0", "4"], env, timeout=900)
+    return run_script("chaos.py", ["0", "3"], env, timeout=900)
 
 
 @pytest.mark.integration
 @pytest.mark.lane("chaos")
 def test_chaos_a_queue_of_jobs_through_kills_of_the_server_a_worker_and_the_head(lane):
     """tests/chaos.py in its own process and head (``raymodel server start``, on the background lane): a
-    head restart with a running and a queued job, then 4 kills at random moments (seeded) of the server
-    actor, a pool's worker and the head, under a queue of train, one-off, tune and stopped jobs."""
+    head restart with a running and a queued job, then 3 kills, one of each, in a seeded random order at
+    random moments (the server actor, a pool's worker, the head), under a queue of train, one-off, tune
+    and stopped jobs."""
     head, chaos = lane.result("chaos")
 
     assert head["statuses"] == ["SUCCEEDED", "SUCCEEDED"], head
@@ -156,7 +157,7 @@ def test_chaos_a_queue_of_jobs_through_kills_of_the_server_a_worker_and_the_head
 
     jobs = chaos["jobs"]
     print("chaos:", json.dumps({k: chaos[k] for k in ("kills", "back_s")}), json.dumps(jobs))
-    assert sum(chaos["kills"].values()) == 4 and chaos["kills"]["head"] >= 1 and chaos["kills"]["server"] >= 1
+    assert chaos["kills"] == {"server": 1, "worker": 1, "head": 1}, chaos["kills"]
     stopped = chaos["ids"][-1]
     for job_id, job in jobs.items():
         assert job["status"] == ("STOPPED" if job_id == stopped else "SUCCEEDED"), (job_id, job)

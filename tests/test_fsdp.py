@@ -128,6 +128,49 @@ def test_fsdp_holds_half_on_each_worker_and_trains_like_ddp(runs):
 
 
 @pytest.mark.integration
+def test_bf16_mixed_fsdp_trains_and_keeps_float32_weights(ray_session, tiny_data):
+    model = AdamNet()
+    result = model.train({**BASE, "strategy": "fsdp", "precision": "bf16-mixed", "num_epochs": 3}, data=tiny_data)
+    losses = _losses(result)
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    manifest = json.loads(open(os.path.join(result.checkpoint, "raymodel.json")).read())
+    saved = torch.load(tmp.root() / "whole" / f"{manifest['manifest_sha256']}.pt", weights_only=True)
+    assert saved and all(t.dtype == torch.float32 for t in saved.values())  # the shards themselves, as written
+
+
+@pytest.mark.integration
+def test_a_sharded_run_resumes_on_one_worker_and_back_on_two_like_ddp(ray_session, tiny_data):
+    """2 -> 1 -> 2 workers under one run name: DCP reshards weights and Adam's state on load; each
+    leg continues exactly as DDP does from its (whole) checkpoint."""
+    histories = {}
+    for workers, epochs in ((2, 2), (1, 3), (2, 4)):  # both runs leg by leg: two pool switches, not five
+        for strategy in ("ddp", "fsdp"):
+            settings = {**BASE, "strategy": strategy, "num_workers": workers, "num_epochs": epochs}
+            histories[strategy] = AdamNet().train({**settings, "name": f"resize-{strategy}"}, data=tiny_data).history
+    assert [row["epoch"] for row in histories["fsdp"]] == [1, 2, 3, 4]
+    np.testing.assert_allclose(_losses_of(histories["fsdp"]), _losses_of(histories["ddp"]), rtol=1e-5)
+
+
+def _losses_of(history):
+    return [row["loss"] for row in history]
+
+
+# From here on, work that ends the idle pool (a one-off run, Ray Data's actors, a replica): after the
+# tests that train on it, each cold start of a pool is ~10 s on 2 cores.
+@pytest.mark.integration
+def test_a_killed_worker_resumes_to_the_uninterrupted_model(runs, tiny_data, tiny, tmp_path):
+    """A one-off Ray Train run (``pool=False``): Ray Train restarts the group, the shards reload."""
+    X, _ = tiny
+    crash = CrashOnce(str(tmp_path / "crash"), rank=1, epoch=3)
+    model = AdamNet()
+    settings = {**BASE, "strategy": "fsdp", "pool": False, "max_failures": 1, "callbacks": [crash]}
+    result = model.train(settings, data=tiny_data)
+    assert (tmp_path / "crash").exists()
+    assert [row["epoch"] for row in result.history] == [1, 2, 3, 4]
+    np.testing.assert_allclose(model.predict(X), runs["fsdp"][0].predict(X), atol=1e-6)
+
+
+@pytest.mark.integration
 def test_a_sharded_checkpoint_lists_every_shard_and_loads_whole_once(runs, tiny, registry):
     X, _ = tiny
     model, result = runs["fsdp"]
@@ -154,47 +197,6 @@ def test_a_sharded_checkpoint_lists_every_shard_and_loads_whole_once(runs, tiny,
         np.testing.assert_allclose(answer.json(), expected[:4], atol=1e-5)
     finally:
         app.shutdown()
-
-
-@pytest.mark.integration
-def test_a_killed_worker_resumes_to_the_uninterrupted_model(runs, tiny_data, tiny, tmp_path):
-    """A one-off Ray Train run (``pool=False``): Ray Train restarts the group, the shards reload."""
-    X, _ = tiny
-    crash = CrashOnce(str(tmp_path / "crash"), rank=1, epoch=3)
-    model = AdamNet()
-    settings = {**BASE, "strategy": "fsdp", "pool": False, "max_failures": 1, "callbacks": [crash]}
-    result = model.train(settings, data=tiny_data)
-    assert (tmp_path / "crash").exists()
-    assert [row["epoch"] for row in result.history] == [1, 2, 3, 4]
-    np.testing.assert_allclose(model.predict(X), runs["fsdp"][0].predict(X), atol=1e-6)
-
-
-@pytest.mark.integration
-def test_a_sharded_run_resumes_on_one_worker_and_back_on_two_like_ddp(ray_session, tiny_data):
-    """2 -> 1 -> 2 workers under one run name: DCP reshards weights and Adam's state on load; each
-    leg continues exactly as DDP does from its (whole) checkpoint."""
-    histories = {}
-    for workers, epochs in ((2, 2), (1, 3), (2, 4)):  # both runs leg by leg: two pool switches, not five
-        for strategy in ("ddp", "fsdp"):
-            settings = {**BASE, "strategy": strategy, "num_workers": workers, "num_epochs": epochs}
-            histories[strategy] = AdamNet().train({**settings, "name": f"resize-{strategy}"}, data=tiny_data).history
-    assert [row["epoch"] for row in histories["fsdp"]] == [1, 2, 3, 4]
-    np.testing.assert_allclose(_losses_of(histories["fsdp"]), _losses_of(histories["ddp"]), rtol=1e-5)
-
-
-def _losses_of(history):
-    return [row["loss"] for row in history]
-
-
-@pytest.mark.integration
-def test_bf16_mixed_fsdp_trains_and_keeps_float32_weights(ray_session, tiny_data):
-    model = AdamNet()
-    result = model.train({**BASE, "strategy": "fsdp", "precision": "bf16-mixed", "num_epochs": 3}, data=tiny_data)
-    losses = _losses(result)
-    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
-    manifest = json.loads(open(os.path.join(result.checkpoint, "raymodel.json")).read())
-    saved = torch.load(tmp.root() / "whole" / f"{manifest['manifest_sha256']}.pt", weights_only=True)
-    assert saved and all(t.dtype == torch.float32 for t in saved.values())  # the shards themselves, as written
 
 
 @pytest.mark.integration
