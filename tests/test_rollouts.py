@@ -278,6 +278,7 @@ def test_a_split_route_scales_up_under_load_and_back_down_without_a_failed_reque
         "target_ongoing_requests": 2,
         "upscale_delay_s": 0,
         "downscale_delay_s": 2,
+        "look_back_period_s": 2,  # the load that stopped leaves Serve's average within 2 s, not 30
     }
     served = rm.Servable({"digits@production": 0.5, "digits@candidate": 0.5}, "/scaled", settings=settings).deploy()
 

@@ -194,6 +194,19 @@ def test_serve_settings_are_validated(tiny):
         rm.ServeSettings(num_replicas="auto", target_ongoing_requests=0, downscale_delay_s=-1)
     with pytest.raises(SettingsError, match="`route` must be a URL path"):
         TinyNet().serve("digits")
+    with pytest.raises(SettingsError, match=r"`look_back_period_s` must be a finite number > 0"):
+        rm.ServeSettings(num_replicas="auto", look_back_period_s=0)
+
+
+def test_autoscaling_settings_reach_serves_own_config():
+    from ray.serve.config import AutoscalingConfig
+
+    from raymodel.serve._settings import replica_options
+
+    settings = rm.ServeSettings(num_replicas="auto", max_replicas=3, downscale_delay_s=2, look_back_period_s=2)
+    config = AutoscalingConfig(**replica_options(settings)["autoscaling_config"])  # Serve validates it
+    assert (config.max_replicas, config.downscale_delay_s, config.look_back_period_s) == (3, 2, 2)
+    assert config.target_ongoing_requests == 16  # a full batch each (max_batch_size)
 
 
 def test_declared_schemas_validate_requests_and_publish_openapi(ray_session, digits):

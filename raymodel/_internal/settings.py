@@ -57,6 +57,7 @@ LIMITS: dict[str, float] = {
     "target_ongoing_requests": 100_000,
     "upscale_delay_s": _DAY,
     "downscale_delay_s": _DAY,
+    "look_back_period_s": _DAY,
     "max_batch_size": 100_000,
     "batch_wait_timeout_s": 60,
     "max_ongoing_requests": 100_000,

@@ -28,6 +28,8 @@ class ServeSettings(SettingsBase):
             aims at; default: ``max_batch_size`` (at least 2), a full batch each.
         upscale_delay_s, downscale_delay_s: How long the load must call for more
             (fewer) replicas before Serve adds (removes) one; Serve's defaults.
+        look_back_period_s: The window over which Serve averages the load it scales
+            by (Serve's 30 s): a shorter one follows a load that stops sooner.
         max_batch_size: Requests stacked into one ``forward`` at most.
         batch_wait_timeout_s: How long a batch waits to fill up.
         max_ongoing_requests: Requests one replica accepts at once.
@@ -51,6 +53,7 @@ class ServeSettings(SettingsBase):
     target_ongoing_requests: float | None = None
     upscale_delay_s: float = 30.0
     downscale_delay_s: float = 600.0
+    look_back_period_s: float = 30.0
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.005
     max_ongoing_requests: int = 64
@@ -72,6 +75,7 @@ class ServeSettings(SettingsBase):
             ),
             check_number("upscale_delay_s", self.upscale_delay_s, minimum=0),
             check_number("downscale_delay_s", self.downscale_delay_s, minimum=0),
+            check_number("look_back_period_s", self.look_back_period_s, minimum=0, exclusive_min=True),
             check_int("max_batch_size", self.max_batch_size, minimum=1),
             check_number("batch_wait_timeout_s", self.batch_wait_timeout_s, minimum=0),
             check_int("max_ongoing_requests", self.max_ongoing_requests, minimum=1),
@@ -111,6 +115,7 @@ def replica_options(s: ServeSettings) -> dict[str, Any]:
             "target_ongoing_requests": s.target_ongoing_requests or max(2, s.max_batch_size),
             "upscale_delay_s": s.upscale_delay_s,
             "downscale_delay_s": s.downscale_delay_s,
+            "look_back_period_s": s.look_back_period_s,
         }
     else:
         options["num_replicas"] = s.num_replicas
