@@ -16,31 +16,12 @@ from raymodel.contract import training_server
 from raymodel.exceptions import SettingsError, TuneError
 from raymodel.train import prepare, worker_resources
 from raymodel.tune._progress import TrialPrinter, summary_table
-from raymodel.tune._result import TuneResult
+from raymodel.tune._result import TuneResult, collect, is_reported
 from raymodel.tune._settings import TuneSettings
 from raymodel.tune._trial import PLACEMENT_FIELDS, TRAIN_PREFIX, on_pool, resources_of, trial, trial_resources
 
 if TYPE_CHECKING:
     from raymodel.contract import Model
-
-_TUNE_KEYS = (
-    "training_iteration",
-    "checkpoint_path",
-    "time_this_iter_s",
-    "time_total_s",
-    "timestamp",
-    "trial_id",
-    "date",
-    "pid",
-    "hostname",
-    "node_ip",
-    "time_since_restore",
-    "iterations_since_restore",
-    "done",
-    "config",
-    "experiment_tag",
-    "checkpoint_dir_name",
-)
 
 
 class Tunable:
@@ -204,7 +185,7 @@ class Tunable:
         if not on_pool(ts):  # trials that hold resources themselves: idle pools make room
             training_server().make_room(trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS}))
         results = _fit(tuner, self._guard)
-        result = _collect(results, self.metric, self.settings, list(self.space), self.path, self.storage)
+        result = collect(results, self.metric, self.settings, list(self.space), self.path, self.storage)
         if self.settings.progress:
             print(
                 f"[{type(self.model).__name__}] {result.num_trials} trials; best {self.metric} "
@@ -283,7 +264,7 @@ class MetricGuard(Callback):
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
     ) -> None:
         if self.metric not in result:
-            self.reported = sorted(k for k in result if k not in _TUNE_KEYS and not k.startswith("config"))
+            self.reported = sorted(k for k in result if is_reported(k))
             raise self.error()
 
     def error(self) -> TuneError:
@@ -351,68 +332,6 @@ def _fits_at_once(train_settings: Any) -> int:
     sliver = trial_resources(**{n: getattr(train_settings, n) for n in PLACEMENT_FIELDS}).get("CPU", 0.0)
     per_trial = workers * per_worker + sliver * (workers > 1)
     return max(1, math.floor(cpus / per_trial + 1e-9))
-
-
-def _collect(
-    results: Any, metric: str, settings: TuneSettings, space_keys: list[str], path: str, root: str
-) -> TuneResult:
-    """The experiment's ``TuneResult``, from Tune's results (no file is read: trials may have run
-    on other nodes); locations keep the storage's scheme, which Ray's ``Result.path`` drops."""
-    rows, reported, curves = [], set(), {}
-    for r in results:
-        metrics: dict[str, Any] = dict(r.metrics or {})
-        reported |= {k for k in metrics if k not in _TUNE_KEYS and not k.startswith("config")}
-        # Our own epoch count: a trial resumed from its Train checkpoint restarts Tune's iteration count.
-        epochs = int(metrics.get("epoch", metrics.get("training_iteration", 0)))
-        planned = int((r.config or {}).get(f"{TRAIN_PREFIX}num_epochs", settings.max_epochs))
-        row = {
-            "trial_id": metrics.get("trial_id") or os.path.basename(r.path),
-            **{f"config/{k}": (r.config or {}).get(k) for k in space_keys},
-            **{k: v for k, v in metrics.items() if k not in _TUNE_KEYS and not k.startswith("config")},
-            "epochs": epochs,
-            "stopped_early": r.error is None and epochs < planned,
-            "status": "ERROR" if r.error is not None else "TERMINATED",
-            "checkpoint": metrics.get("checkpoint_path"),
-            "path": storage.rebase(root, r.path),
-            "error": None if r.error is None else str(r.error).strip().splitlines()[-1],
-        }
-        rows.append(row)
-        curves[row["trial_id"]] = _curve(r, metric)
-    ok = [r for r in rows if isinstance(r.get(metric), (int, float)) and not math.isnan(r[metric])]
-    if not ok:
-        errors = [r["error"] for r in rows if r["error"]]
-        if errors:
-            raise TuneError(f"All {len(rows)} trials failed; the first error: {errors[0]}")
-        raise TuneError(
-            f"No trial reported `{metric}`. The model reports: {sorted(reported) or 'nothing'}. "
-            f"Set `TuneSettings(metric=...)` to one of those."
-        )
-    best = (min if settings.mode == "min" else max)(ok, key=lambda r: r[metric])
-    best_result = next(r for r in results if storage.rebase(root, r.path) == best["path"])
-    best_metrics = {
-        k: v for k, v in (best_result.metrics or {}).items() if k not in _TUNE_KEYS and not k.startswith("config")
-    }
-    return TuneResult(
-        best_config=dict(best_result.config),
-        best_metrics=best_metrics,
-        best_checkpoint=best["checkpoint"],
-        num_trials=len(rows),
-        path=path,
-        metric=metric,
-        mode=settings.mode,
-        trials=rows,
-        best_trial_id=best["trial_id"],
-        curves=curves,
-    )
-
-
-def _curve(result: Any, metric: str) -> list[list[float]]:
-    """``[[epoch, value], ...]`` of ``metric`` for one trial (a restarted trial's repeats: the last)."""
-    frame = getattr(result, "metrics_dataframe", None)
-    if frame is None or metric not in frame.columns or "epoch" not in frame.columns:
-        return []
-    by_epoch = {int(e): float(v) for e, v in zip(frame["epoch"], frame[metric]) if v == v and e == e}
-    return [[e, by_epoch[e]] for e in sorted(by_epoch)]
 
 
 def _load_best(model: Model, result: TuneResult) -> None:
