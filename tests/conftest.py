@@ -28,12 +28,50 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     LANE.start([item.get_closest_marker("lane").args[0] for item in laned])
 
 
+#: (when each test began, its id), in order: the cold pools' report finds the test that started each.
+STARTED: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    import time
+
+    STARTED.append((time.time(), nodeid))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     from lane import LANE
 
     if LANE.took:
         print("\nbackground lane: " + ", ".join(f"{name} {s:.0f} s" for name, s in LANE.took.items()))
     LANE.close()
+    _report_cold_pools()
+
+
+def _report_cold_pools() -> None:
+    """How many pools the session's training server started (each a cold start: a Train run, its
+    workers and their framework's import), and the tests that started most of them."""
+    import bisect
+    import collections
+    import json
+
+    home = os.environ.get("RAYMODEL_HOME")
+    folder = Path(home or "/nonexistent") / "jobs"
+    if not STARTED or not folder.is_dir():
+        return
+    began = [t for t, _ in STARTED]
+    by_test: collections.Counter[str] = collections.Counter()
+    for path in folder.glob("*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        started = sum(" starting pool " in line for line in record.get("log", ()))
+        if started:
+            at = bisect.bisect_right(began, record.get("submitted") or 0.0) - 1
+            by_test[STARTED[max(at, 0)][1].split("::")[-1]] += started
+    if by_test:
+        top = ", ".join(f"{name} {n}" for name, n in by_test.most_common(12))
+        print(f"\ncold pools (the session's server): {sum(by_test.values())}; most: {top}")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -47,6 +47,16 @@ def epochs(job) -> int:
     return len(job.history())
 
 
+def reached(job, epoch: int) -> bool:
+    """Whether ``job`` has ended its ``epoch``-th epoch; an ``AssertionError`` saying why when it ended
+    before it (a wait for an epoch that cannot come fails at once, with the job's own words)."""
+    if epochs(job) >= epoch:
+        return True
+    if job.status not in ("PENDING", "RUNNING"):
+        raise AssertionError(f"{job.id} ended {job.status} before epoch {epoch}: {job.error}\n{job.logs()}")
+    return False
+
+
 def sizes(job) -> list[int]:
     return [row.get("world_size") for row in job.history()]
 
@@ -80,7 +90,7 @@ def main() -> None:
             # `elastic_wait_s`: how long it waits for a worker group of its size before it shrinks.
             settings = {**base, "num_workers": (1, 2), "num_epochs": 60, "elastic_resize_s": 2, "elastic_wait_s": 20}
             job = TinyNet().train(settings, data=data, wait=False)
-            until(lambda job=job: epochs(job) >= 3, 180)
+            until(lambda job=job: reached(job, 3), 180)
             cluster.remove_node(nodes.pop())
             until(lambda job=job: sizes(job)[-1:] == [1], 150)
             nodes.append(add_node())
@@ -90,7 +100,7 @@ def main() -> None:
             print("RESULT", json.dumps({"scenario": scenario, "history": job.history(), "log": job.logs()}), flush=True)
         elif scenario == "fixed":
             job = TinyNet().train({**base, "num_workers": 2, "num_epochs": 8}, data=data, wait=False)
-            until(lambda job=job: epochs(job) >= 3, 180)
+            until(lambda job=job: reached(job, 3), 180)
             lost_at = time.monotonic()
             cluster.remove_node(nodes.pop())
             try:
@@ -119,7 +129,7 @@ def main() -> None:
             )
         elif scenario == "stop_waiting":  # a job waiting for a lost node is stopped: it ends at once
             job = TinyNet().train({**base, "num_workers": 2, "num_epochs": 50}, data=data, wait=False)
-            until(lambda job=job: epochs(job) >= 2, 180)
+            until(lambda job=job: reached(job, 2), 180)
             cluster.remove_node(nodes.pop())
             until(lambda job=job: (job.reason or "").startswith("waiting for"), 60, 0.1)
             asked = time.monotonic()
@@ -141,17 +151,21 @@ def main() -> None:
                 flush=True,
             )
         elif scenario == "give_up":
+            # From a cluster at rest: the pool of a job stopped while it waited has ended (its workers freed).
+            until(lambda: all(p.state == "idle" for p in rm.jobs.pools()), 120)
             settings = {**base, "num_workers": 2, "num_epochs": 50, "resource_wait_s": 4}
             job = TinyNet().train(settings, data=data, wait=False)
             try:
-                until(lambda job=job: epochs(job) >= 1, 180)
+                until(lambda job=job: reached(job, 1), 180)
             except AssertionError:
                 from ray.util.state import list_actors, list_placement_groups
 
-                print(job.logs(), rm.jobs.pools(), ray.available_resources(), file=sys.stderr)
                 address = ray.get_runtime_context().gcs_address
+                groups = list_placement_groups(address, detail=True)
+                print([(g.state, [b["node_id"][:6] for b in g.bundles]) for g in groups], file=sys.stderr)
                 print([(a.class_name, a.state) for a in list_actors(address)], file=sys.stderr)
-                print(list_placement_groups(address, detail=True), file=sys.stderr)
+                print(rm.jobs.pools(), ray.available_resources(), file=sys.stderr)
+                print(job.status, job.reason, job.logs(), file=sys.stderr)  # last: the test shows the end
                 raise
             lost_at = time.monotonic()
             cluster.remove_node(nodes.pop())

@@ -309,7 +309,7 @@ def _wait_for(url: str, proc: subprocess.Popen, timeout: float = 120) -> request
         except (requests.ConnectionError, requests.Timeout):  # not up yet, or HAProxy queued the request
             pass
         time.sleep(0.5)
-    raise AssertionError(f"{url} never answered")
+    raise AssertionError(f"{url} never answered; where the command is: {_stacks(proc)}")
 
 
 def _said(proc: subprocess.Popen) -> str:
@@ -322,8 +322,18 @@ def _first_line(proc: subprocess.Popen, timeout: float = 180) -> str:
     import select
 
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, f"no line on stdout in {timeout} s; stderr: {_said(proc)[-2000:]}"
+    assert ready, f"no line on stdout in {timeout} s; stderr: {_said(proc)[-2000:]}; where it is: {_stacks(proc)}"
     return proc.stdout.readline()
+
+
+def _stacks(proc: subprocess.Popen) -> str:
+    """Where a command that has not answered is (py-spy's dump of its threads), for the failure's message."""
+    spy = Path(PYTHON).parent / "py-spy"
+    try:
+        out = subprocess.run([str(spy), "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(py-spy: {exc})"
+    return (out.stdout + out.stderr)[-6000:]
 
 
 def _start(args: list[str], env: dict[str, str], err: Path, stdout: Any) -> subprocess.Popen:
@@ -359,6 +369,11 @@ def test_serving_from_the_command_lines(ray_session, registry, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    from ray import serve
+
+    # Killed, `serve run` leaves its application running (Ctrl-C would shut all of Serve down): its
+    # replica's CPU is one of the session's two, which the next command's replica needs.
+    serve.delete("default")
     # `raymodel serve` (ours), which stops serving cleanly on SIGTERM.
     proc = _start(
         [PYTHON, "-m", "raymodel.cli", "serve", "digits:2", "--route", "/our-cli"],
