@@ -15,12 +15,22 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "lane(name): checks what the background lane's job `name` returned (lane.py)")
+    config.addinivalue_line(
+        "markers", "after(name): runs right after the test `name` of its module (on the pool that test left idle)"
+    )
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The selected tests of the background lane go last; their jobs start now (``tests/lane.py``)."""
+    """Tests marked ``after(name)`` move next to that test; the selected tests of the background lane
+    go last, and their jobs start now (``tests/lane.py``)."""
     from lane import LANE
 
+    for item in [item for item in items if item.get_closest_marker("after")]:
+        name = item.get_closest_marker("after").args[0]
+        anchor = next((i for i in items if i.name == name and i.path == item.path), None)
+        if anchor is not None:  # not selected: the test runs where it is
+            items.remove(item)
+            items.insert(items.index(anchor) + 1, item)
     laned = [item for item in items if item.get_closest_marker("lane")]
     if not laned or config.option.collectonly:
         return

@@ -58,6 +58,7 @@ def test_drivers_never_ask_which_backend_they_hold():
 
 
 @pytest.mark.integration
+@pytest.mark.after("test_a_used_pool_trains_exactly_as_a_fresh_one[lightning]")  # on that case's idle pool
 def test_lightnings_own_boring_model_trains_unchanged(ray_session):
     from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
 

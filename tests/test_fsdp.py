@@ -96,6 +96,59 @@ def test_shard_units_default_to_children_with_parameters_and_check_what_a_model_
 
 
 # ------------------------------------------------------------------ real Ray
+# First of the runs: on the idle Lightning pool test_data.py's last test leaves (the torch runs below
+# share one of their own).
+@pytest.mark.integration
+def test_lightning_fsdp_trains_on_two_workers_and_resumes_after_a_kill(ray_session, tiny, tmp_path):
+    import pytorch_lightning as pl
+
+    shares = tmp_path / "shares"
+    shares.mkdir()
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+
+        def on_train_start(self):  # what this worker holds of the 114 parameters, under which strategy
+            held = sum(p.numel() for p in self.trainer.strategy.model.parameters())
+            row = {"strategy": type(self.trainer.strategy).__name__, "held": held}
+            (shares / f"{self.global_rank}.json").write_text(json.dumps(row))
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.02)
+
+    class LitNet(rm.RayLightningModel):
+        def setup(self, config):
+            return Module()
+
+        def shard_modules(self):
+            return [self.module.net[0], self.module.net[2]]
+
+    X, y = tiny
+    data = (np.tile(X, (4, 1)), np.tile(y, 4))
+    settings = {**BASE, "accumulate_grad_batches": 1, "grad_clip_norm": None, "strategy": "fsdp"}
+    whole = LitNet()
+    plain = whole.train(settings, data=data)
+    crash = CrashOnce(str(tmp_path / "crash"), rank=1, epoch=3)
+    model = LitNet()
+    resumed = model.train({**settings, "max_failures": 1, "callbacks": [crash]}, data=data)
+    assert (tmp_path / "crash").exists()
+    assert [row["epoch"] for row in resumed.history] == [1, 2, 3, 4]
+    np.testing.assert_allclose(_losses(resumed), _losses(plain), rtol=1e-5)
+    for rank in (0, 1):
+        row = json.loads((shares / f"{rank}.json").read_text())
+        assert row["strategy"] == "_RayFSDP" and row["held"] <= 0.6 * 114, row
+    np.testing.assert_allclose(model.predict(X), whole.predict(X), atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def runs(ray_session, tiny_data, tmp_path_factory):
     """On one pool: DDP, FSDP (each worker's share noted), DDP again; manual optimization both ways."""
@@ -197,54 +250,3 @@ def test_a_sharded_checkpoint_lists_every_shard_and_loads_whole_once(runs, tiny,
         np.testing.assert_allclose(answer.json(), expected[:4], atol=1e-5)
     finally:
         app.shutdown()
-
-
-@pytest.mark.integration
-def test_lightning_fsdp_trains_on_two_workers_and_resumes_after_a_kill(ray_session, tiny, tmp_path):
-    import pytorch_lightning as pl
-
-    shares = tmp_path / "shares"
-    shares.mkdir()
-
-    class Module(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-
-        def on_train_start(self):  # what this worker holds of the 114 parameters, under which strategy
-            held = sum(p.numel() for p in self.trainer.strategy.model.parameters())
-            row = {"strategy": type(self.trainer.strategy).__name__, "held": held}
-            (shares / f"{self.global_rank}.json").write_text(json.dumps(row))
-
-        def forward(self, x):
-            return self.net(x)
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return F.cross_entropy(self(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), lr=0.02)
-
-    class LitNet(rm.RayLightningModel):
-        def setup(self, config):
-            return Module()
-
-        def shard_modules(self):
-            return [self.module.net[0], self.module.net[2]]
-
-    X, y = tiny
-    data = (np.tile(X, (4, 1)), np.tile(y, 4))
-    settings = {**BASE, "accumulate_grad_batches": 1, "grad_clip_norm": None, "strategy": "fsdp"}
-    whole = LitNet()
-    plain = whole.train(settings, data=data)
-    crash = CrashOnce(str(tmp_path / "crash"), rank=1, epoch=3)
-    model = LitNet()
-    resumed = model.train({**settings, "max_failures": 1, "callbacks": [crash]}, data=data)
-    assert (tmp_path / "crash").exists()
-    assert [row["epoch"] for row in resumed.history] == [1, 2, 3, 4]
-    np.testing.assert_allclose(_losses(resumed), _losses(plain), rtol=1e-5)
-    for rank in (0, 1):
-        row = json.loads((shares / f"{rank}.json").read_text())
-        assert row["strategy"] == "_RayFSDP" and row["held"] <= 0.6 * 114, row
-    np.testing.assert_allclose(model.predict(X), whole.predict(X), atol=1e-5)

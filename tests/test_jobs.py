@@ -86,6 +86,35 @@ def test_jobs_that_fit_run_together_and_one_that_does_not_waits_then_runs(ray_se
         never.wait()
 
 
+class Exploding(TinyNet):
+    def train_step(self, batch):
+        raise RuntimeError("the loss exploded")
+
+
+@pytest.mark.integration
+def test_a_failed_job_raises_the_workers_own_error(ray_session, tiny_data, monkeypatch):
+    # Two workers: on the idle pool the last test's two-worker job left.
+    job = Exploding().train({"num_workers": 2, "num_epochs": 2, "progress": False}, data=tiny_data, wait=False)
+    with pytest.raises(TrainingError, match="RuntimeError: the loss exploded"):
+        job.wait(timeout=120)
+    assert job.status == "FAILED"
+    assert "RuntimeError: the loss exploded" in job.error and job.reason is None  # why, without logs() or wait()
+    assert repr(job).startswith(f"Job(id={job.id!r}, kind='train', status='FAILED', error=") and "exploded" in repr(job)
+    import contextlib
+    import io
+
+    import ray
+
+    from raymodel.cli import main
+
+    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)  # `raymodel jobs list` joins it
+    listed = io.StringIO()
+    with contextlib.redirect_stdout(listed):
+        assert main(["jobs", "list"]) == 0
+    row = next(line for line in listed.getvalue().splitlines() if line.startswith(job.id))
+    assert "FAILED (" in row and "the loss exploded" in row, row
+
+
 @pytest.mark.integration
 def test_a_stopped_tune_job_stops_every_trial_and_keeps_the_best_so_far(ray_session, tiny_data):
     job = TinyNet().tune(
@@ -113,34 +142,6 @@ def test_a_stopped_tune_job_stops_every_trial_and_keeps_the_best_so_far(ray_sess
     assert all(2 <= t["epochs"] < 200 for t in result.trials)
     assert rm.RayModel.from_checkpoint(result.best_checkpoint).config["lr"] == result.best_config["lr"]
     assert until(lambda: _free_cpus(ray_session) == 2.0)
-
-
-class Exploding(TinyNet):
-    def train_step(self, batch):
-        raise RuntimeError("the loss exploded")
-
-
-@pytest.mark.integration
-def test_a_failed_job_raises_the_workers_own_error(ray_session, tiny_data, monkeypatch):
-    job = Exploding().train({"num_workers": 1, "num_epochs": 2, "progress": False}, data=tiny_data, wait=False)
-    with pytest.raises(TrainingError, match="RuntimeError: the loss exploded"):
-        job.wait(timeout=120)
-    assert job.status == "FAILED"
-    assert "RuntimeError: the loss exploded" in job.error and job.reason is None  # why, without logs() or wait()
-    assert repr(job).startswith(f"Job(id={job.id!r}, kind='train', status='FAILED', error=") and "exploded" in repr(job)
-    import contextlib
-    import io
-
-    import ray
-
-    from raymodel.cli import main
-
-    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)  # `raymodel jobs list` joins it
-    listed = io.StringIO()
-    with contextlib.redirect_stdout(listed):
-        assert main(["jobs", "list"]) == 0
-    row = next(line for line in listed.getvalue().splitlines() if line.startswith(job.id))
-    assert "FAILED (" in row and "the loss exploded" in row, row
 
 
 class DictNet(SlowNet):

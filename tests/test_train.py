@@ -87,7 +87,7 @@ def test_manual_optimization_keeps_workers_in_step(ray_session, tmp_path, tiny):
 def test_a_worker_that_raises_resumes_from_its_last_checkpoint(ray_session, tmp_path, tiny):
     X, y = tiny
     settings = rm.TrainSettings(
-        num_workers=1,
+        num_workers=2,
         num_epochs=3,
         max_failures=1,
         progress=False,

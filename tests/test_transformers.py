@@ -118,77 +118,6 @@ def test_what_is_not_text_is_a_data_error_naming_what_is_expected(no_ray):
 
 
 # ------------------------------------------------------------------------------------- on Ray
-@pytest.mark.integration
-def test_a_tiny_bert_learns_on_two_workers_and_its_weights_travel_everywhere(ray_session, registry, tmp_path):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    model = Sentiment()
-    result = model.train(TWO, data=sentiment_data())
-    assert [row["epoch"] for row in result.history] == [1, 2, 3]
-    for row in result.history:
-        assert {"loss", "val_loss", "val_accuracy"} <= set(row), row
-    assert result.metrics["val_accuracy"] > 0.9, result.history
-    expected = model.predict({"text": TEXTS})
-    assert expected["label"] == EXPECTED and all(0.5 < s <= 1.0 for s in expected["score"])
-
-    folder = model.save_pretrained(tmp_path / "sentiment")  # plain transformers, no raymodel
-    plain = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    inputs = tokenizer(TEXTS, padding="max_length", truncation=True, max_length=16, return_tensors="pt")
-    logits = plain(**inputs).logits.detach()
-    assert logits.argmax(-1).tolist() == EXPECTED
-    probs = logits.softmax(-1).max(-1).values.tolist()
-    assert np.allclose(probs, expected["score"], atol=1e-5)
-    assert same(Sentiment.from_pretrained(folder).predict({"text": TEXTS}), expected)
-
-    assert same(rm.RayModel.from_checkpoint(result.checkpoint).predict({"text": TEXTS}), expected)
-    rm.registry.put(model, key="sentiment")
-    assert same(rm.registry.get("sentiment").predict({"text": TEXTS}), expected)
-    served = model.serve("/sentiment")
-    try:
-        answer = requests.post(served.url, json={"text": TEXTS}, timeout=30)
-        assert answer.status_code == 200 and same(answer.json(), expected)
-        for payload in ({"text": [[0.1, 0.2]]}, {"pixels": [[0.1]]}, [1, 2]):
-            wrong = requests.post(served.url, json=payload, timeout=30)
-            assert wrong.status_code == 422 and "text" in wrong.json()["detail"], wrong.text
-        refused = requests.post(served.url, json={"text": "a good day", "stream": True}, timeout=30)
-        assert refused.status_code == 422 and "does not generate text" in refused.text
-        assert same(requests.post(served.url, json={"text": TEXTS}, timeout=30).json(), expected)
-    finally:
-        served.shutdown()
-
-
-@pytest.mark.integration
-def test_a_tiny_gpt2_generates_and_streams_its_tokens_as_server_sent_events(ray_session):
-    writer = Writer()
-    result = writer.train({**TWO, "pool": False}, data=story_rows(400))  # a one-off Ray Train run
-    losses = [row["loss"] for row in result.history]
-    assert len(losses) == 3 and losses[-1] < losses[0], losses
-    answer = writer.predict({"prompt": "the good", "max_new_tokens": 4})
-    words = answer["text"].split()
-    assert 1 <= len(words) <= 4 and all(w in writer.tokenizer.get_vocab() for w in words), answer
-    local = list(writer.stream({"prompt": "the good", "max_new_tokens": 4}))
-    assert " ".join(local) == answer["text"]
-
-    served = writer.serve("/writer")
-    try:
-        plain = requests.post(served.url, json={"prompt": "the good", "max_new_tokens": 4}, timeout=30)
-        assert plain.status_code == 200 and plain.json() == answer
-        with requests.post(
-            served.url, json={"prompt": "the good", "max_new_tokens": 4, "stream": True}, stream=True, timeout=30
-        ) as streamed:
-            assert streamed.status_code == 200
-            assert streamed.headers["content-type"].startswith("text/event-stream")
-            events = [line for line in streamed.iter_lines(decode_unicode=True) if line]
-        assert events[-1] == "data: [DONE]", events
-        tokens = [rm_json(e.removeprefix("data: "))["token"] for e in events[:-1]]
-        assert tokens == local, events  # one event per token, as generated
-        bad = requests.post(served.url, json={"prompt": 5, "stream": True}, timeout=30)
-        assert bad.status_code == 422 and "`prompt` must be a string" in bad.text
-    finally:
-        served.shutdown()
-
-
 def same(answer: dict, expected: dict) -> bool:
     """The same labels, and scores within float noise."""
     return answer["label"] == expected["label"] and np.allclose(answer["score"], expected["score"], atol=1e-5)
@@ -259,6 +188,79 @@ class Starts(rm.Callback):
         if self.context.rank == 0:
             with open(self.path, "a") as fh:
                 fh.write(f"{self.context.resumed_from}\n")
+
+
+# The tests that serve (a replica's CPU ends the idle pool) or run a one-off Ray Train run come after
+# those that train on the module's pool: one cold pool fewer.
+@pytest.mark.integration
+def test_a_tiny_bert_learns_on_two_workers_and_its_weights_travel_everywhere(ray_session, registry, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = Sentiment()
+    result = model.train(TWO, data=sentiment_data())
+    assert [row["epoch"] for row in result.history] == [1, 2, 3]
+    for row in result.history:
+        assert {"loss", "val_loss", "val_accuracy"} <= set(row), row
+    assert result.metrics["val_accuracy"] > 0.9, result.history
+    expected = model.predict({"text": TEXTS})
+    assert expected["label"] == EXPECTED and all(0.5 < s <= 1.0 for s in expected["score"])
+
+    folder = model.save_pretrained(tmp_path / "sentiment")  # plain transformers, no raymodel
+    plain = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs = tokenizer(TEXTS, padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+    logits = plain(**inputs).logits.detach()
+    assert logits.argmax(-1).tolist() == EXPECTED
+    probs = logits.softmax(-1).max(-1).values.tolist()
+    assert np.allclose(probs, expected["score"], atol=1e-5)
+    assert same(Sentiment.from_pretrained(folder).predict({"text": TEXTS}), expected)
+
+    assert same(rm.RayModel.from_checkpoint(result.checkpoint).predict({"text": TEXTS}), expected)
+    rm.registry.put(model, key="sentiment")
+    assert same(rm.registry.get("sentiment").predict({"text": TEXTS}), expected)
+    served = model.serve("/sentiment")
+    try:
+        answer = requests.post(served.url, json={"text": TEXTS}, timeout=30)
+        assert answer.status_code == 200 and same(answer.json(), expected)
+        for payload in ({"text": [[0.1, 0.2]]}, {"pixels": [[0.1]]}, [1, 2]):
+            wrong = requests.post(served.url, json=payload, timeout=30)
+            assert wrong.status_code == 422 and "text" in wrong.json()["detail"], wrong.text
+        refused = requests.post(served.url, json={"text": "a good day", "stream": True}, timeout=30)
+        assert refused.status_code == 422 and "does not generate text" in refused.text
+        assert same(requests.post(served.url, json={"text": TEXTS}, timeout=30).json(), expected)
+    finally:
+        served.shutdown()
+
+
+@pytest.mark.integration
+def test_a_tiny_gpt2_generates_and_streams_its_tokens_as_server_sent_events(ray_session):
+    writer = Writer()
+    result = writer.train({**TWO, "pool": False}, data=story_rows(400))  # a one-off Ray Train run
+    losses = [row["loss"] for row in result.history]
+    assert len(losses) == 3 and losses[-1] < losses[0], losses
+    answer = writer.predict({"prompt": "the good", "max_new_tokens": 4})
+    words = answer["text"].split()
+    assert 1 <= len(words) <= 4 and all(w in writer.tokenizer.get_vocab() for w in words), answer
+    local = list(writer.stream({"prompt": "the good", "max_new_tokens": 4}))
+    assert " ".join(local) == answer["text"]
+
+    served = writer.serve("/writer")
+    try:
+        plain = requests.post(served.url, json={"prompt": "the good", "max_new_tokens": 4}, timeout=30)
+        assert plain.status_code == 200 and plain.json() == answer
+        with requests.post(
+            served.url, json={"prompt": "the good", "max_new_tokens": 4, "stream": True}, stream=True, timeout=30
+        ) as streamed:
+            assert streamed.status_code == 200
+            assert streamed.headers["content-type"].startswith("text/event-stream")
+            events = [line for line in streamed.iter_lines(decode_unicode=True) if line]
+        assert events[-1] == "data: [DONE]", events
+        tokens = [rm_json(e.removeprefix("data: "))["token"] for e in events[:-1]]
+        assert tokens == local, events  # one event per token, as generated
+        bad = requests.post(served.url, json={"prompt": 5, "stream": True}, timeout=30)
+        assert bad.status_code == 422 and "`prompt` must be a string" in bad.text
+    finally:
+        served.shutdown()
 
 
 @pytest.mark.integration
