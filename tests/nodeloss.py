@@ -61,6 +61,20 @@ def sizes(job) -> list[int]:
     return [row.get("world_size") for row in job.history()]
 
 
+def tell(job) -> None:
+    """What holds the cluster's resources, on stderr (the test shows its end: the job's log comes last)."""
+    import ray
+    from ray.util.state import list_actors, list_placement_groups
+
+    address = ray.get_runtime_context().gcs_address
+    groups = list_placement_groups(address, detail=True)
+    print([(g.state, [b["node_id"][:6] for b in g.bundles]) for g in groups], file=sys.stderr)
+    print([(a.class_name, a.state) for a in list_actors(address)], file=sys.stderr)
+    print(rm.jobs.pools(), ray.available_resources(), file=sys.stderr)
+    if job is not None:
+        print(job.status, job.reason, job.logs(), file=sys.stderr)
+
+
 def main() -> None:
     import ray
     from clusters import agent_ports, head_args
@@ -151,21 +165,19 @@ def main() -> None:
                 flush=True,
             )
         elif scenario == "give_up":
-            # From a cluster at rest: the pool of a job stopped while it waited has ended (its workers freed).
-            until(lambda: all(p.state == "idle" for p in rm.jobs.pools()), 120)
+            # From a cluster at rest: the run of the job stopped while it waited has ended, and nothing
+            # of it (its pool, a worker group Ray placed once the node came back) holds a CPU.
+            try:
+                until(lambda: ray.available_resources().get("CPU", 0.0) >= 2.0, 120)
+            except AssertionError:
+                tell(None)
+                raise
             settings = {**base, "num_workers": 2, "num_epochs": 50, "resource_wait_s": 4}
             job = TinyNet().train(settings, data=data, wait=False)
             try:
                 until(lambda job=job: reached(job, 1), 180)
             except AssertionError:
-                from ray.util.state import list_actors, list_placement_groups
-
-                address = ray.get_runtime_context().gcs_address
-                groups = list_placement_groups(address, detail=True)
-                print([(g.state, [b["node_id"][:6] for b in g.bundles]) for g in groups], file=sys.stderr)
-                print([(a.class_name, a.state) for a in list_actors(address)], file=sys.stderr)
-                print(rm.jobs.pools(), ray.available_resources(), file=sys.stderr)
-                print(job.status, job.reason, job.logs(), file=sys.stderr)  # last: the test shows the end
+                tell(job)
                 raise
             lost_at = time.monotonic()
             cluster.remove_node(nodes.pop())

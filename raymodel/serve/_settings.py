@@ -29,7 +29,9 @@ class ServeSettings(SettingsBase):
         upscale_delay_s, downscale_delay_s: How long the load must call for more
             (fewer) replicas before Serve adds (removes) one; Serve's defaults.
         look_back_period_s: The window over which Serve averages the load it scales
-            by (Serve's 30 s): a shorter one follows a load that stops sooner.
+            by (Serve's 30 s): a shorter one follows a load that stops sooner. Ray 2.60's
+            Serve warns (``FutureWarning``) at 10 s or less, its deprecated
+            ``metrics_interval_s``, and says a later Serve will refuse it.
         max_batch_size: Requests stacked into one ``forward`` at most.
         batch_wait_timeout_s: How long a batch waits to fill up.
         max_ongoing_requests: Requests one replica accepts at once.
