@@ -9,6 +9,7 @@ import ray
 from ray import tune
 
 from raymodel._internal import checkpoint as ckpt, serialization
+from raymodel._internal.reported import is_reported
 from raymodel.hooks import Callback
 from raymodel.jobs._address import running_handle
 
@@ -136,17 +137,6 @@ class JobControl(Callback):
 #: The runner of each job running in this process. Tune pickles its callbacks and stopper: they
 #: hold the job's id and the server's handle, and find the runner here.
 _RUNNERS: dict[str, Any] = {}
-_TUNE_KEYS = (
-    "training_iteration",
-    "should_checkpoint",
-    "time_this_iter_s",
-    "time_total_s",
-    "timestamp",
-    "pid",
-    "done",
-    "time_since_restore",
-    "iterations_since_restore",
-)
 
 
 class JobTrials(tune.Callback):
@@ -166,7 +156,7 @@ class JobTrials(tune.Callback):
         self.server.trial.remote(self.job_id, trial.trial_id, {"status": "ERROR"})
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        row = {k: v for k, v in result.items() if k not in _TUNE_KEYS and isinstance(v, (int, float))}
+        row = {k: v for k, v in result.items() if is_reported(k) and isinstance(v, (int, float))}
         self.server.push.remote(self.job_id, [dict(row, trial_id=trial.trial_id)])
 
 

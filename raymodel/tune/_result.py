@@ -8,36 +8,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from raymodel._internal import storage
+from raymodel._internal.reported import is_reported
 from raymodel.exceptions import TuneError
 from raymodel.tune._trial import TRAIN_PREFIX
 
 if TYPE_CHECKING:
     from raymodel.tune._settings import TuneSettings
-
-#: What Tune adds to every result; the rest is what the model reported.
-TUNE_KEYS = (
-    "training_iteration",
-    "checkpoint_path",
-    "time_this_iter_s",
-    "time_total_s",
-    "timestamp",
-    "trial_id",
-    "date",
-    "pid",
-    "hostname",
-    "node_ip",
-    "time_since_restore",
-    "iterations_since_restore",
-    "done",
-    "config",
-    "experiment_tag",
-    "checkpoint_dir_name",
-)
-
-
-def is_reported(key: str) -> bool:
-    """Whether a result's ``key`` is the model's own (not Tune's bookkeeping or the trial's config)."""
-    return key not in TUNE_KEYS and not key.startswith("config")
 
 
 @dataclasses.dataclass(frozen=True)
