@@ -20,40 +20,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-#: The modules that run first, while the background lane's processes run: their tests mostly wait (on
-#: Serve's control loop, a rollout's steps, a job's queue, a restart), and use 40 to 80 % of the two
-#: cores on their own (a clean-clone run's CPU, sampled every 10 s), so the lane takes what they leave
-#: idle. The rest (training, mostly: the backends' conformance, FSDP, data) keep both cores busy and
-#: run after, once the lane has ended, in their usual order.
-WHILE_THE_LANE_RUNS = (
-    "test_serve.py",
-    "test_serve_faults.py",
-    "test_rollouts.py",
-    "test_model_server.py",
-    "test_scheduling.py",
-    "test_output.py",
-    "test_rllib.py",
-    "test_trainer_features.py",
-    "test_train.py",
-    "test_wrappers.py",
-    "test_storage.py",
-    "test_pools.py",
-    "test_sixth_backend.py",
-    "test_transformers.py",
-    "test_tune.py",
-    "test_predict.py",
-    "test_jobs.py",
-)
-
-
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules of ``WHILE_THE_LANE_RUNS`` go first, in that order; tests marked ``after(name)``
-    move next to that test; the selected tests of the background lane go last, and their jobs start
-    now (``tests/lane.py``)."""
+    """Tests marked ``after(name)`` move next to that test; the selected tests of the background lane
+    go last, and their jobs start now (``tests/lane.py``)."""
     from lane import LANE
 
-    rank = {name: i for i, name in enumerate(WHILE_THE_LANE_RUNS)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's own order stays
     for item in [item for item in items if item.get_closest_marker("after")]:
         name = item.get_closest_marker("after").args[0]
         anchor = next((i for i in items if i.name == name and i.path == item.path), None)
