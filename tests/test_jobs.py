@@ -55,7 +55,8 @@ def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_
     assert [(p.state, p.resources) for p in rm.jobs.pools()] == [("idle", {"CPU": 1.0})]
     rm.jobs.release_pools()
     assert rm.jobs.pools() == []
-    assert until(lambda: _free_cpus(ray_session) == baseline), "the pool's CPUs were not given back"
+    # At least as many as before it: what an earlier test's actors still held then may have ended since.
+    assert until(lambda: _free_cpus(ray_session) >= baseline), "the pool's CPUs were not given back"
     listed = {j.id: j for j in rm.jobs.list()}
     assert isinstance(listed[job.id], rm.jobs.Job) and listed[job.id].summary["status"] == "STOPPED"
     assert listed[job.id].status == "STOPPED"

@@ -131,10 +131,11 @@ def test_a_killed_algorithm_actor_resumes_from_its_newest_checkpoint_each_iterat
     rm.jobs.release_pools()
     job = Balancer().train({"num_workers": 0, "num_epochs": 6, "max_failures": 1, "progress": False}, wait=False)
     until(lambda: len(job.history()) >= 2, timeout=180)
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
-    actor = [n for n in names if n.startswith("raymodel-algorithm-")]
-    assert len(actor) == 1, names
-    ray.kill(ray.get_actor(actor[0]))
+    named = ray.util.list_named_actors(all_namespaces=True)
+    actor = [a for a in named if a["name"].startswith("raymodel-algorithm-")]
+    assert len(actor) == 1, named
+    # In the namespace of whichever process started the training server (not always this one).
+    ray.kill(ray.get_actor(actor[0]["name"], namespace=actor[0]["namespace"]))
     result = job.wait(timeout=300)
     epochs = [row["epoch"] for row in result.history]
     assert epochs == [1, 2, 3, 4, 5, 6], epochs  # each iteration once: the restart went on from its checkpoint
