@@ -32,7 +32,8 @@ def _free_cpus(ray):
 @pytest.mark.integration
 def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_back(ray_session, tiny_data):
     rm.jobs.release_pools()  # the pools of earlier tests
-    baseline = _free_cpus(ray_session)
+    every = ray_session.cluster_resources()["CPU"]
+    assert until(lambda: _free_cpus(ray_session) == every), "an earlier test's actors still hold CPUs"
     start = time.monotonic()
     job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=tiny_data, wait=False)
     assert time.monotonic() - start < 5 and job.kind == "train"
@@ -55,8 +56,7 @@ def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_
     assert [(p.state, p.resources) for p in rm.jobs.pools()] == [("idle", {"CPU": 1.0})]
     rm.jobs.release_pools()
     assert rm.jobs.pools() == []
-    # At least as many as before it: what an earlier test's actors still held then may have ended since.
-    assert until(lambda: _free_cpus(ray_session) >= baseline), "the pool's CPUs were not given back"
+    assert until(lambda: _free_cpus(ray_session) == every), "the pool's CPUs were not given back"
     listed = {j.id: j for j in rm.jobs.list()}
     assert isinstance(listed[job.id], rm.jobs.Job) and listed[job.id].summary["status"] == "STOPPED"
     assert listed[job.id].status == "STOPPED"
