@@ -196,6 +196,45 @@ def test_the_server_killed_mid_job_comes_back_resumes_the_running_job_and_keeps_
     assert until(lambda: _free_cpus(ray_session) == 2.0), "a run lost with the server still holds CPUs"
 
 
+@pytest.mark.integration
+def test_the_server_removes_the_placement_groups_whose_maker_died_and_keeps_the_others(ray_session):
+    """A Train controller killed while its worker group waits to be placed (a job stopped while it
+    waits for a lost node) leaves that group: Ray keeps it while the job that made it lives, and it
+    would take the node's CPUs the moment the node returns. Here an actor of the server's job (this
+    driver's, which started the server) stands in for the controller."""
+    from ray.util.placement_group import PlacementGroup, placement_group
+
+    from raymodel.jobs._recovery import orphaned_groups
+
+    @ray_session.remote(num_cpus=0)
+    class Maker:
+        def make(self, bundle: dict[str, float]) -> str:
+            self.group = placement_group([bundle])
+            return self.group.id.hex()
+
+    def state(group: str) -> str:
+        return ray_session.util.placement_group_table()[group]["state"]
+
+    rm.jobs.list()  # the server runs
+    doomed, kept = Maker.remote(), Maker.remote()
+    waiting = ray_session.get(doomed.make.remote({"CPU": 64.0}))  # more than any node: it waits
+    placed = ray_session.get(doomed.make.remote({"CPU": 0.5}))
+    alive = ray_session.get(kept.make.remote({"CPU": 64.0}))
+    mine = placement_group([{"CPU": 64.0}])  # the driver's own: Ray says its creator is dead too
+    job = ray_session.get_runtime_context().get_job_id()
+    try:
+        assert until(lambda: state(placed) == "CREATED")
+        assert not {waiting, placed, alive, mine.id.hex()} & set(orphaned_groups(job))
+        ray_session.kill(doomed)
+        assert until(lambda: state(waiting) == state(placed) == "REMOVED", 15), "the server left them"
+        assert state(alive) == state(mine.id.hex()) == "PENDING"
+        assert not {alive, mine.id.hex()} & set(orphaned_groups(job))
+    finally:
+        ray_session.kill(kept)
+        for group in (waiting, placed, alive, mine.id.hex()):
+            ray_session.util.remove_placement_group(PlacementGroup(ray_session.PlacementGroupID.from_hex(group)))
+
+
 SUBMIT = """
 import sys
 sys.path.insert(0, {tests!r})

@@ -87,7 +87,7 @@ class PoolKeeper(ServerState):
     def _end_pool(self, pool_id: str, why: str, force: bool = False) -> None:
         """End a pool: gracefully (its idle workers return, Ray Train releases their resources), or with
         ``force`` (a pool whose workers cannot return): its actor is killed, and its Train controller and
-        workers with it."""
+        workers with it (a worker group it was placing can outlive them: ``_sweep`` looks for it)."""
         pool = self.pools.get(pool_id)
         if pool is None or (pool["state"] == "ending" and not force):
             return

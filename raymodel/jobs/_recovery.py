@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -35,25 +34,27 @@ class Recovery(ServerState):
     def _abandon(self, record: dict[str, Any], why: str = "") -> None:
         """End a running job's run at once (its pool, or its runner, is killed); ``_reap`` ends the job.
 
-        A run that waits for lost resources has a worker group waiting to be placed, and Ray leaves
-        that placement group behind when its Train controller is killed (Ray Train's cleaner only
-        knows the groups of started workers): it would take the resources once they return. When
-        nothing else of the server's can be waiting to be placed, the waiting groups are removed."""
+        A run that waits for lost resources has a worker group waiting to be placed, and Ray keeps that
+        placement group after its Train controller is killed (Ray Train's cleaner only knows the groups
+        of started workers): it would take the resources once they return. ``_sweep`` removes it once
+        Ray knows its creator is dead."""
         job_id = record["id"]
-        others = [
-            r
-            for r in self.records.values()
-            if r["status"] == "RUNNING" and r["id"] != job_id and (r.get("lost") or not r.get("pool_id"))
-        ]
-        starting = [p for p in self.pools.values() if p["state"] == "starting" and p["id"] != record.get("pool_id")]
-        waiting = [] if others or starting else _unplaced_groups()
         pool_id = record.get("pool_id")
         if pool_id and pool_id in self.pools:
             self._end_pool(pool_id, why or f"{job_id} ends now", force=True)
         elif job_id in self.runners:
             ray.kill(self.runners[job_id])
-        if waiting:
-            threading.Timer(1.0, _remove_groups, [waiting]).start()  # once the controller is gone
+
+    def _sweep(self, every_s: float = 2.0) -> None:
+        """Every ``every_s``, remove the placement groups this server's job made whose creator died
+        (``orphaned_groups``: one read of Ray's placement group table)."""
+        if time.monotonic() - self._swept < every_s:
+            return
+        self._swept = time.monotonic()
+        gone = orphaned_groups(ray.get_runtime_context().get_job_id())
+        _remove_groups(gone)
+        if gone:
+            print(f"removed {len(gone)} placement group(s) whose creator died: {', '.join(gone)}", flush=True)
 
     def _recover(self) -> None:
         """Load the records a previous server (this actor before a restart, or an earlier head with the
@@ -134,13 +135,30 @@ def stored_result(record: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def _unplaced_groups() -> list[str]:
-    """The placement groups Ray has not placed (yet), by id."""
+def orphaned_groups(job_id: str) -> list[str]:
+    """The placement groups, by id, that ``job_id``'s actors made and that outlived their maker: Ray
+    keeps a group until its job ends, and this server's job lasts as long as the server. No one can
+    use such a group; a waiting one takes its resources the moment they return. (A group the job's
+    driver made has no creator actor, and Ray calls that one dead too: it is kept.)"""
+    from ray._private.state import state
+    from ray.core.generated.gcs_pb2 import PlacementGroupTableData as Group  # type: ignore[attr-defined]
+
     try:
-        table = ray.util.placement_group_table()
+        rows = state._connect_and_get_accessor().get_placement_group_table()
     except Exception:  # noqa: BLE001 - no table, nothing removed
         return []
-    return [pg_id for pg_id, info in table.items() if info.get("state") in ("PENDING", "RESCHEDULING")]
+    found = []
+    for row in rows:
+        group = Group.FromString(row)
+        if (
+            group.state != Group.REMOVED
+            and not group.is_detached
+            and group.creator_actor_dead
+            and not ray.ActorID(group.creator_actor_id).is_nil()
+            and group.creator_job_id.hex() == job_id
+        ):
+            found.append(group.placement_group_id.hex())
+    return found
 
 
 def _remove_groups(ids: list[str]) -> None:

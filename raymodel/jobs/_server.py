@@ -57,6 +57,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         self.pool_idle_s = float(pool_idle_s)
         self.limits = dict(limits or {})  # pruning: `prune_after_s`, `prune_max_mb`
         self._pruned = -1e9
+        self._swept = -1e9
         self.records = {}
         self.payloads = {}
         self.extras = {}  # per job: its pool's spec, its hub
@@ -256,6 +257,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
                 self._watch_waits()
                 self._schedule()
                 self._prune()
+                self._sweep()
             except Exception:  # noqa: BLE001 - the loop must outlive any one failure
                 traceback.print_exc()
                 time.sleep(0.5)

@@ -28,6 +28,7 @@ class ServerState:
     lock: threading.RLock
     changed: threading.Condition  # a row, a status: wakes the clients' long polls
     _pruned: float
+    _swept: float
     _demand_checked: float
     _nodes_checked: float
 
