@@ -68,7 +68,13 @@ def _same_name(hidden: int) -> type:
 
 @pytest.mark.integration
 def test_a_used_pool_trains_exactly_as_a_fresh_one_and_no_job_leaks_into_the_next(ray_session, tiny_data):
+    from ray.util.state import list_actors
+
+    def hubs() -> int:
+        return len(list_actors(filters=[("class_name", "=", "RunHub"), ("state", "=", "ALIVE")]))
+
     rm.jobs.release_pools()
+    before = hubs()
     fresh_model = TinyNet()
     fresh = fresh_model.train(TWO, data=tiny_data)
     (pool,) = rm.jobs.pools()
@@ -85,6 +91,7 @@ def test_a_used_pool_trains_exactly_as_a_fresh_one_and_no_job_leaks_into_the_nex
     used = used_model.train(TWO, data=tiny_data)
     (same,) = rm.jobs.pools()
     assert same.id == pool.id and same.jobs_run == 6  # every job ran on the one pool
+    assert hubs() == before  # torch gathers through torch.distributed: the pool started no gather hub
     assert [row["epoch"] for row in used.history] == [1, 2, 3]
     for a, b in zip(fresh.history, used.history, strict=True):
         assert b.keys() == a.keys()
