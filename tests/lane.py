@@ -3,10 +3,8 @@ cluster that loses nodes, a head serving through HAProxy, the demo as a user run
 
 Such a process needs nothing of the test session's Ray, so it runs from the start of the session, one
 at a time on a thread of its own, while the session's tests run; its test waits for what it returned
-and checks it. The lane's thread, and every process it starts, runs at a lower priority (``NICE``):
-the session's tests, which wait on it last, take the cores first, and the lane takes what they leave.
-``conftest.py`` starts the lane once the tests are collected (only for the tests selected) and moves
-those tests to the end of the session, by when their processes have ended.
+and checks it. ``conftest.py`` starts the lane once the tests are collected (only for the tests
+selected) and moves those tests to the end of the session, by when their processes have ended.
 
 A test module registers its process with ``@job("name")`` (a function of a scratch folder, returning
 what the test checks) and marks its test ``@pytest.mark.lane("name")``; the test takes the ``lane``
@@ -15,7 +13,6 @@ fixture and calls ``lane.result("name")``, which re-raises whatever the process'
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import threading
@@ -23,9 +20,6 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
-
-#: How much lower the lane's priority is (Linux: a thread's own, and what the processes it starts inherit).
-NICE = 4
 
 #: name -> (the function that runs the process, its expected length in seconds: the longest go first)
 JOBS: dict[str, tuple[Callable[[Path], Any], float]] = {}
@@ -54,7 +48,6 @@ class Lane:
 
     def _run(self, order: list[str]) -> None:
         assert self.root is not None
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)  # this thread's alone, on Linux
         for name in order:
             future = self.futures[name]
             began = time.monotonic()
