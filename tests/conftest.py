@@ -114,11 +114,15 @@ def raymodel_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session(raymodel_home: Path):
-    """The one local Ray instance of the test session (2 CPUs, dashboard on)."""
+    """The one local Ray instance of the test session (2 CPUs, dashboard on).
+
+    Its log monitor looks for new worker log files once a second, not ten times (it does so while
+    there are fewer than 1,000: this session makes hundreds, and the looking took 3% of a core)."""
     import ray
 
     import raymodel as rm
 
+    os.environ.update(LOG_NAME_UPDATE_INTERVAL_S="1", RAY_LOG_MONITOR_MANY_FILES_THRESHOLD="0")  # before Ray starts
     rm.init(num_cpus=2)
     yield ray
     try:
