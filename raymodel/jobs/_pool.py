@@ -54,21 +54,15 @@ class PoolActor:
         self.broken: str | None = None
         self.waiting: set[int] = set()  # ranks waiting in `take` for a job
         self.restarting = False  # the pool asked Ray Train to restart its worker group
-        self.gather_hub: Any = None  # started by the first gather that needs one (``hub``)
+        self.gather_hub: Any = None
         self.thread = threading.Thread(target=self._fit, name="raymodel-pool", daemon=True)
         self.started = threading.Event()
 
     def start(self) -> None:
+        if self.num_workers > 1 and not self.backend.native_collective:  # torch gathers through torch.distributed
+            self.gather_hub = start_hub()  # the ranks' gathers, for frameworks without a collective of their own
         self.thread.start()
         self.started.set()
-
-    def hub(self) -> Any:
-        """The pool's hub for the ranks' gathers, started now if this is the first call: only frameworks
-        without a collective of their own gather through one (a torch pool never starts it)."""
-        with self.cond:
-            if self.gather_hub is None:
-                self.gather_hub = start_hub()
-            return self.gather_hub
 
     # ------------------------------------------------------------ the run
     def _fit(self) -> None:
@@ -82,7 +76,7 @@ class PoolActor:
         try:
             trainer = self.backend.make_trainer(
                 pool_worker,
-                train_loop_config={"pool": me},
+                train_loop_config={"pool": me, "gather_hub": self.gather_hub},
                 scaling_config=ScalingConfig(
                     num_workers=self.num_workers, use_gpu=self.use_gpu, resources_per_worker=resources or None
                 ),
@@ -109,8 +103,7 @@ class PoolActor:
         """Returns when the pool's run has ended (the server is waiting on this from the start)."""
         self.started.wait()
         self.thread.join()
-        with self.cond:
-            stop_hub(self.gather_hub)
+        stop_hub(self.gather_hub)
         return self.ended or "ended"
 
     def end(self) -> None:
@@ -278,7 +271,6 @@ def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
     pool = config["pool"]
     rank = ray.train.get_context().get_world_rank()
     last = (0, 0)
-    hub = _PoolHub(pool)
     while True:
         job = ray.get(pool.take.remote(rank, *last))
         if job is None:
@@ -286,24 +278,8 @@ def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
         if job.get("restart"):
             raise RuntimeError("raymodel: the pool restarts its worker group (a rank did not leave a failed job)")
         last = (job["seq"], job["attempt"])
-        outcome = run_on_worker(job, hub)
+        outcome = run_on_worker(job, config.get("gather_hub"))
         ray.get(pool.finished.remote(job["seq"], job["attempt"], rank, outcome))
-
-
-class _PoolHub:
-    """Where a pool's ranks gather (``Collective``): the pool's hub, asked for at the first gather."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self.started: Any = None
-
-    @property
-    def gather(self) -> Any:
-        if self.started is None:
-            import ray
-
-            self.started = ray.get(self.pool.hub.remote())
-        return self.started.gather
 
 
 def run_on_worker(job: dict[str, Any], gather_hub: Any) -> dict[str, Any]:
