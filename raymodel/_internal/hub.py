@@ -76,6 +76,12 @@ class RunHub:
         return rows
 
 
+def gathers_through_hub(backend: Any, workers: int) -> bool:
+    """Whether a run of ``workers`` ranks on ``backend`` gathers through a hub: several ranks, on Ray
+    Train, and a framework without a collective of its own (torch gathers through torch.distributed)."""
+    return workers > 1 and not backend.native_collective and backend.on_ray_train
+
+
 def start_hub() -> Any:
     """Start a hub actor (asynchronously: the call returns before the process is up)."""
     import ray

@@ -28,7 +28,7 @@ import traceback
 from typing import Any
 
 from raymodel._internal import locations, serialization
-from raymodel._internal.hub import start_hub, stop_hub
+from raymodel._internal.hub import gathers_through_hub, start_hub, stop_hub
 from raymodel.jobs._pool_session import PoolSession
 
 #: How long every rank has to leave a failed job before the pool restarts its worker group.
@@ -59,8 +59,8 @@ class PoolActor:
         self.started = threading.Event()
 
     def start(self) -> None:
-        if self.num_workers > 1 and not self.backend.native_collective:  # torch gathers through torch.distributed
-            self.gather_hub = start_hub()  # the ranks' gathers, for frameworks without a collective of their own
+        if gathers_through_hub(self.backend, self.num_workers):
+            self.gather_hub = start_hub()
         self.thread.start()
         self.started.set()
 

@@ -7,7 +7,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from raymodel._internal import checkpoint as ckpt, cluster, locations, serialization, storage, tmp
-from raymodel._internal.hub import start_hub, stop_hub
+from raymodel._internal.hub import gathers_through_hub, start_hub, stop_hub
 from raymodel.contract import training_server
 from raymodel.data import DataSpec, RayDataset, nonfinite, resolve
 from raymodel.exceptions import DataError, HookError, SettingsError, TrainingError
@@ -255,7 +255,7 @@ class Trainable:
         from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
         settings, backend = self.settings, self.model.backend
-        gathers = settings.max_workers > 1 and not backend.native_collective and backend.on_ray_train
+        gathers = gathers_through_hub(backend, settings.max_workers)
         hub = self._hub or (start_hub() if gathers or printer is not None else None)
         # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
         loop_config = {
