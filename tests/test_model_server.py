@@ -19,12 +19,14 @@ import pytest
 import requests
 import torch
 from models import DigitsData, DigitsNet
+from ray import serve
 from sklearn.datasets import load_digits
 from waiting import until
 
 import raymodel as rm
 from raymodel.exceptions import DataError, RegistryError, SettingsError
 from raymodel.jobs._from_registry import check_register, load_data, split_sets
+from raymodel.serve import _driver as serve_driver
 from raymodel.serve._traffic import VersionStats, check_split, compare, pick, point
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -242,7 +244,7 @@ def _many(url: str, bodies_and_headers, workers: int = 8) -> list[requests.Respo
 
 
 @pytest.mark.integration
-def test_a_split_route_lands_keys_by_weight_sticks_and_changes_live_under_load(split, versions):
+def test_a_split_route_lands_keys_by_weight_sticks_and_changes_live_under_load(split, versions, monkeypatch):
     X, local = versions["X"], versions["local"]
     body = {"pixels": X[:2].tolist()}
     answers = _many(split.url, [(body, {"x-raymodel-key": f"user-{i}"}) for i in range(2000)])
@@ -280,6 +282,19 @@ def test_a_split_route_lands_keys_by_weight_sticks_and_changes_live_under_load(s
     moved = [a.headers["x-raymodel-model"] for a in again]
     assert abs(moved.count("digits:2") / 1000 - 0.5) <= 0.05
     assert all(m == "digits:2" for m, before in zip(moved, named) if before == "digits:2")  # only 1 -> 2 moved
+    # A replica Serve did not hand its split (seen once under load): set_split hands it over itself.
+    # Here the replica is put back on the old split behind Serve's back, so Serve, whose user_config
+    # is the split asked for already, changes nothing: only the hand-over can make set_split return.
+    monkeypatch.setattr(serve_driver, "PUSH_AFTER_S", 1.0)
+    handle = serve.get_app_handle(split.name)
+    old = {"digits@production": 0.9, "digits@candidate": 0.1}
+    handle.broadcast("take", {"split": old, "rollout": None}).results()
+    assert requests.get(split.url + "/info", timeout=30).json()["split"] == old
+    began = time.monotonic()
+    split.set_split({"digits@production": 0.5, "digits@candidate": 0.5})
+    assert time.monotonic() - began < 30
+    info = requests.get(split.url + "/info", timeout=30).json()
+    assert info["split"] == {"digits@production": 0.5, "digits@candidate": 0.5} and info["replica_pid"] == pid
 
 
 @pytest.mark.integration

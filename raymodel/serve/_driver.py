@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -13,6 +14,12 @@ from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._rollout import Guard, Rollout, running_on, start_rollout
 from raymodel.serve._route_plan import _is_multiplexed, _plan, _routed_application
 from raymodel.serve._settings import ServeSettings, replica_options
+
+logger = logging.getLogger(__name__)
+
+#: How long ``Servable.apply`` waits for Serve to hand a replica its new split before handing it
+#: the split itself (a replica takes one in about a second here).
+PUSH_AFTER_S = 10.0
 
 if TYPE_CHECKING:
     from raymodel.contract import Model
@@ -243,24 +250,41 @@ class Servable:
 
     def apply(self, timeout_s: float = 60.0) -> None:
         """Redeploy a running route with this servable's split (and rollout): a reconfiguration in
-        place; returns once a replica answers with it."""
+        place; returns once every replica answers with it.
+
+        Serve's controller hands the new ``user_config`` to each replica. Once in a clean-clone CI run
+        (2 cores, loaded) it did not within a minute, and the next redeploy went through at once; so a
+        replica still on the old split after ``PUSH_AFTER_S`` is handed the same split directly
+        (``RouteServer.take``, idempotent). ``user_config`` stays what a replica started later reads."""
         from ray import serve
 
         assert self.plan is not None
         serve.run(self.as_application(), name=self.name, route_prefix=self.route, blocking=False)
-        wanted = (self.plan["split"], self.rollout_id)
-        deadline = time.monotonic() + timeout_s
+        config = {"split": self.plan["split"], "rollout": self.rollout_id}
+        wanted = (config["split"], config["rollout"])
+        handle = serve.get_app_handle(self.name)
+        began = time.monotonic()
+        pushed = False
         while True:
-            # A handle of its own each time: one kept from before the reconfiguration can go on
-            # reaching what it knew (seen once in a controller actor: a minute of the old split).
-            now = serve.get_app_handle(self.name).spec.remote().result(timeout_s=10)
-            seen = (now["plan"]["split"], now["rollout"])
-            if seen == wanted:
+            seen = [(now["plan"]["split"], now["rollout"]) for now in handle.broadcast("spec").results(timeout_s=10)]
+            behind = [s for s in seen if s != wanted]
+            if seen and not behind:
                 return
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - began
+            if behind and not pushed and waited > PUSH_AFTER_S:
+                logger.warning(
+                    "`%s`: %d of %d replicas still answer with %s %.0f s after the redeploy; handing them "
+                    "the split %s directly", self.route, len(behind), len(seen), behind[0][0], waited, wanted[0],
+                )  # fmt: skip
+                handle.broadcast("take", config).results(timeout_s=30)
+                pushed = True
+            if waited > timeout_s:
                 raise ServeError(
                     f"`{self.route}` did not take the split {wanted[0]} (rollout {wanted[1]}) within "
-                    f"{timeout_s:.0f} s: it answers with {seen[0]} (rollout {seen[1]}); Serve's logs say why."
+                    f"{timeout_s:.0f} s: {len(behind)} of {len(seen)} replicas answer with "
+                    f"{behind[0][0] if behind else None} (rollout {behind[0][1] if behind else None}); "
+                    f"Serve says {_deployment_status(self.name)}; Serve's logs say why "
+                    "(`ray/session_latest/logs/serve/` under Ray's temp folder)."
                 )
             time.sleep(0.05)
 
@@ -294,6 +318,20 @@ def _checkpoint_of(model: Model, name: str) -> str:
     """A checkpoint of the instance's *current* weights, which every replica loads itself, from
     wherever ``RAYMODEL_HOME`` is (a replica on another node reads the URI)."""
     return model.save(storage.join(serve_folder(name), f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"))
+
+
+def _deployment_status(app: str) -> str:
+    """Serve's word on an application's deployments (their status, message and replicas' states)."""
+    from ray import serve
+
+    try:
+        deployments = serve.status().applications[app].deployments
+    except Exception as exc:  # noqa: BLE001 - only for an error message
+        return f"nothing ({type(exc).__name__}: {exc})"
+    return "; ".join(
+        f"{name}: {d.status}" + (f" ({d.message})" if d.message else "") + f", replicas {dict(d.replica_states)}"
+        for name, d in deployments.items()
+    )
 
 
 def _wait_until_answering(url: str, timeout_s: float = 60.0) -> None:

@@ -77,6 +77,12 @@ class RouteServer(ModelServer):
         self.rollout = config.get("rollout")
         logger.info("split now %s%s", shares, f" (rollout {self.rollout})" if self.rollout else "")
 
+    async def take(self, config: dict[str, Any]) -> None:
+        """The split handed over directly, when Serve has not reconfigured this replica with it in
+        time (``Servable.apply``): what ``reconfigure`` does; taking the split held is a no-op."""
+        if (dict(self.route.shares), self.rollout) != (config["split"], config.get("rollout")):
+            await self.reconfigure(config)
+
     # ------------------------------------------------------------ references
     def _refs(self, shares: list[tuple[str, float]]) -> list[str]:
         return [ref for ref, _ in shares] + ([self.plan["shadow"]] if self.plan.get("shadow") else [])
