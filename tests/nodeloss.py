@@ -3,6 +3,8 @@
 A head with no CPUs (the driver's node, where the training server runs) and two
 1-CPU worker nodes, from ``ray.cluster_utils.Cluster``:
 
+* ``rescheduling``: a placement group over both nodes loses one: what the server says a
+  worker group in that state waits for ("1 more CPU for 1 worker of 2").
 * ``elastic``: ``num_workers=(1, 2)``; a node is removed after epoch 3: the run
   continues on one worker; a node is added: it grows back to two.
 * ``fixed``: two workers on a pool; a node is removed after epoch 3: the job says
@@ -100,7 +102,23 @@ def main() -> None:
     base = {"batch_size": 4, "progress": False, "callbacks": [Paced(1.0)], "max_failures": 3}
 
     for scenario in scenarios:
-        if scenario == "elastic":
+        if scenario == "rescheduling":
+            # A worker group that lost a node waits only for the bundle it lost (Ray: RESCHEDULING):
+            # what the server says it waits for still names the group's size.
+            from ray.util.placement_group import placement_group, remove_placement_group
+
+            from raymodel.jobs._control import _unplaced
+            from raymodel.jobs._keeper import pending_groups
+
+            group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+            ray.get(group.ready(), timeout=60)
+            cluster.remove_node(nodes.pop())
+            waiting = until(pending_groups, 60, 0.2)
+            said = _unplaced(waiting)
+            remove_placement_group(group)
+            nodes.append(add_node())
+            print("RESULT", json.dumps({"scenario": scenario, "waiting": waiting, "said": said}), flush=True)
+        elif scenario == "elastic":
             # `elastic_wait_s`: how long it waits for a worker group of its size before it shrinks.
             settings = {**base, "num_workers": (1, 2), "num_epochs": 60, "elastic_resize_s": 2, "elastic_wait_s": 20}
             job = TinyNet().train(settings, data=data, wait=False)

@@ -247,7 +247,7 @@ def _names(folder):
 @lane.job("nodeloss", expected_s=180)
 def _nodeloss(scratch: Path) -> list[dict]:
     env = {"RAYMODEL_HOME": str(scratch / "home"), "HOME": str(scratch)}
-    return run_script("nodeloss.py", ["elastic", "fixed", "stop_waiting", "give_up"], env, timeout=600)
+    return run_script("nodeloss.py", ["rescheduling", "elastic", "fixed", "stop_waiting", "give_up"], env, timeout=600)
 
 
 @pytest.mark.integration
@@ -257,6 +257,9 @@ def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for
     nodes."""
     results = lane.result("nodeloss")
     seen = {r["scenario"]: r for r in results}
+    rescheduling = seen["rescheduling"]  # Ray lists only the lost bundle of such a group
+    assert rescheduling["waiting"] == [[[{"CPU": 1.0}], 2]], rescheduling
+    assert rescheduling["said"] == "1 more CPU for 1 worker of 2", rescheduling
     elastic, fixed = seen["elastic"], seen["fixed"]
     epochs = [row["epoch"] for row in elastic["history"]]
     assert epochs == list(range(1, len(epochs) + 1))  # each once, shrunk and grown

@@ -19,7 +19,7 @@ from typing import Any
 import ray
 
 from raymodel.jobs._constants import ACTIVE, UPDATABLE
-from raymodel.jobs._keeper import pending_demand
+from raymodel.jobs._keeper import pending_groups
 from raymodel.jobs._queue import fits
 from raymodel.jobs._state import ServerState
 
@@ -127,7 +127,7 @@ class JobControl(ServerState):
                     self._save(record["id"])
         if not waiting or all(now - r["lost"]["at"] < _PLACE_GRACE_S for r in waiting if r.get("lost")):
             return
-        missing = _unplaced(pending_demand(groups_only=True))
+        missing = _unplaced(pending_groups())
         with self.lock:
             for record in waiting:
                 lost = record.get("lost")
@@ -164,15 +164,16 @@ class JobControl(ServerState):
         record.pop("lost", None)
 
 
-def _unplaced(bundles: list[dict[str, float]]) -> str | None:
-    """What Ray's pending worker groups lack, in words ("1 more CPU for 1 worker"), from the bundles
-    that do not fit what is free now (``None``: nothing is waiting)."""
-    if not bundles:
+def _unplaced(groups: list[tuple[list[dict[str, float]], int]]) -> str | None:
+    """What Ray's waiting worker groups lack, in words ("1 more CPU for 1 worker of 2"), from the
+    bundles that do not fit what is free now (``None``: nothing is waiting). ``groups``: each waiting
+    group's unplaced bundles and its size (``pending_groups``)."""
+    if not groups:
         return None
     free = {k: float(v) for k, v in ray.available_resources().items()}
     short: dict[str, float] = {}
     workers = 0
-    for bundle in bundles:
+    for bundle in (b for bundles, _ in groups for b in bundles):
         if fits(bundle, free) is None:
             free = {k: free.get(k, 0.0) - bundle.get(k, 0.0) for k in free}
             continue
@@ -183,7 +184,8 @@ def _unplaced(bundles: list[dict[str, float]]) -> str | None:
     if not workers:
         return None
     amounts = ", ".join(f"{v:g} more {k}" for k, v in sorted(short.items()) if v > 0) or "resources"
-    return f"{amounts} for {workers} worker{'s' if workers != 1 else ''} of {len(bundles)}"
+    size = sum(size for _, size in groups)
+    return f"{amounts} for {workers} worker{'s' if workers != 1 else ''} of {size}"
 
 
 def _check_update(record: dict[str, Any], config: dict[str, Any], settings: dict[str, Any]) -> str | None:

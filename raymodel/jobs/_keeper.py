@@ -145,17 +145,43 @@ class PoolKeeper(ServerState):
         print(f"pool {pool_id} ended: {why}", flush=True)
 
 
-def pending_demand(groups_only: bool = False) -> list[dict[str, float]]:
-    """The resource bundles Ray reports that tasks, actors and placement groups wait for (one entry
-    per bundle); ``groups_only``: only placement groups' (a worker group that cannot be placed)."""
-    try:
-        from ray.autoscaler.v2.sdk import get_cluster_status
+def _demand() -> Any:
+    from ray.autoscaler.v2.sdk import get_cluster_status
 
-        demand = get_cluster_status(ray.get_runtime_context().gcs_address).resource_demands
+    return get_cluster_status(ray.get_runtime_context().gcs_address).resource_demands
+
+
+def _bundles(demands: list[Any]) -> list[dict[str, float]]:
+    return [
+        {k: float(v) for k, v in b.bundle.items()}
+        for d in demands
+        for b in d.bundles_by_count
+        for _ in range(max(int(b.count), 1))
+    ]
+
+
+def pending_demand() -> list[dict[str, float]]:
+    """The resource bundles Ray reports that tasks, actors and placement groups wait for (one entry
+    per bundle)."""
+    try:
+        demand = _demand()
     except Exception:  # noqa: BLE001 - no demand known is no reason to release anything
         return []
-    kinds: list[list[Any]] = [demand.placement_group_demand]
-    if not groups_only:
-        kinds.append(demand.ray_task_actor_demand)
-    bundles = [b for kind in kinds for d in kind for b in d.bundles_by_count]
-    return [{k: float(v) for k, v in b.bundle.items()} for b in bundles for _ in range(max(int(b.count), 1))]
+    return _bundles([*demand.placement_group_demand, *demand.ray_task_actor_demand])
+
+
+def pending_groups() -> list[tuple[list[dict[str, float]], int]]:
+    """The placement groups (worker groups) Ray cannot place now: for each, the bundles that wait
+    and how many bundles the group has. A group that lost a node (RESCHEDULING) waits only for the
+    bundles it lost, so its size comes from Ray's placement group table."""
+    try:
+        groups = _demand().placement_group_demand
+    except Exception:  # noqa: BLE001 - nothing known to wait
+        return []
+    table = ray.util.placement_group_table() if groups else {}
+    out = []
+    for group in groups:
+        waiting = _bundles([group])
+        size = len(table.get(group.pg_id or "", {}).get("bundles") or {}) or len(waiting)
+        out.append((waiting, max(size, len(waiting))))
+    return out
