@@ -52,8 +52,10 @@ class Lane:
         assert self.root is not None
         # The lane takes only the CPU the session's tests leave idle: this thread, and every process
         # it starts (its Ray heads, their workers), run under Linux's SCHED_IDLE. Beside the lane at
-        # normal priority the session's first test file took 474 to 512 s; alone, 267 s.
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        # normal priority the session's first test file took 474 to 512 s; alone, 267 s. (Linux only:
+        # elsewhere the lane runs at the tests' priority.)
+        if hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         for name in order:
             future = self.futures[name]
             began = time.monotonic()
