@@ -150,11 +150,11 @@ if __name__ == "__main__":
     writer = Writer()
     writer.train(settings, data=story_rows(400))
     served = writer.serve("/writer")
-    print("streaming 'the good' ->", end="", flush=True)
+    print("streaming 'the good' -> ", end="", flush=True)
     request = {"prompt": "the good", "max_new_tokens": 6, "stream": True}
     with requests.post(served.url, json=request, stream=True, timeout=60) as events:
         for line in events.iter_lines(decode_unicode=True):
             if line.startswith("data: {"):
-                print(" " + json.loads(line.removeprefix("data: "))["token"], end="", flush=True)
+                print(json.loads(line.removeprefix("data: "))["token"], end="", flush=True)  # pieces of text
     print()
     served.shutdown()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import raymodel as rm
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 from transformers_sentiment import (
@@ -17,4 +19,75 @@ from transformers_sentiment import (
     story_rows,
 )
 
-__all__ = ["VOCAB", "Sentiment", "Writer", "make_tokenizer", "sentiment_data", "sentiment_rows", "story_rows"]
+__all__ = [
+    "POEMS",
+    "VOCAB",
+    "Poet",
+    "Sentiment",
+    "Writer",
+    "make_bpe_tokenizer",
+    "make_tokenizer",
+    "sentiment_data",
+    "sentiment_rows",
+    "story_rows",
+]
+
+
+#: Accented text and emoji for a byte-level BPE tokenizer: most of these characters are two to four
+#: bytes, which a small vocabulary leaves split over several tokens.
+POEMS = [
+    "crème brûlée au café, très naïve 🙂",
+    "la façade du château, über schön 🎉",
+    "smörgåsbord à Zürich, piñata 🌮 jalapeño",
+    "déjà vu, entrée et soufflé 🍰 voilà",
+    "garçon, un crème! señor, ¿qué tal? 🙂🎉",
+]
+
+
+def make_bpe_tokenizer(vocab_size: int = 272):
+    """A byte-level BPE tokenizer (GPT-2's kind) trained in code on ``POEMS``: nothing is downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(POEMS * 4, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=64
+    )
+
+
+class Poet(rm.RayTransformersModel):
+    """A two-layer GPT-2 over a byte-level BPE vocabulary, its weights seeded (``config["seed"]``)."""
+
+    default_config = {"lr": 3e-3, "seed": 3}
+
+    def setup(self, config):
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        self.tokenizer = make_bpe_tokenizer()
+        torch.manual_seed(config["seed"])
+        eos = self.tokenizer.eos_token_id
+        self.model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=len(self.tokenizer),
+                n_positions=64,
+                n_embd=32,
+                n_layer=2,
+                n_head=2,
+                bos_token_id=eos,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )
+        )
+
+    def tokenize(self, batch):
+        return self.tokenizer(batch["text"], truncation=True, max_length=32)

@@ -144,13 +144,32 @@ def test_a_killed_algorithm_actor_resumes_from_its_newest_checkpoint_each_iterat
     assert "worker 0 failed after epoch" in log and "ActorDiedError" in log and "resumed" in log, log
 
 
+@pytest.mark.parametrize("env_runners", [0, 1, 2])
+def test_a_trial_holds_the_bundles_rllib_asks_for_its_algorithm_and_env_runners(env_runners):
+    """A trial's placement group is RLlib's own request (``Algorithm.default_resource_request``): the
+    Algorithm's bundle, then one per env runner, which RLlib places by index (a trial of one bundle
+    failed every env runner with 'placement group bundle index 1 is invalid')."""
+    from ray.rllib.algorithms.ppo import PPO
+
+    from raymodel.backends._rllib_loop import algo_config, env_name
+
+    model = Balancer()
+    tunable = rm.Tunable(model, {}, settings=rm.TuneSettings(train={"num_workers": env_runners}), data=None)
+    ours = tunable.as_trainable()._resources({})
+    settings = rm.TrainSettings(num_workers=env_runners)
+    rllib = PPO.default_resource_request(algo_config(model, settings, env_name(model)))
+    assert ours.bundles == [{k: v for k, v in b.items() if v} for b in rllib.bundles], (ours.bundles, rllib.bundles)
+    assert tunable.trial_needs == {"CPU": 1.0 + env_runners}
+    assert not tunable.trials_on_pools
+
+
 @pytest.mark.integration
-def test_asha_tunes_over_iterations_and_the_best_trial_ends_in_the_instance(ray_session):
+def test_asha_tunes_over_iterations_with_the_default_settings_and_the_best_trial_ends_in_the_instance(ray_session):
     rm.jobs.release_pools()
     model = Balancer()
-    tuned = model.tune(
+    tuned = model.tune(  # the default settings: one env runner, in the trial's placement group
         {"lr": rm.tune.choice([3e-4, 1e-3])},
-        settings=rm.TuneSettings(num_samples=2, max_epochs=3, train={"num_workers": 0}),
+        settings=rm.TuneSettings(num_samples=2, max_epochs=3),
     )
     assert tuned.metric == "episode_return_mean" and tuned.num_trials == 2
     assert tuned.best_config["lr"] in (3e-4, 1e-3)

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import requests
 from conformance import CrashOnce
-from hf_models import Sentiment, Writer, sentiment_data, sentiment_rows, story_rows
+from hf_models import POEMS, Poet, Sentiment, Writer, sentiment_data, sentiment_rows, story_rows
 from waiting import until
 
 import raymodel as rm
@@ -242,7 +242,7 @@ def test_a_tiny_gpt2_generates_and_streams_its_tokens_as_server_sent_events(ray_
     words = answer["text"].split()
     assert 1 <= len(words) <= 4 and all(w in writer.tokenizer.get_vocab() for w in words), answer
     local = list(writer.stream({"prompt": "the good", "max_new_tokens": 4}))
-    assert " ".join(local) == answer["text"]
+    assert "".join(local) == answer["text"] and len(local) > 1, local  # words, not "goodday" nor one piece
 
     served = writer.serve("/writer")
     try:
@@ -255,10 +255,57 @@ def test_a_tiny_gpt2_generates_and_streams_its_tokens_as_server_sent_events(ray_
             assert streamed.headers["content-type"].startswith("text/event-stream")
             events = [line for line in streamed.iter_lines(decode_unicode=True) if line]
         assert events[-1] == "data: [DONE]", events
-        tokens = [rm_json(e.removeprefix("data: "))["token"] for e in events[:-1]]
-        assert tokens == local, events  # one event per token, as generated
+        pieces = [rm_json(e.removeprefix("data: "))["token"] for e in events[:-1]]
+        assert pieces == local, events  # one event per piece, as generated
         bad = requests.post(served.url, json={"prompt": 5, "stream": True}, timeout=30)
         assert bad.status_code == 422 and "`prompt` must be a string" in bad.text
+    finally:
+        served.shutdown()
+
+
+def learned_poet() -> Poet:
+    """A Poet whose greedy text is the poems' (accents, emoji): 150 steps of plain torch, in-process."""
+    import torch
+
+    poet = Poet()
+    poet.ensure_setup()
+    batch = poet.tokenizer(POEMS, padding=True, return_tensors="pt")
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    optimizer = torch.optim.Adam(poet.model.parameters(), lr=1e-2)
+    poet.model.train()
+    for _ in range(150):
+        poet.model(**batch, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    poet.model.eval()
+    return poet
+
+
+@pytest.mark.integration
+def test_a_streamed_generation_joins_to_exactly_the_answer_on_a_byte_level_bpe_tokenizer(ray_session):
+    """Characters that a byte-level BPE tokenizer splits over tokens (accents, emoji) stream whole:
+    the pieces of ``model.stream`` and of the route's events join to the non-streamed greedy text
+    (decoded token by token, the same text comes out as U+FFFD pairs)."""
+    poet = learned_poet()
+    request = {"prompt": "crème", "max_new_tokens": 40}
+    answer = poet.predict(request)["text"]
+    assert "brûlée" in answer and "🙂" in answer, answer  # characters of two and four bytes
+    ids = poet.tokenizer(answer)["input_ids"]
+    alone = "".join(poet.tokenizer.decode([i]) for i in ids)
+    assert "\ufffd" in alone and alone != answer, alone  # what decoding each token alone gave
+    local = list(poet.stream(request))
+    assert "".join(local) == answer and len(local) > 2, local
+
+    served = poet.serve("/poet")
+    try:
+        plain = requests.post(served.url, json=request, timeout=30)
+        assert plain.status_code == 200 and plain.json() == {"text": answer}, plain.text
+        with requests.post(served.url, json={**request, "stream": True}, stream=True, timeout=30) as streamed:
+            assert streamed.status_code == 200
+            events = [line for line in streamed.iter_lines(decode_unicode=True) if line]
+        assert events[-1] == "data: [DONE]", events
+        pieces = [rm_json(e.removeprefix("data: "))["token"] for e in events[:-1]]
+        assert "".join(pieces) == answer and pieces == local, events
     finally:
         served.shutdown()
 

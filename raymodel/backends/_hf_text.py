@@ -3,8 +3,9 @@
 - a sequence classifier: ``{"text": "..." | [...]}`` -> ``{"label": [...], "score": [...]}`` (the
   config's ``id2label`` names where it has its own, else class ids; ``score`` is the softmax's top);
 - a causal LM: ``{"prompt": "..." | [...], "max_new_tokens": 20, "do_sample": false, "temperature",
-  "top_k", "top_p"}`` -> ``{"text": "..."}`` (a list for a list of prompts); ``stream`` gives the new
-  tokens one at a time (served as server-sent events);
+  "top_k", "top_p"}`` -> ``{"text": "..."}`` (a list for a list of prompts); ``stream`` gives the
+  generated text in pieces as they become final, which join to exactly that text (served as
+  server-sent events);
 - any other head: ``{"text": ...}`` -> the model's outputs (logits, hidden states) as lists.
 
 What is not text is a ``TypeError``/``ValueError`` naming what is expected: a 422 when served, a
@@ -159,7 +160,8 @@ def postprocess(model: Any, output: Any) -> Any:
 
 # --------------------------------------------------------------------------- streaming
 def stream(model: Any, payload: Any) -> Iterator[str]:
-    """The new tokens of one prompt's generation, each as soon as it is made (generation runs in a thread)."""
+    """The text of one prompt's generation in pieces, each as soon as it is final (generation runs in a
+    thread); the pieces join to exactly the non-streamed answer."""
     if task_of(model.model) != "causal_lm":
         raise ValueError(f"`{type(model.model).__name__}` does not generate text; leave `stream` out of the request")
     request = generation(payload)
@@ -170,7 +172,7 @@ def stream(model: Any, payload: Any) -> Iterator[str]:
     def run() -> None:
         try:
             with model.backend.inference(model):
-                _generate(model, request, streamer=_TokenStreamer(model.tokenizer, tokens))
+                _generate(model, request, streamer=_streamer(model.tokenizer, tokens))
         except BaseException as exc:  # noqa: BLE001 - handed to the reading side
             tokens.put(exc)
         finally:
@@ -190,22 +192,16 @@ def _drain(tokens: queue.Queue[Any]) -> Iterator[str]:
         yield item
 
 
-class _TokenStreamer:
-    """transformers' streamer interface (``put``/``end``): each new token, decoded alone, into a queue.
-    The first ``put`` is the prompt, which is skipped."""
+def _streamer(tokenizer: Any, pieces: queue.Queue[Any]) -> Any:
+    """transformers' own incremental detokenization (``TextStreamer``): the new tokens are decoded
+    together as they come and a piece is handed on once it can no longer change (a byte-level BPE
+    character split over tokens, a WordPiece ``##`` piece), so the pieces join to exactly the text
+    ``tokenizer.decode`` gives for the whole generation. The prompt is skipped."""
+    from transformers import TextStreamer
 
-    def __init__(self, tokenizer: Any, tokens: queue.Queue[Any]) -> None:
-        self.tokenizer, self.tokens = tokenizer, tokens
-        self.prompt_seen = False
-
-    def put(self, value: Any) -> None:
-        if not self.prompt_seen:
-            self.prompt_seen = True
-            return
-        for token_id in value.reshape(-1).tolist():
-            text = self.tokenizer.decode([token_id], skip_special_tokens=True)
+    class _Pieces(TextStreamer):
+        def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
             if text:
-                self.tokens.put(text)
+                pieces.put(text)
 
-    def end(self) -> None:
-        pass
+    return _Pieces(tokenizer, skip_prompt=True, skip_special_tokens=True)

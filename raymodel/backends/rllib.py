@@ -93,11 +93,19 @@ class RLlibBackend(TorchBackend):
         learner = {"CPU": 1.0, **({"GPU": 1.0} if scaling_config.use_gpu else {})}
         return AlgorithmRun(train_loop_config, scaling_config, run_config, learner, env={NO_TF[0]: NO_TF[1]})
 
+    def trial_bundles(self, num_workers: int, use_gpu: bool) -> list[dict[str, float]]:
+        """As RLlib's ``Algorithm.default_resource_request`` places it (``num_learners=0``): the
+        Algorithm's process with its learner's CPU (and GPU), then one CPU per env runner, each env
+        runner in the bundle of its index."""
+        learner = {"CPU": 1.0, **({"GPU": 1.0} if use_gpu else {})}
+        return [learner] + [{"CPU": 1.0} for _ in range(int(num_workers))]
+
     def run_needs(self, settings: Any) -> dict[str, float]:
         """The learner's CPU (and GPU) in the Algorithm's actor, plus one CPU per env runner."""
-        needs = {"CPU": 1.0 + float(settings.num_workers)}
-        if settings.use_gpu:
-            needs["GPU"] = 1.0
+        needs: dict[str, float] = {}
+        for bundle in self.trial_bundles(settings.num_workers, settings.use_gpu):
+            for k, v in bundle.items():
+                needs[k] = needs.get(k, 0.0) + v
         return needs
 
     # ------------------------------------------------------------- checking

@@ -169,6 +169,12 @@ class Backend:
         per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
         return {k: v * max(settings.min_workers, 1) for k, v in per_worker.items()}
 
+    def trial_bundles(self, num_workers: int, use_gpu: bool) -> list[dict[str, float]] | None:
+        """The placement group of a Tune trial whose run is not a Ray Train worker group but starts
+        actors of its own from the trial's process (the first bundle is that process). ``None``: a
+        Ray Train run, placed as ``tune/_trial.py`` says."""
+        return None
+
     def worker_loop(self, run: Run) -> WorkerLoop:
         """The ``WorkerLoop`` that trains this backend's model on a worker."""
         raise NotImplementedError("The 'worker_loop' method must be implemented.")

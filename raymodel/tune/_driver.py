@@ -101,15 +101,17 @@ class Tunable:
         """Whether trials run their training as jobs of the training server, on pools (several workers
         each, or ``train.num_workers`` tuned, with settings that go to a pool)."""
         ts = self.train_settings
+        if not self.model.backend.on_ray_train:  # RLlib: the trial holds its Algorithm and env runners
+            return False
         return ts.on_pool and (ts.max_workers > 1 or f"{TRAIN_PREFIX}num_workers" in self.space)
 
     @property
     def trial_needs(self) -> dict[str, float]:
         """What a trial holds while it runs: its one worker's resources, or a sliver plus the worker
         group it starts itself (a worker group on a pool is a job of the server, holding its own)."""
-        ts = self.train_settings
-        needs = trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS})
-        if ts.max_workers > 1 and not on_pool(ts):
+        ts, backend = self.train_settings, self.model.backend
+        needs = trial_resources(backend, **{n: getattr(ts, n) for n in PLACEMENT_FIELDS})
+        if ts.max_workers > 1 and backend.on_ray_train and not on_pool(ts, backend):
             for k, v in worker_resources(ts.resources_per_worker, ts.use_gpu).items():
                 needs[k] = needs.get(k, 0.0) + v * ts.max_workers
         return needs
@@ -127,8 +129,8 @@ class Tunable:
         trainable = tune.with_parameters(trial, payload=payload, data=self.spec.for_workers())
         # One worker: the trial trains in its own process and holds that worker's resources.
         base = {name: getattr(self.train_settings, name) for name in PLACEMENT_FIELDS}
-        # A function of the trial's config (`train.*` placement may be tuned) returning a resource dict.
-        return tune.with_resources(trainable, functools.partial(resources_of, base))  # type: ignore[arg-type]
+        # A function of the trial's config (`train.*` placement may be tuned) returning its placement group.
+        return tune.with_resources(trainable, functools.partial(resources_of, base, self.model.backend))
 
     def as_tuner(self) -> Any:
         """The native ``tune.Tuner`` (or ``Tuner.restore`` with ``resume=True``), not yet fit."""
@@ -156,7 +158,7 @@ class Tunable:
             return tune.Tuner.restore(
                 self.path, trainable=trainable, param_space=param_space, resume_unfinished=True, resume_errored=True
             )
-        at_once = settings.max_concurrent_trials or _fits_at_once(self.train_settings)
+        at_once = settings.max_concurrent_trials or _fits_at_once(self.train_settings, self.model.backend)
         search_alg = _searcher(settings, at_once)
         tune_config = tune.TuneConfig(
             metric=self.metric,
@@ -182,9 +184,9 @@ class Tunable:
     def fit(self) -> TuneResult:
         """Run the experiment; afterwards the model holds the best trial's config and weights."""
         tuner = self.as_tuner()
-        ts = self.train_settings
-        if not on_pool(ts):  # trials that hold resources themselves: idle pools make room
-            training_server().make_room(trial_resources(**{n: getattr(ts, n) for n in PLACEMENT_FIELDS}))
+        ts, backend = self.train_settings, self.model.backend
+        if not on_pool(ts, backend):  # trials that hold resources themselves: idle pools make room
+            training_server().make_room(trial_resources(backend, **{n: getattr(ts, n) for n in PLACEMENT_FIELDS}))
         results = _fit(tuner, self._guard)
         result = collect(results, self.metric, self.settings, list(self.space), self.path, self.storage)
         if self.settings.progress:
@@ -323,15 +325,18 @@ def _searcher(settings: TuneSettings, at_once: int) -> Any:
     return BasicVariantGenerator(random_state=settings.seed, max_concurrent=at_once)
 
 
-def _fits_at_once(train_settings: Any) -> int:
+def _fits_at_once(train_settings: Any, backend: Any) -> int:
     """How many trials the cluster's CPUs hold at once, given each trial's workers."""
     import ray
 
     cpus = float(ray.cluster_resources().get("CPU", 1))
-    per_worker = float((train_settings.resources_per_worker or {}).get("CPU", 1))
-    workers = max(train_settings.num_workers, 1)
-    sliver = trial_resources(**{n: getattr(train_settings, n) for n in PLACEMENT_FIELDS}).get("CPU", 0.0)
-    per_trial = workers * per_worker + sliver * (workers > 1)
+    held = trial_resources(backend, **{n: getattr(train_settings, n) for n in PLACEMENT_FIELDS}).get("CPU", 0.0)
+    if backend.on_ray_train:
+        per_worker = float((train_settings.resources_per_worker or {}).get("CPU", 1))
+        workers = max(train_settings.num_workers, 1)
+        per_trial = workers * per_worker + held * (workers > 1)
+    else:  # the trial holds its whole run
+        per_trial = max(held, 0.01)
     return max(1, math.floor(cpus / per_trial + 1e-9))
 
 

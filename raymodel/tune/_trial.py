@@ -7,6 +7,9 @@ Tune calls Train: a trial runs the same ``WorkerRun`` lifecycle as
   trial's own process, which holds the worker's resources. No Ray Train
   worker group is started, so a trial costs its epochs, not a worker group's
   start-up (``TrialSession``);
+* **a run that is not a Ray Train worker group** (RLlib: the Algorithm and its
+  env runners): in the trial's own process too, the env runners in the
+  trial's placement group, one bundle each (``Backend.trial_bundles``);
 * **several workers**: a Ray Train V2 worker group, as ``model.train()`` uses;
   its epochs reach the trial through the run's hub and are acknowledged once
   Tune has them, so training waits for Tune's decision before the next epoch.
@@ -56,7 +59,7 @@ def trial(config: dict[str, Any], payload: bytes, data: Any) -> None:
         settings, name=name, storage_path=trial_dir(context, unpacked.get("storage")), progress=False
     )
     info = {"experiment": context.get_experiment_name(), "trial_id": context.get_trial_id()}
-    if runs_in_trial(settings, data):
+    if runs_in_trial(settings, data, model.backend):
         trainable = Trainable(model, settings, data=data, resume_from=resume_from, info=info)
         trainable.run_here(TrialSession(trainable.path, keep=settings.keep_checkpoints))
     else:
@@ -69,8 +72,11 @@ def trial_settings(train: Any, config: dict[str, Any]) -> Any:
     return dataclasses.replace(train, **overrides)
 
 
-def runs_in_trial(settings: Any, data: Any) -> bool:
-    """One worker, and no ``ray.data`` split (those are read through a worker group's shards)."""
+def runs_in_trial(settings: Any, data: Any, backend: Any) -> bool:
+    """A run that is not a Ray Train worker group (RLlib's Algorithm and its env runners), or one
+    worker and no ``ray.data`` split (those are read through a worker group's shards)."""
+    if not backend.on_ray_train:
+        return True
     return settings.num_workers <= 1 and not getattr(data, "ray_datasets", None)
 
 
@@ -78,19 +84,42 @@ def runs_in_trial(settings: Any, data: Any) -> bool:
 PLACEMENT_FIELDS = ("num_workers", "resources_per_worker", "use_gpu")
 
 
-def trial_resources(num_workers: int, resources_per_worker: dict[str, float] | None, use_gpu: bool) -> dict[str, float]:
-    """What a trial holds: its one worker's resources, or a sliver when a worker group does the work."""
+def trial_bundles(
+    backend: Any, num_workers: int, resources_per_worker: dict[str, float] | None, use_gpu: bool
+) -> list[dict[str, float]]:
+    """The placement group of a trial: the backend's own bundles for a run in the trial's process
+    that starts actors of its own (RLlib: the Algorithm, then one bundle per env runner); else one
+    bundle, its one worker's resources, or a sliver when a worker group does the work."""
+    own = backend.trial_bundles(num_workers, use_gpu)
+    if own is not None:
+        return [dict(b) for b in own]
     if num_workers > 1:
-        return {"CPU": 0.01}  # the trial only drives the run; the worker group holds the resources
-    return worker_resources(resources_per_worker, use_gpu)
+        return [{"CPU": 0.01}]  # the trial only drives the run; the worker group holds the resources
+    return [worker_resources(resources_per_worker, use_gpu)]
 
 
-def resources_of(base: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
-    """``trial_resources`` of a trial's config (``base``: the experiment's placement fields)."""
+def trial_resources(
+    backend: Any, num_workers: int, resources_per_worker: dict[str, float] | None, use_gpu: bool
+) -> dict[str, float]:
+    """What a trial holds in all (``trial_bundles`` added up)."""
+    total: dict[str, float] = {}
+    for bundle in trial_bundles(backend, num_workers, resources_per_worker, use_gpu):
+        for k, v in bundle.items():
+            if v:
+                total[k] = total.get(k, 0.0) + float(v)
+    return total
+
+
+def resources_of(base: dict[str, Any], backend: Any, config: dict[str, Any]) -> Any:
+    """The placement group (a ``PlacementGroupFactory``) of a trial's config (``base``: the
+    experiment's placement fields; ``train.*`` placement may be tuned)."""
+    from ray.tune import PlacementGroupFactory
+
     fields = dict(base)
     for name in PLACEMENT_FIELDS:
         fields[name] = config.get(f"{TRAIN_PREFIX}{name}", fields[name])
-    return trial_resources(**fields)
+    bundles = [{k: v for k, v in b.items() if v} for b in trial_bundles(backend, **fields)]
+    return PlacementGroupFactory(bundles, strategy="PACK")
 
 
 class TrialSession(LocalSession):
@@ -111,10 +140,11 @@ def trial_dir(context: Any, root: str | None) -> str:
     return locations.join(root, storage.experiment_dir_name, storage.trial_dir_name)
 
 
-def on_pool(settings: Any) -> bool:
-    """Whether a trial's training is a job of the training server on a pool: several workers, with
-    settings that go to a pool (``TrainSettings.on_pool``); else the trial trains on its own."""
-    return settings.num_workers > 1 and settings.on_pool
+def on_pool(settings: Any, backend: Any) -> bool:
+    """Whether a trial's training is a job of the training server on a pool: a Ray Train run of
+    several workers, with settings that go to a pool (``TrainSettings.on_pool``); else the trial
+    trains on its own."""
+    return backend.on_ray_train and settings.num_workers > 1 and settings.on_pool
 
 
 def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | None, info: dict[str, Any]) -> None:
