@@ -37,15 +37,16 @@ docs: install
 
 # System tools the tests drive: Debian's chromium (the dashboard's browser test, headless) and wrk
 # (an outside HTTP load generator for the serving tests and benchmarks). Installed here when missing
-# and the machine allows (root, apt); otherwise the tests that need them are skipped and say why.
+# (as root, with apt-get); a machine where they cannot be installed fails here, naming them, rather
+# than let the tests that need them pass untested.
 TOOLS := chromium wrk
 tools:
 	@missing=""; for tool in $(TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) || \
-	    echo "warning: could not install$$missing; the tests that need them will be skipped"; \
-	  else echo "warning: missing$$missing (apt-get install$$missing); the tests that need them will be skipped"; fi; \
+	    { echo "error: could not install$$missing with apt-get; the tests need them" >&2; exit 1; }; \
+	  else echo "error: missing$$missing: install them (apt-get install$$missing) and run again" >&2; exit 1; fi; \
 	fi
 
 benchmark: install tools

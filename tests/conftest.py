@@ -14,28 +14,22 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "lane(name): checks what the background lane's job `name` returned (lane.py)")
+    import lane
+
+    config.pluginmanager.register(lane, "raymodel-test-lane")  # the background lane (tests/lane.py)
     config.addinivalue_line(
         "markers", "after(name): runs right after the test `name` of its module (on the pool that test left idle)"
     )
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``after(name)`` move next to that test; the selected tests of the background lane
-    go last, and their jobs start now (``tests/lane.py``)."""
-    from lane import LANE
-
+    """Tests marked ``after(name)`` move next to that test (the lane's tests go last: ``tests/lane.py``)."""
     for item in [item for item in items if item.get_closest_marker("after")]:
         name = item.get_closest_marker("after").args[0]
         anchor = next((i for i in items if i.name == name and i.path == item.path), None)
         if anchor is not None:  # not selected: the test runs where it is
             items.remove(item)
             items.insert(items.index(anchor) + 1, item)
-    laned = [item for item in items if item.get_closest_marker("lane")]
-    if not laned or config.option.collectonly:
-        return
-    items[:] = [item for item in items if not item.get_closest_marker("lane")] + laned
-    LANE.start([item.get_closest_marker("lane").args[0] for item in laned])
 
 
 #: (when each test began, its id), in order: the cold pools' report finds the test that started each.
@@ -49,11 +43,6 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    from lane import LANE
-
-    if LANE.took:
-        print("\nbackground lane: " + ", ".join(f"{name} {s:.0f} s" for name, s in LANE.took.items()))
-    LANE.close()
     _report_cold_pools()
 
 
@@ -91,14 +80,6 @@ def collected_after_each_module():
     (a leaked 0.25 CPU left RLlib's PPO, which takes both, waiting for its env runner)."""
     yield
     gc.collect()
-
-
-@pytest.fixture(scope="session")
-def lane():
-    """The background lane's results (``lane.result(name)``)."""
-    from lane import LANE
-
-    return LANE
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,81 +2,215 @@
 cluster that loses nodes, a head serving through HAProxy, the demo as a user runs it).
 
 Such a process needs nothing of the test session's Ray, so it runs from the start of the session, one
-at a time on a thread of its own, while the session's tests run, on the CPU they leave idle
-(SCHED_IDLE); its test waits for what it returned and checks it. ``conftest.py`` starts the lane once
-the tests are collected (only for the tests selected) and moves those tests to the end of the session,
-by when their processes have ended.
+at a time on a thread of its own, while the session's tests run, at a lower priority than theirs
+(nice 10: the session's tests take the cores first, and the lane's clusters still get a share, so a
+node's start or a head's restart is not starved past Ray's own time limits); its test waits for what
+it returned and checks it. The lane starts once the tests are selected (``-k``, ``-m``,
+``--deselect``, a file: only the jobs of the tests that will run) and those tests move to the end of
+the session, by when their processes have ended.
 
-A test module registers its process with ``@job("name")`` (a function of a scratch folder, returning
-what the test checks) and marks its test ``@pytest.mark.lane("name")``; the test takes the ``lane``
-fixture and calls ``lane.result("name")``, which re-raises whatever the process's function raised.
+A test module registers its process with ``@job("name", expected_s)`` (a function of a scratch folder,
+returning what the test checks) and marks its test ``@pytest.mark.lane("name")``; the test takes the
+``lane`` fixture and calls ``lane.result("name")``, which re-raises whatever the process's function
+raised, or a ``TimeoutError`` once the job has run past its limit (``limit_s``, three times what it is
+expected to take unless given).
+
+The module is a pytest plugin (``conftest.py`` registers it): its hooks start the lane after the
+selection and end it with the session.
+
+A session leaves no process of its own behind: every process it starts, the lane's clusters and
+whatever they daemonize included, carries ``SESSION_MARK`` in its environment, and ``close`` (at the
+session's end) ends those still running (SIGTERM, then SIGKILL) before it removes the lane's folders.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
-from concurrent.futures import Future
+import uuid
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Callable
 
-#: name -> (the function that runs the process, its expected length in seconds: the longest go first)
-JOBS: dict[str, tuple[Callable[[Path], Any], float]] = {}
+import pytest
+
+#: The environment variable whose value marks this session's processes (inherited by every child).
+SESSION_MARK = "RM_TEST_SESSION"
+#: The lane's priority: below the session's tests, above starving (SCHED_IDLE starved the lane's
+#: clusters: a node's start past Ray's 30 s, a head's restart past the test's limit).
+NICE = 10
 
 
-def job(name: str, expected_s: float) -> Callable[[Callable[[Path], Any]], Callable[[Path], Any]]:
+class Job:
+    def __init__(self, fn: Callable[[Path], Any], expected_s: float, limit_s: float | None) -> None:
+        self.fn, self.expected_s = fn, expected_s
+        self.limit_s = limit_s if limit_s is not None else 3 * expected_s + 60
+
+
+#: name -> the job (the function that runs the process; its expected length: the longest go first)
+JOBS: dict[str, Job] = {}
+
+
+def job(
+    name: str, expected_s: float, limit_s: float | None = None
+) -> Callable[[Callable[[Path], Any]], Callable[[Path], Any]]:
     def register(fn: Callable[[Path], Any]) -> Callable[[Path], Any]:
-        JOBS[name] = (fn, expected_s)
+        JOBS[name] = Job(fn, expected_s, limit_s)
         return fn
 
     return register
 
 
+def mark_session() -> str:
+    """Mark this session's processes: every child inherits the variable (Ray's daemons and workers
+    too: they take their parent's environment). This process's own environment block keeps its start's."""
+    os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+    return os.environ[SESSION_MARK]
+
+
+def marked(mark: str, variable: str = SESSION_MARK) -> list[int]:
+    """The processes whose environment holds ``variable=mark`` (Linux's /proc; elsewhere none)."""
+    needle = f"{variable}={mark}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and int(entry.name) != os.getpid():
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def end_marked(mark: str, grace_s: float = 5.0) -> list[int]:
+    """End the processes marked ``mark``: SIGTERM, then SIGKILL what is left after ``grace_s``."""
+    pids = marked(mark)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + grace_s
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = [pid for pid in pids if _alive(pid)]
+        if not pids:
+            break
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended; its parent has not collected it yet
+
+
 class Lane:
     def __init__(self) -> None:
         self.futures: dict[str, Future] = {}
+        self.started: dict[str, float] = {}
         self.took: dict[str, float] = {}
         self.root: Path | None = None
+        self.closing = threading.Event()
+        self.thread: threading.Thread | None = None
 
     def start(self, names: list[str]) -> None:
         """Run the named jobs one after another, the longest first, on a daemon thread."""
+        if not names:
+            return
         self.root = Path(tempfile.mkdtemp(prefix="rm-lane-", dir="/tmp"))  # short: Ray's socket paths
-        order = sorted(set(names), key=lambda n: -JOBS[n][1])
+        order = sorted(set(names), key=lambda n: -JOBS[n].expected_s)
         self.futures = {name: Future() for name in order}
-        threading.Thread(target=self._run, args=(order,), name="raymodel-test-lane", daemon=True).start()
+        self.thread = threading.Thread(target=self._run, args=(order,), name="raymodel-test-lane", daemon=True)
+        self.thread.start()
 
     def _run(self, order: list[str]) -> None:
         assert self.root is not None
-        # The lane takes only the CPU the session's tests leave idle: this thread, and every process
-        # it starts (its Ray heads, their workers), run under Linux's SCHED_IDLE. Beside the lane at
-        # normal priority the session's first test file took 474 to 512 s; alone, 267 s. (Linux only:
-        # elsewhere the lane runs at the tests' priority.)
-        if hasattr(os, "SCHED_IDLE"):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        # Linux keeps a nice value per thread: this thread's, which every process it starts inherits.
+        if hasattr(os, "setpriority"):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         for name in order:
             future = self.futures[name]
-            began = time.monotonic()
+            if self.closing.is_set():
+                future.set_exception(RuntimeError(f"the session ended before the lane's job {name!r} started"))
+                continue
+            began = self.started[name] = time.monotonic()
             try:
                 scratch = self.root / name
                 scratch.mkdir()
-                future.set_result(JOBS[name][0](scratch))
+                future.set_result(JOBS[name].fn(scratch))
             except BaseException as exc:  # noqa: BLE001 - the test re-raises it
                 future.set_exception(exc)
             finally:
                 self.took[name] = time.monotonic() - began
 
     def result(self, name: str) -> Any:
-        """What the job returned (waiting for it), or its exception."""
+        """What the job returned (waiting for it, within its limit from its start), or its exception."""
         if name not in self.futures:
             raise LookupError(f"the lane has no job {name!r}: mark its test @pytest.mark.lane({name!r})")
-        return self.futures[name].result()
+        future, limit = self.futures[name], JOBS[name].limit_s
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except FutureTimeout:
+                began = self.started.get(name)
+                if began is not None and time.monotonic() - began > limit:
+                    raise TimeoutError(
+                        f"the lane's job {name!r} has run {time.monotonic() - began:.0f} s, past its limit of "
+                        f"{limit:.0f} s (it is expected to take {JOBS[name].expected_s:.0f} s); its processes "
+                        "end with the session"
+                    ) from None
+                if began is None and not (self.thread and self.thread.is_alive()):
+                    raise RuntimeError(f"the lane ended before its job {name!r} started") from None
 
-    def close(self) -> None:
+    def close(self) -> list[int]:
+        """End what the session left running (the lane's jobs, whatever else it started), then remove
+        the lane's folders; returns the processes that would not end."""
+        self.closing.set()
+        left = end_marked(os.environ[SESSION_MARK]) if SESSION_MARK in os.environ else []
+        if self.thread is not None:
+            self.thread.join(timeout=30)
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
+        return left
 
 
 LANE = Lane()
+
+
+# ---------------------------------------------------------------------------- the plugin's hooks
+def pytest_configure(config: pytest.Config) -> None:
+    mark_session()  # before anything starts a process: the session's processes carry its mark
+    config.addinivalue_line("markers", "lane(name): checks what the background lane's job `name` returned (lane.py)")
+
+
+@pytest.hookimpl(trylast=True)  # after `-k`, `-m` and `--deselect` have deselected theirs
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The selected tests of the lane go last, and their jobs start now: only those of the tests that
+    will run."""
+    laned = [item for item in items if item.get_closest_marker("lane")]
+    if not laned or config.option.collectonly:
+        return
+    items[:] = [item for item in items if not item.get_closest_marker("lane")] + laned
+    LANE.start([item.get_closest_marker("lane").args[0] for item in laned])
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down (its Ray shut down)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if LANE.took:
+        print("\nbackground lane: " + ", ".join(f"{name} {s:.0f} s" for name, s in LANE.took.items()))
+    left = LANE.close()  # what the session left running ends here
+    if left:
+        print(f"\nprocesses of this session that would not end: {left}")
+
+
+@pytest.fixture(scope="session")
+def lane() -> Lane:
+    """The background lane's results (``lane.result(name)``)."""
+    return LANE

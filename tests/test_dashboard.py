@@ -22,7 +22,7 @@ def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
-    pytest.skip("no chromium: `make test` installs it with `apt-get install chromium` where the machine allows")
+    pytest.fail("no chromium: `make tools` installs it (`apt-get install chromium`)")
 
 
 def _browser(binary: str, url: str, *args: str, budget_ms: int = 4000) -> str:

@@ -69,7 +69,7 @@ def test_fsdp_settings_are_checked_before_ray(tiny_data):
         rm.TrainSettings(strategy="fsdp", precision="16-mixed", use_gpu=True)
     with pytest.raises(SettingsError, match="one-worker trial"):
         rm.TuneSettings(train={"strategy": "fsdp", "num_workers": 1})
-    xgb = pytest.importorskip("raymodel.backends.xgboost")
+    import raymodel.backends.xgboost as xgb
 
     class Trees(xgb.RayXGBoostModel):
         def setup(self, config):

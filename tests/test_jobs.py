@@ -250,7 +250,7 @@ print(job.id)
 """
 
 
-@lane.job("server_start", expected_s=45)
+@lane.job("server_start", expected_s=55)
 def _server_start(scratch: Path) -> dict[str, Any]:
     """`raymodel server start`, a job submitted by a process that then exits, and the CLI and the
     dashboard of other processes on it, then `server stop`: what each step answered (on the lane)."""

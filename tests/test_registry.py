@@ -103,9 +103,12 @@ PUTTER = textwrap.dedent("""
     torch.manual_seed(int(sys.argv[1]))
     model = TinyNet(config={{"tag": int(sys.argv[1])}})
     model.ensure_setup()
-    if sys.argv[2] == "hang":  # stop right before the version is published
-        import raymodel.registry._store as store, time
-        store.os.rename = lambda *a: time.sleep(600)
+    if sys.argv[2] == "hang":  # stop right before the version is published, saying so (argv[3])
+        import pathlib, raymodel.registry._store as store, time
+        def hang(*a):
+            pathlib.Path(sys.argv[3]).write_text(repr(a))
+            time.sleep(600)
+        store.os.rename = hang
     print(rm.registry.put(model, key="shared").version, flush=True)
 """)
 
@@ -124,12 +127,14 @@ def test_a_process_killed_mid_put_leaves_no_visible_version(registry, tmp_path):
     rm.registry.put(_model(0), key="shared")
     script = tmp_path / "put.py"
     script.write_text(PUTTER.format(tests=TESTS))
-    proc = subprocess.Popen([PYTHON, str(script), "5", "hang"])
+    publishing = tmp_path / "publishing"
+    proc = subprocess.Popen([PYTHON, str(script), "5", "hang", str(publishing)])
     staging = Path(registry.uri) / "shared" / ".staging"
     deadline = time.monotonic() + 60
-    while not (staging.exists() and any(staging.iterdir())) and time.monotonic() < deadline:
+    while not publishing.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(0.5)
+    assert publishing.exists() and proc.poll() is None, "the writer never reached the version's publishing"
+    assert any(staging.iterdir())  # the whole version is written, in staging, when the writer dies
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert [r.version for r in rm.registry.list("shared")] == [1]

@@ -267,7 +267,7 @@ def test_an_outside_load_generator_gets_only_good_answers(served, digits):
     from loadgen import available, wrk
 
     if available() is None:
-        pytest.skip("wrk is not installed (apt-get install wrk; `make test` installs it where it can)")
+        pytest.fail("wrk is not installed: `make tools` installs it (`apt-get install wrk`)")
     model, app = served
     X, _ = digits
     figures = wrk(app.url, {"pixels": X[:1].tolist()}, connections=8, seconds=4)

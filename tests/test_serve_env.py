@@ -89,7 +89,7 @@ def test_haproxy_gets_a_folder_of_its_own_and_a_script_that_keeps_it_to_itself(t
     assert "mode 600 level admin" in text and "mode 666" not in text
 
 
-@lane.job("ingress", expected_s=45)
+@lane.job("ingress", expected_s=60)
 def _ingress(scratch: Path) -> list[dict]:
     from clusters import run_script
 

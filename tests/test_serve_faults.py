@@ -44,7 +44,7 @@ def _both_answering(url: str, gone: int | None, within_s: float) -> tuple[set[in
 
 def test_killing_a_replica_under_load_fails_at_most_its_requests_in_flight(ray_session, digits):
     if loadgen.available() is None:
-        pytest.skip("wrk is not installed (apt-get install wrk; `make test` installs it where it can)")
+        pytest.fail("wrk is not installed: `make tools` installs it (`apt-get install wrk`)")
     X, _ = digits
     model = DigitsNet(config={"hidden": 16})
     model.ensure_setup()

@@ -154,7 +154,7 @@ def test_an_experiment_on_s3_resumes_where_it_stopped(ray_session, s3, tiny):
 
 
 # ---------------------------------------------------------------- multi-node
-@lane.job("multinode", expected_s=70)
+@lane.job("multinode", expected_s=120)
 def _multinode(scratch: Path) -> tuple[dict, list[str], Path]:
     """The script's result, the bucket's keys after it, and the driver's HOME (on a server of its own)."""
     from clusters import run_script

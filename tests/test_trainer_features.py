@@ -130,8 +130,6 @@ def test_step_settings_are_checked_before_anything_runs(tiny):
         rm.TrainSettings(precision="fp8")
     with pytest.raises(SettingsError, match="accumulate_grad_batches"):
         rm.TrainSettings(accumulate_grad_batches=0)
-    xgb = pytest.importorskip("xgboost")
-    del xgb
 
     class Trees(rm.RayXGBoostModel):
         def setup(self, config):
@@ -262,7 +260,7 @@ def test_early_stopping_in_a_tune_trial_ends_that_trial_only(ray_session, tiny_d
 
 
 def _lightning_linear():
-    pl = pytest.importorskip("pytorch_lightning")
+    import pytorch_lightning as pl
 
     class Module(pl.LightningModule):
         def __init__(self):

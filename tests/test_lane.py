@@ -1,0 +1,85 @@
+"""The background lane (tests/lane.py) in a pytest session of its own: a selection starts only the
+lane jobs of the tests it selected, a job past its limit fails its test, and the session leaves no
+process of its own behind, not even one its job daemonized."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+from lane import marked
+
+TESTS = str(Path(__file__).parent)
+
+CONFTEST = """
+import lane
+
+def pytest_configure(config):
+    config.pluginmanager.register(lane, "raymodel-test-lane")
+"""
+
+SESSION = """
+import os, subprocess, sys
+from pathlib import Path
+
+import lane
+import pytest
+
+TOUCHED = Path(os.environ["LANE_TOUCHED"])
+
+@lane.job("slow", expected_s=1, limit_s=3)
+def _slow(scratch):
+    TOUCHED.joinpath("slow").write_text("started")
+    # a process that leaves its parent's group and session, as Ray's daemons do, and outlives its parent
+    subprocess.run([sys.executable, "-c", "import os, subprocess, sys, time; os.setsid(); "
+                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
+                    "time.sleep(300)"])
+
+@lane.job("never", expected_s=2)
+def _never(scratch):
+    TOUCHED.joinpath("never").write_text("started")
+
+@pytest.mark.lane("slow")
+def test_slow(lane):
+    lane.result("slow")
+
+@pytest.mark.lane("never")
+def test_never(lane):
+    lane.result("never")
+
+def test_plain():
+    assert True
+"""
+
+
+def test_a_selection_starts_only_its_lane_jobs_and_the_session_leaves_no_process_behind(tmp_path: Path):
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(CONFTEST))
+    (tmp_path / "test_session.py").write_text(textwrap.dedent(SESSION))
+    touched = tmp_path / "touched"
+    touched.mkdir()
+    probe = uuid.uuid4().hex  # inherited by everything the inner session starts
+    env = {**os.environ, "PYTHONPATH": TESTS, "LANE_TOUCHED": str(touched), "LANE_PROBE": probe}
+    env.pop("RM_TEST_SESSION", None)  # the inner session marks its own
+    began = time.monotonic()
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not never", str(tmp_path)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - began
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 1, out  # test_slow failed: its job ran past its limit
+    assert "1 failed, 1 passed, 1 deselected" in out, out
+    assert "the lane's job 'slow' has run" in out and "past its limit of 3 s" in out, out
+    assert sorted(os.listdir(touched)) == ["slow"], out  # the deselected test's job never started
+    assert took < 60, (took, out)  # nobody waited for the job's 300 s
+    left = marked(probe, "LANE_PROBE")
+    assert left == [], f"processes the session left running: {left}"
