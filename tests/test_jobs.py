@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -250,7 +251,23 @@ print(job.id)
 """
 
 
-@lane.job("server_start", expected_s=55)
+SUBMIT_SLOW = """
+import sys
+sys.path.insert(0, {tests!r})
+import numpy as np, raymodel as rm
+from models import SlowNet
+rng = np.random.default_rng(0)
+X = rng.normal(size=(32, 4)).astype(np.float32)
+rm.init()  # attaches to `raymodel server start`
+job = SlowNet(config={{"step_s": 0.3}}).train(
+    {{"num_workers": 1, "num_epochs": 6, "batch_size": 4, "progress": False}},
+    data=rm.data.from_numpy(X, (X[:, 0] > 0).astype(np.int64), valid_fraction=0.0), wait=False)
+next(iter(job.stream()))  # its first epoch's row: the job is in its second epoch (8 steps of 0.3 s each)
+print(job.id)
+"""
+
+
+@lane.job("server_start", expected_s=90)
 def _server_start(scratch: Path) -> dict[str, Any]:
     """`raymodel server start`, a job submitted by a process that then exits, and the CLI and the
     dashboard of other processes on it, then `server stop`: what each step answered (on the lane)."""
@@ -293,6 +310,19 @@ def _server_start(scratch: Path) -> dict[str, Any]:
         finally:
             dashboard.terminate()
             dashboard.wait(timeout=30)
+        # `server stop` with a job in the middle of an epoch: the epoch ends, a checkpoint is written, and
+        # the next `server start` (on the same storage) resumes the job from there.
+        steps["slow"] = slow = subprocess.run(
+            [PYTHON, "-c", SUBMIT_SLOW.format(tests=TESTS)], env=env, capture_output=True, text=True, timeout=300
+        )
+        if slow.returncode != 0:
+            return steps
+        steps["slow_id"] = slow_id = slow.stdout.strip().splitlines()[-1]
+        steps["drained"] = run("server", "stop", "--grace-s", "60")
+        steps["restarted"] = run("server", "start", *ports, "--num-cpus", "2")
+        steps["resumed"] = run("jobs", "wait", slow_id)
+        steps["slow_logs"] = run("jobs", "logs", slow_id)
+        steps["slow_record"] = json.loads(run("jobs", "show", slow_id).stdout)
     finally:
         steps["stopped"] = run("server", "stop")
         steps["after"] = run("jobs", "list")
@@ -324,3 +354,22 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
     assert [j["status"] for j in steps["shown"] if j["id"] == job_id] == ["SUCCEEDED"]
     assert steps["stopped"].returncode == 0 and "stopped" in steps["stopped"].stdout
     assert steps["after"].returncode == 1  # no server: one line, exit 1
+
+    # `server stop` let the running job end its epoch and checkpoint; the next head resumed it there
+    slow, drained = steps["slow"], steps["drained"]
+    assert slow.returncode == 0, slow.stderr[-2000:]
+    slow_id = steps["slow_id"]
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    said = re.search(rf"{slow_id}: checkpointed after epoch (\d+);", drained.stdout)
+    assert said and "running job(s) to end their epoch" in drained.stdout, drained.stdout
+    assert re.search(r"stopped the raymodel server at \S+: \d+ process\(es\) ended", drained.stdout), drained.stdout
+    checkpointed = int(said.group(1))
+    assert checkpointed >= 2, drained.stdout  # the epoch in progress at the stop (the second) was finished
+    assert steps["restarted"].returncode == 0, steps["restarted"].stderr[-2000:]
+    assert steps["resumed"].returncode == 0 and f"{slow_id} SUCCEEDED" in steps["resumed"].stdout
+    record, log = steps["slow_record"], steps["slow_logs"].stdout
+    assert record["status"] == "SUCCEEDED" and record["history_rows"] == 6, record
+    assert f"preempted by `raymodel server stop` after epoch {checkpointed}" in log, log
+    assert "again, from its newest checkpoint" in log, log
+    for epoch in range(1, 7):  # each epoch trained once: none again from scratch after the restart
+        assert len(re.findall(rf"\bepoch {epoch}:", log)) == 1, (epoch, log)

@@ -17,6 +17,9 @@ from raymodel.jobs._queue import choose_victims, etas, fits, plus, queue_order
 from raymodel.jobs._runner import new_runner
 from raymodel.jobs._state import ServerState
 
+#: Who a job gives way to when the head is stopped (its record's ``preempted_by``).
+DRAIN = "`raymodel server stop`"
+
 
 class Scheduler(ServerState):
     """Mixed into ``JobServer`` (its state: ``ServerState``)."""
@@ -40,8 +43,28 @@ class Scheduler(ServerState):
         active = [r for r in self.records.values() if r["status"] in ACTIVE]
         return etas(active, free, lambda i: self.row_times.get(i, []), time.time())
 
+    def drain(self) -> list[str]:
+        """The head is going down (``raymodel server stop``): no job starts from now, and each running
+        training job ends its epoch, writes a checkpoint and waits PENDING, as a preempted job does,
+        so that the next head on this storage resumes it from there. Returns the jobs asked."""
+        with self.lock:
+            self.draining = True
+            asked = []
+            for record in self.records.values():
+                if record["status"] != "RUNNING" or record["kind"] != "train" or record.get("trial_id"):
+                    continue  # a tune job's trials resume with the experiment (Tune's own restore)
+                if not record.get("preempt_by") and not record.get("stopping"):
+                    record["preempt_by"] = DRAIN
+                    self._log(record["id"], "the server stops: the current epoch ends, a checkpoint is written")
+                    self._save(record["id"])
+                asked.append(record["id"])
+            self.changed.notify_all()
+            return asked
+
     def _schedule(self) -> None:
         with self.lock:
+            if self.draining:
+                return
             pending = queue_order(self.records.values())
             if not pending:
                 return

@@ -71,6 +71,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         self.alive_nodes = set()
         self.lost_nodes = {}  # node id -> when it was seen dead
         self._nodes_checked = 0.0
+        self.draining = False
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a row, a status: wakes the clients' long polls
         self.spare = new_runner()

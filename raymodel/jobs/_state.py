@@ -31,6 +31,7 @@ class ServerState:
     _swept: float
     _demand_checked: float
     _nodes_checked: float
+    draining: bool  # the head is going down (`raymodel server stop`): no job starts
 
     if TYPE_CHECKING:  # defined by JobServer and its parts; declared for the others
 
