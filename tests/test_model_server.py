@@ -94,6 +94,44 @@ def test_a_shadows_answers_are_compared_by_their_decisions_and_numbers():
     }
 
 
+def test_a_routes_figures_are_its_requests_over_the_window_not_its_versions_worst():
+    """The dashboard's route figures (``stats``): the requests answered within ``window_s`` (older
+    ones left out), p50/p99 over all of them (not the slowest version's p50), and the mean size of the
+    batches run in the window (not ``None``), for a split route and a multiplexed one alike."""
+    import asyncio
+    import collections
+    from types import SimpleNamespace
+
+    from raymodel.serve._deployment import ModelServer
+    from raymodel.serve._route_deployments import ModelRouter
+    from raymodel.serve._route_server import RouteServer
+
+    now = time.time()
+    stats = VersionStats()
+    stats.started = now - 600
+    stats.requests["digits:1"] = collections.deque([(now - 5, 0.010, False)] * 9 + [(now - 120, 0.900, False)] * 5)
+    stats.requests["digits:2"] = collections.deque([(now - 5, 0.500, False)])
+    batches = collections.deque([(now - 120, 16), (now - 3, 2), (now - 2, 4)])
+    route = SimpleNamespace(labels={"digits@a": "digits:1", "digits@b": "digits:2"}, shares=[("digits@a", 0.9)])
+    server = SimpleNamespace(
+        figures=stats, batch_sizes=batches, info={"route": "/digits"}, route=route, rollout=None, plan={}
+    )
+    server._refs = lambda shares: RouteServer._refs(server, shares)
+    router = SimpleNamespace(figures=stats, batches=batches, info={"route": "/digits"})
+    for figures in (RouteServer.stats(server, 60.0), asyncio.run(ModelRouter.stats(router, 60.0))):
+        assert figures["requests"] == 10 and figures["window_s"] == 60.0
+        assert figures["p50_ms"] == 10.0 and figures["p99_ms"] == 500.0  # the slow version's p50 is 500
+        assert figures["mean_batch_size"] == 3.0
+        assert figures["versions"]["digits:1"]["requests"] == 9  # the per-version figures: the same window
+    whole = RouteServer.stats(server, 300.0)
+    assert whole["requests"] == 15 and whole["p50_ms"] == 10.0 and whole["mean_batch_size"] == 7.333
+    one = SimpleNamespace(requests=collections.deque([(now - 1, 0.02), (now - 90, 0.2)]), batch_sizes=batches)
+    one.info, one.started = {"route": "/one"}, now - 600
+    one.model = SimpleNamespace(source={"checkpoint": "/runs/one/checkpoint_epoch_000003"})
+    single = ModelServer.stats(one, 60.0)
+    assert single["requests"] == 1 and single["p50_ms"] == 20.0 and single["mean_batch_size"] == 3.0
+
+
 def test_jobs_by_reference_refuse_bad_names_data_and_keys_before_anything_starts(tmp_path, monkeypatch, capsys):
     from raymodel.cli import main
 

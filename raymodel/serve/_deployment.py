@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import os
 import time
 import traceback
@@ -38,6 +39,7 @@ from raymodel.contract import Backend
 from raymodel.exceptions import DataError
 from raymodel.registry import sources
 from raymodel.serve._batching import BatchRunner, Failed, run_batch
+from raymodel.serve._traffic import window_figures
 
 logger = logging.getLogger("ray.serve")
 
@@ -61,7 +63,7 @@ class ModelServer:
         self.model = sources.load(source, source.get("version")) if source else None  # None: per request
         self.info = info
         self.max_body_bytes = max_body_bytes
-        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
+        self.batch_sizes: collections.deque[tuple[float, int]] = collections.deque(maxlen=1000)  # (end, size)
         self.requests: collections.deque[tuple[float, float]] = collections.deque(maxlen=5000)  # (end, latency s)
         self.started = time.time()
         self.loads = 0  # versions this replica has loaded (a route of several)
@@ -99,8 +101,8 @@ class ModelServer:
             "replica_pid": os.getpid(),
             "torch_threads": self.threads,
             "batches_run_on": self._runner.where(),
-            "batch_sizes_seen": sorted(set(self.batch_sizes)),
-            "mean_batch_size": sum(self.batch_sizes) / max(1, len(self.batch_sizes)),
+            "batch_sizes_seen": sorted({size for _, size in list(self.batch_sizes)}),
+            "mean_batch_size": window_figures((), list(self.batch_sizes), math.inf, self.started)["mean_batch_size"],
         }
 
     def _stream(self, payload: dict[str, Any], model: Any = None) -> Any:
@@ -150,20 +152,10 @@ class ModelServer:
 
     def stats(self, window_s: float = 60.0) -> dict[str, Any]:
         """This replica's last ``window_s`` seconds: request rate, latency p50/p99, mean batch size."""
-        now = time.time()
-        latencies = sorted(lat for end, lat in list(self.requests) if now - end <= window_s)
-        span = max(1e-9, min(window_s, now - self.started))
-        pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 3)  # noqa: E731
-        sizes = list(self.batch_sizes)
         return {
             "route": self.info.get("route"),
             "serving": _label(self.model),
-            "requests": len(latencies),
-            "rate_per_s": len(latencies) / span,
-            "p50_ms": pick(0.5) if latencies else None,
-            "p99_ms": pick(0.99) if latencies else None,
-            "mean_batch_size": sum(sizes) / len(sizes) if sizes else None,
-            "window_s": window_s,
+            **window_figures(list(self.requests), list(self.batch_sizes), window_s, self.started),
         }
 
     # -------------------------------------------------------------- the model
@@ -217,7 +209,7 @@ class ModelServer:
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def _batched(self, items: list[tuple[Any, Any]]) -> list[tuple[Any, int]]:
-        self.batch_sizes.append(len(items))
+        self.batch_sizes.append((time.time(), len(items)))
         return await self._runner(items)
 
 

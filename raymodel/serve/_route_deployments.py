@@ -16,6 +16,7 @@ when an ingress request router is configured), so the id is set where Serve's ow
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
@@ -26,7 +27,7 @@ from ray import serve
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
 from raymodel.serve._deployment import ModelServer, _error, _json, _label, described, read_payload
-from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats
+from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats, window_figures
 
 logger = logging.getLogger("ray.serve")
 
@@ -97,6 +98,7 @@ class ModelRouter:
         self.handles: dict[str, Any] = {}
         self.cache: dict[str, tuple[float, Any]] = {}  # the header -> (when, label or error)
         self.figures = VersionStats()
+        self.batches: collections.deque[tuple[float, int]] = collections.deque(maxlen=5000)  # (end, size)
         self.poll_s = float(plan.get("poll_s", 2.0))
 
     def _choose(self, headers: Any) -> str | Any:
@@ -157,6 +159,7 @@ class ModelRouter:
         began = time.monotonic()
         status, content, size, pid = await self._to(label).answer.remote(payload)
         self.figures.record(label, time.monotonic() - began, status >= 500)
+        self.batches.append((time.time(), int(size)))  # the size of the batch it was answered in
         return _json(
             content, status, {"x-raymodel-batch-size": str(size), MODEL_HEADER: label, REPLICA_HEADER: str(pid)}
         )
@@ -199,18 +202,13 @@ class ModelRouter:
         }
 
     async def stats(self, window_s: float = 60.0) -> dict[str, Any]:
-        """The dashboard's figures: the whole route's, and per version."""
-        versions = (await self.describe())["versions"]
-        p50s = [v["p50_ms"] for v in versions.values() if v["p50_ms"] is not None]
+        """The dashboard's figures over the last ``window_s`` seconds: the whole route's, from the
+        requests it answered (and the batch each was answered in), and per version."""
+        versions = self.figures.summary(window_s)["versions"]
         return {
             "route": self.info.get("route"),
             "serving": ", ".join(sorted(versions)) or self.info.get("multiplex"),
-            "requests": sum(v["requests"] for v in versions.values()),
-            "rate_per_s": sum(v["rate_per_s"] for v in versions.values()),
-            "p50_ms": max(p50s) if p50s else None,
-            "p99_ms": max((v["p99_ms"] for v in versions.values() if v["p99_ms"] is not None), default=None),
-            "mean_batch_size": None,
-            "window_s": window_s,
+            **window_figures(self.figures.answered(), list(self.batches), window_s, self.figures.started),
             "versions": versions,
             "shadows": {},
             "split": None,

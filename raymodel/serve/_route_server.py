@@ -28,7 +28,16 @@ from typing import Any, NamedTuple
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.serve._deployment import ModelServer, _json, _streams, described, read_payload
-from raymodel.serve._traffic import KEY_HEADER, MODEL_HEADER, REPLICA_HEADER, VersionStats, compare, pick, point
+from raymodel.serve._traffic import (
+    KEY_HEADER,
+    MODEL_HEADER,
+    REPLICA_HEADER,
+    VersionStats,
+    compare,
+    pick,
+    point,
+    window_figures,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -237,23 +246,17 @@ class RouteServer(ModelServer):
         }
 
     def stats(self, window_s: float = 60.0) -> dict[str, Any]:
-        """The dashboard's figures: the whole route's (this replica's), and per version."""
-        figures = self.describe()
+        """The dashboard's figures over the last ``window_s`` seconds: the whole route's (this
+        replica's), from the requests it answered, and per version."""
+        figures = self.figures.summary(window_s)
         versions = figures["versions"]
-        p50s = [v["p50_ms"] for v in versions.values() if v["p50_ms"] is not None]
-        sizes = list(self.batch_sizes)
         return {
             "route": self.info.get("route"),
             "serving": ", ".join(sorted(versions)) or ", ".join(sorted(set(self.route.labels.values()))),
-            "requests": sum(v["requests"] for v in versions.values()),
-            "rate_per_s": sum(v["rate_per_s"] for v in versions.values()),
-            "p50_ms": max(p50s) if p50s else None,
-            "p99_ms": max((v["p99_ms"] for v in versions.values() if v["p99_ms"] is not None), default=None),
-            "mean_batch_size": sum(sizes) / len(sizes) if sizes else None,
-            "window_s": window_s,
+            **window_figures(self.figures.answered(), list(self.batch_sizes), window_s, self.figures.started),
             "versions": versions,
-            "shadows": figures["shadows"],
-            "split": figures["split"],
-            "refs": figures["refs"],
+            "shadows": figures["shadow"],
+            "split": dict(self.route.shares),
+            "refs": {ref: self.route.labels.get(ref) for ref in self._refs(self.route.shares)},
             "rollout": self.rollout,
         }

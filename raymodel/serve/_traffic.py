@@ -15,7 +15,7 @@ import hashlib
 import math
 import random
 import time
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError, SettingsError
@@ -134,6 +134,10 @@ class VersionStats:
         if failed:
             self.errors[label] += 1
 
+    def answered(self) -> list[tuple[float, float]]:
+        """Every version's kept requests as ``(end time, latency s)``: the whole route's."""
+        return [(end, lat) for queue in self.requests.values() for end, lat, _ in list(queue)]
+
     def record_shadow(self, label: str, answered: str, agree: bool | None, diffs: list[float], failed: bool) -> None:
         """One shadow answer: ``agree`` ``None`` when either side failed (counted, not compared)."""
         s = self.shadow.setdefault(
@@ -177,6 +181,31 @@ class VersionStats:
             for label, s in self.shadow.items()
         }
         return {"versions": versions, "shadow": shadows, "window_s": window_s}
+
+
+def window_figures(
+    requests: Iterable[tuple[float, float]],
+    batches: Iterable[tuple[float, int]],
+    window_s: float,
+    started: float,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """A route's figures over the last ``window_s`` seconds, from the requests themselves:
+    ``requests`` ``(end time, latency s)`` and ``batches`` ``(end time, size)``: how many requests,
+    their rate (over the window, or the time since ``started`` when that is shorter), p50/p99 of all
+    their latencies (ms), and the mean size of the batches run in the window."""
+    now = time.time() if now is None else now
+    span = max(1e-9, min(window_s, now - started))
+    latencies = sorted(lat for end, lat in requests if now - end <= window_s)
+    sizes = [size for end, size in batches if now - end <= window_s]
+    return {
+        "requests": len(latencies),
+        "rate_per_s": round(len(latencies) / span, 3),
+        "p50_ms": _quantile(latencies, 0.5),
+        "p99_ms": _quantile(latencies, 0.99),
+        "mean_batch_size": round(sum(sizes) / len(sizes), 3) if sizes else None,
+        "window_s": window_s,
+    }
 
 
 def _quantile(sorted_values: list[float], q: float) -> float | None:
