@@ -7,6 +7,9 @@ On one warm local Ray (2 CPUs), the digits MLP on 2 workers for 5 epochs, altern
   from `job.wait()`.
 Each figure is the median over `--reps` runs, with the spread (min-max).
 
+An internal comparison: raymodel with itself (its job API against its blocking call, on the same
+pool). The comparison with hand-written Ray Train is `small_jobs.py`'s and `train_overhead.py`'s.
+
     python benchmarks/jobs_overhead.py [--reps 5]
 """
 
@@ -89,7 +92,7 @@ def main() -> None:
     first = statistics.median(f for f, _ in figures["job (wait=False)"]) / statistics.median(
         f for f, _ in figures["blocking train()"]
     )
-    print(f"job / blocking: whole run {ratio:.3f}x (goal <= 1.05), first row {first:.3f}x")
+    print(f"(internal) job / blocking: whole run {ratio:.3f}x (goal <= 1.05), first row {first:.3f}x")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ The digits MLP (examples/digits.py), 2 workers, 3 epochs, batch 64, on one local
 
 - **one process**: the same PyTorch loop (train, validate, every epoch) in this process, no Ray;
 - **one-off**: `model.train({..., "pool": False})`, a Ray Train run of its own per job (round 2);
+- **hand-written**: the outside side: a hand-written `TorchTrainer` run per job (the loop of
+  `train_overhead.py`: the same model, data, epochs and checkpoint each epoch), what a user of Ray
+  Train without raymodel pays for each small job;
 - **pool, job**: `model.train(..., wait=False)` then `job.wait()` on a warm pool: wall time from
   submission to the result, and to the first row of `job.stream()`;
 - **pool, blocking**: `model.train(...)` on the warm pool (the call a notebook makes);
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from digits import DigitsNet, load_data
 
@@ -65,6 +69,13 @@ def one_process(data) -> float:
             logits = model.forward(xv)
             _ = (F.cross_entropy(logits, yv).item(), (logits.argmax(1) == yv).float().mean().item())
     return time.perf_counter() - start
+
+
+def hand_written(data) -> float:
+    """A hand-written ``TorchTrainer`` run: the outside side (``train_overhead.py``'s loop)."""
+    from train_overhead import run_hand_written
+
+    return run_hand_written(data, rm.TrainSettings(**SETTINGS))
 
 
 def one_off(data) -> float:
@@ -130,7 +141,8 @@ def main() -> None:
     pool_blocking(data)  # the pool's start: paid once
     print(f"first job, starting the pool: {time.perf_counter() - start:.1f} s")
 
-    rows: dict[str, list[list[float]]] = {k: [] for k in ("process", "one-off", "first row", "job", "blocking")}
+    keys = ("process", "hand-written", "one-off", "first row", "job", "blocking")
+    rows: dict[str, list[list[float]]] = {k: [] for k in keys}
     for rep in range(args.reps):
         rows["process"].append([one_process(data) for _ in range(args.jobs)])
         firsts, jobs = zip(*(pool_job(data) for _ in range(args.jobs)))
@@ -138,6 +150,7 @@ def main() -> None:
         rows["job"].append(list(jobs))
         rows["blocking"].append([pool_blocking(data) for _ in range(args.jobs)])
         rows["one-off"].append([one_off(data) for _ in range(args.one_off_jobs)])  # releases the idle pool
+        rows["hand-written"].append([hand_written(data) for _ in range(args.one_off_jobs)])
         pool_blocking(data)  # the pool back, warm, for the next repetition
         print(f"repetition {rep + 1}/{args.reps} done", flush=True)
 
@@ -146,7 +159,8 @@ def main() -> None:
     figures = {}
     for key, label in (
         ("process", "one process (no Ray)"),
-        ("one-off", "one-off Ray Train run"),
+        ("hand-written", "hand-written TorchTrainer"),
+        ("one-off", "one-off run (pool=False)"),
         ("job", "pool: job"),
         ("first row", "pool: first row"),
         ("blocking", "pool: blocking train"),
@@ -154,7 +168,8 @@ def main() -> None:
         figures[key], line = summary(label, rows[key])
         print(line)
     print(
-        f"\npool job vs one-off: {figures['job'] / figures['one-off']:.3f}x; "
+        f"\npool job vs a hand-written TorchTrainer run: {figures['job'] / figures['hand-written']:.3f}x; "
+        f"(internal) pool job vs one-off: {figures['job'] / figures['one-off']:.3f}x; "
         f"blocking vs job: {figures['blocking'] / figures['job']:.2f}x; "
         f"pool job vs one process: {figures['job'] / figures['process']:.1f}x"
     )
