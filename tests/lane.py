@@ -3,8 +3,8 @@ cluster that loses nodes, a head serving through HAProxy, the demo as a user run
 
 Such a process needs nothing of the test session's Ray, so it runs from the start of the session, one
 at a time on a thread of its own, while the session's tests run, at a lower priority than theirs
-(nice 10: the session's tests take the cores first, and the lane's clusters still get a share, so a
-node's start or a head's restart is not starved past Ray's own time limits); its test waits for what
+(nice 19: the session's tests and their Ray workers take the cores first, and the lane's clusters
+still get a share, so a node's start or a head's restart is not starved past Ray's own time limits); its test waits for what
 it returned and checks it. The lane starts once the tests are selected (``-k``, ``-m``,
 ``--deselect``, a file: only the jobs of the tests that will run) and those tests move to the end of
 the session, by when their processes have ended.
@@ -40,9 +40,11 @@ import pytest
 
 #: The environment variable whose value marks this session's processes (inherited by every child).
 SESSION_MARK = "RM_TEST_SESSION"
-#: The lane's priority: below the session's tests, above starving (SCHED_IDLE starved the lane's
-#: clusters: a node's start past Ray's 30 s, a head's restart past the test's limit).
-NICE = 10
+#: The lane's priority: the lowest nice value, below the session's tests and below the session's Ray
+#: workers (Ray starts its workers at nice 15, so a lane at nice 10 outran the tests' training), yet
+#: above starving (SCHED_IDLE starved the lane's clusters: a node's start past Ray's 30 s, a head's
+#: restart past the test's limit).
+NICE = 19
 
 
 class Job:
@@ -69,6 +71,9 @@ def mark_session() -> str:
     """Mark this session's processes: every child inherits the variable (Ray's daemons and workers
     too: they take their parent's environment). This process's own environment block keeps its start's."""
     os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+    # Ray's workers set their process titles (`ray::...`) with setproctitle, which by default writes
+    # over the environment's memory (/proc/PID/environ then reads empty): told not to, they keep it.
+    os.environ.setdefault("SPT_NOENV", "1")
     return os.environ[SESSION_MARK]
 
 
