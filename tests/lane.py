@@ -4,8 +4,8 @@ cluster that loses nodes, a head serving through HAProxy, the demo as a user run
 Such a process needs nothing of the test session's Ray, so it runs from the start of the session, one
 at a time on a thread of its own, while the session's tests run, at a lower priority than theirs
 (nice 19: the session's tests and their Ray workers take the cores first, and the lane's clusters
-still get a share, so a node's start or a head's restart is not starved past Ray's own time limits); its test waits for what
-it returned and checks it. The lane starts once the tests are selected (``-k``, ``-m``,
+still get a share, so a node's start or a head's restart is not starved past Ray's own time limits);
+its test waits for what it returned and checks it. The lane starts once the tests are selected (``-k``, ``-m``,
 ``--deselect``, a file: only the jobs of the tests that will run) and those tests move to the end of
 the session, by when their processes have ended.
 
