@@ -2,9 +2,9 @@
 cluster that loses nodes, a head serving through HAProxy, the demo as a user runs it).
 
 Such a process needs nothing of the test session's Ray, so it runs from the start of the session, one
-at a time on a thread of its own, while the session's tests run, at a lower priority than theirs
-(nice 19: the session's tests and their Ray workers take the cores first, and the lane's clusters
-still get a share, so a node's start or a head's restart is not starved past Ray's own time limits);
+at a time on a thread of its own, while the session's tests run, all of it in one CPU group whose
+share is small (``SHARES``): the session's tests take the cores first, and the lane's clusters
+still get a share, so a node's start or a head's restart is not starved past Ray's own time limits;
 its test waits for what it returned and checks it. The lane starts once the tests are selected (``-k``, ``-m``,
 ``--deselect``, a file: only the jobs of the tests that will run) and those tests move to the end of
 the session, by when their processes have ended.
@@ -40,10 +40,15 @@ import pytest
 
 #: The environment variable whose value marks this session's processes (inherited by every child).
 SESSION_MARK = "RM_TEST_SESSION"
-#: The lane's priority: the lowest nice value, below the session's tests and below the session's Ray
-#: workers (Ray starts its workers at nice 15, so a lane at nice 10 outran the tests' training), yet
-#: above starving (SCHED_IDLE starved the lane's clusters: a node's start past Ray's 30 s, a head's
-#: restart past the test's limit).
+#: The lane's CPU share, as one group (Linux's cgroup ``cpu.shares``; a task at nice 0 weighs 1024,
+#: Ray's workers at nice 15 weigh 36): the whole lane, however many processes its clusters run, weighs
+#: about as much as one task at nice 19, so the session's tests take the cores first and the lane's
+#: clusters are never starved. Per-task priorities failed both ways: SCHED_IDLE starved the lane's
+#: clusters (a node's start past Ray's 30 s, a head's restart past the test's limit), and nice 19 on
+#: each of the lane's dozens of processes took half the cores from the session's few.
+SHARES = 64
+#: Where the group is made (cgroup v1's cpu controller); elsewhere the lane runs at nice 19.
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 NICE = 19
 
 
@@ -124,6 +129,7 @@ class Lane:
         self.root: Path | None = None
         self.closing = threading.Event()
         self.thread: threading.Thread | None = None
+        self.group: Path | None = None
 
     def start(self, names: list[str]) -> None:
         """Run the named jobs one after another, the longest first, on a daemon thread."""
@@ -137,9 +143,7 @@ class Lane:
 
     def _run(self, order: list[str]) -> None:
         assert self.root is not None
-        # Linux keeps a nice value per thread: this thread's, which every process it starts inherits.
-        if hasattr(os, "setpriority"):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+        self.group = _lower_this_thread()
         for name in order:
             future = self.futures[name]
             if self.closing.is_set():
@@ -181,9 +185,39 @@ class Lane:
         left = end_marked(os.environ[SESSION_MARK]) if SESSION_MARK in os.environ else []
         if self.thread is not None:
             self.thread.join(timeout=30)
+        if self.group is not None:
+            _remove_group(self.group)
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         return left
+
+
+def _lower_this_thread() -> Path | None:
+    """Put this thread (and so every process it starts: children inherit it) in a CPU group of its
+    own with ``SHARES``; where that cannot be done, at nice ``NICE``. Returns the group."""
+    group = CGROUP_CPU / f"raymodel-test-lane-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "cpu.shares").write_text(str(SHARES))
+        (group / "tasks").write_text(str(threading.get_native_id()))
+        return group
+    except OSError:
+        if hasattr(os, "setpriority"):  # Linux keeps a nice value per thread, inherited by its children
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+        return None
+
+
+def _remove_group(group: Path) -> None:
+    """Move what is left in the lane's group (its thread) back to the root group, and remove it."""
+    try:
+        for task in (group / "tasks").read_text().split():
+            try:
+                (CGROUP_CPU / "tasks").write_text(task)
+            except OSError:
+                pass
+        group.rmdir()
+    except OSError:
+        pass
 
 
 LANE = Lane()
