@@ -20,6 +20,7 @@ from typing import Any
 from raymodel import jobs
 from raymodel._internal.cluster import own_api_server, running_server, server_file
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
+from raymodel.cli._stop import TERM_WAIT_S, drain, terminate
 from raymodel.exceptions import RayModelError
 from raymodel.jobs import UPDATABLE, init
 
@@ -162,12 +163,12 @@ def _server_stop(args: argparse.Namespace) -> int:
     if args.grace_s < 0:
         raise RayModelError(f"`--grace-s` must be >= 0; got {args.grace_s:g}")
     if args.grace_s > 0:
-        _drain(info["address"], args.grace_s)
+        drain(info["address"], args.grace_s)
     pids = [pid for pid in _processes(info["temp_dir"]) if pid != os.getpid()]  # this head's, not others'
     gcs = set(_processes("gcs_server")) & set(pids)
     # The GCS last: a raylet whose GCS went first waits for it, and had to be killed.
-    killed = _terminate([p for p in pids if p not in gcs], wait_s=_TERM_WAIT_S)
-    killed += _terminate(sorted(gcs), wait_s=_TERM_WAIT_S)
+    killed = terminate([p for p in pids if p not in gcs], wait_s=TERM_WAIT_S)
+    killed += terminate(sorted(gcs), wait_s=TERM_WAIT_S)
     if info.get("haproxy_dir"):  # the head's HTTP ingress ends with it (Ray leaves HAProxy running)
         end_haproxy(info["haproxy_dir"], orphans_only=False)
     server_file().unlink(missing_ok=True)
@@ -178,96 +179,10 @@ def _server_stop(args: argparse.Namespace) -> int:
     print(f"stopped the raymodel server at {info['address']}: {ended} process(es) ended", end="")
     if killed:
         names = ", ".join(f"{name} ({pid})" for pid, name in killed)
-        print(f"; {len(killed)} still running after {_TERM_WAIT_S:g} s were killed: {names}")
+        print(f"; {len(killed)} still running after {TERM_WAIT_S:g} s were killed: {names}")
     else:
         print()
     return 0
-
-
-#: How long the head's processes get to end after SIGTERM before SIGKILL (``ray stop`` waits 16 s).
-_TERM_WAIT_S = 15.0
-
-
-def _drain(address: str, grace_s: float) -> None:
-    """Ask the job server to start no job and to end each running training job at its next epoch
-    boundary with a checkpoint (``JobServer.drain``); wait up to ``grace_s`` for them, saying which."""
-    import ray
-
-    try:
-        init(address=address)
-        handle = jobs.server(start=False)
-        asked = [] if handle is None else ray.get(handle.drain.remote(), timeout=30)
-    except Exception as exc:  # noqa: BLE001 - a head that does not answer is stopped all the same
-        print(f"the job server did not answer ({type(exc).__name__}: {exc}); stopping without waiting")
-        return
-    try:
-        if not asked:
-            return
-        print(
-            f"waiting up to {grace_s:g} s for {len(asked)} running job(s) to end their epoch and write a "
-            f"checkpoint: {', '.join(asked)}",
-            flush=True,
-        )
-        deadline = time.monotonic() + grace_s
-        while True:
-            states = {r["id"]: r for r in jobs.records(handle) if r["id"] in asked}
-            running = [i for i, r in states.items() if r["status"] == "RUNNING"]
-            if not running or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        for job_id, record in states.items():
-            epoch = int(record.get("last_epoch") or 0)
-            if record["status"] == "RUNNING":
-                print(
-                    f"  {job_id}: still in an epoch after {grace_s:g} s; it resumes from its newest checkpoint "
-                    f"(epoch {epoch} or before) at the next `raymodel server start`"
-                )
-            elif record["status"] == "PENDING":
-                print(
-                    f"  {job_id}: checkpointed after epoch {epoch}; the next `raymodel server start` resumes it there"
-                )
-            else:
-                print(f"  {job_id}: {record['status']}")
-    except Exception as exc:  # noqa: BLE001 - the head is stopped all the same
-        print(f"could not follow the jobs ({type(exc).__name__}: {exc}); stopping")
-    finally:
-        ray.shutdown()
-
-
-def _terminate(pids: list[int], wait_s: float) -> list[tuple[int, str]]:
-    """SIGTERM ``pids``, wait up to ``wait_s`` for them to end, SIGKILL the rest: ``[(pid, name)]`` killed."""
-    import signal
-
-    names = _names(pids)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + wait_s
-    left = list(pids)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = [pid for pid in left if _running(pid)]
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return [(pid, names.get(pid, "?")) for pid in left]
-
-
-def _names(pids: list[int]) -> dict[int, str]:
-    out = subprocess.run(
-        ["ps", "-o", "pid=,comm=", "-p", ",".join(map(str, pids)) or "0"], capture_output=True, text=True
-    )
-    return {int(p): n for p, n in (line.split(None, 1) for line in out.stdout.splitlines() if line.strip())}
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie, ended and not yet collected by its parent, does not)."""
-    out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
-    return bool(out) and not out.startswith("Z")
 
 
 def _server_status(args: argparse.Namespace) -> int:

@@ -1,0 +1,97 @@
+"""How ``raymodel server stop`` ends a head: the job server first lets running jobs end their epoch
+with a checkpoint (``drain``), then the head's processes get SIGTERM, a wait, and SIGKILL for what
+remains (``terminate``), as ``ray stop`` does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from raymodel import jobs
+from raymodel.jobs import init
+
+#: How long the head's processes get to end after SIGTERM before SIGKILL (``ray stop`` waits 16 s).
+TERM_WAIT_S = 15.0
+
+
+def drain(address: str, grace_s: float) -> None:
+    """Ask the job server to start no job and to end each running training job at its next epoch
+    boundary with a checkpoint (``JobServer.drain``); wait up to ``grace_s`` for them, saying which."""
+    import ray
+
+    try:
+        init(address=address)
+        handle = jobs.server(start=False)
+        asked = [] if handle is None else ray.get(handle.drain.remote(), timeout=30)
+    except Exception as exc:  # noqa: BLE001 - a head that does not answer is stopped all the same
+        print(f"the job server did not answer ({type(exc).__name__}: {exc}); stopping without waiting")
+        return
+    try:
+        if not asked:
+            return
+        print(
+            f"waiting up to {grace_s:g} s for {len(asked)} running job(s) to end their epoch and write a "
+            f"checkpoint: {', '.join(asked)}",
+            flush=True,
+        )
+        deadline = time.monotonic() + grace_s
+        while True:
+            states = {r["id"]: r for r in jobs.records(handle) if r["id"] in asked}
+            running = [i for i, r in states.items() if r["status"] == "RUNNING"]
+            if not running or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        for job_id, record in states.items():
+            epoch = int(record.get("last_epoch") or 0)
+            if record["status"] == "RUNNING":
+                print(
+                    f"  {job_id}: still in an epoch after {grace_s:g} s; it resumes from its newest checkpoint "
+                    f"(epoch {epoch} or before) at the next `raymodel server start`"
+                )
+            elif record["status"] == "PENDING":
+                print(
+                    f"  {job_id}: checkpointed after epoch {epoch}; the next `raymodel server start` resumes it there"
+                )
+            else:
+                print(f"  {job_id}: {record['status']}")
+    except Exception as exc:  # noqa: BLE001 - the head is stopped all the same
+        print(f"could not follow the jobs ({type(exc).__name__}: {exc}); stopping")
+    finally:
+        ray.shutdown()
+
+
+def terminate(pids: list[int], wait_s: float) -> list[tuple[int, str]]:
+    """SIGTERM ``pids``, wait up to ``wait_s`` for them to end, SIGKILL the rest: ``[(pid, name)]`` killed."""
+    import signal
+
+    names = _names(pids)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + wait_s
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [pid for pid in left if _running(pid)]
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return [(pid, names.get(pid, "?")) for pid in left]
+
+
+def _names(pids: list[int]) -> dict[int, str]:
+    out = subprocess.run(
+        ["ps", "-o", "pid=,comm=", "-p", ",".join(map(str, pids)) or "0"], capture_output=True, text=True
+    )
+    return {int(p): n for p, n in (line.split(None, 1) for line in out.stdout.splitlines() if line.strip())}
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, ended and not yet collected by its parent, does not)."""
+    out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return bool(out) and not out.startswith("Z")
