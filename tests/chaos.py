@@ -1,7 +1,7 @@
 """The chaos test of the durable training server, in its own process and Ray head
 (``raymodel server start``, 2 CPUs); tests/test_durable.py runs it.
 
-1. A head restart with one running and one queued job (``raymodel server stop`` / ``start``):
+1. A head restart with one running and one queued job (``raymodel server stop --grace-s 0`` / ``start``):
    both end SUCCEEDED, the running one resumed from its newest checkpoint.
 2. A queue of jobs (training on pools, a one-off run, a tune job, one that is stopped) through
    kills at random moments, in a seeded random order: the server actor (Ray restarts it), a
@@ -43,17 +43,21 @@ def cli(*args: str) -> str:
 
 
 def start(ports: list[str]) -> None:
-    cli("server", "start", "--port", ports[0], "--dashboard-port", ports[1], "--num-cpus", "2")
+    from lane import full_priority
+
+    with full_priority():  # the head's start, not starved by the session's tests (Ray gives a node 30 s)
+        cli("server", "start", "--port", ports[0], "--dashboard-port", ports[1], "--num-cpus", "2")
     rm.init()  # attaches to `raymodel server start`
 
 
 def restart_head(ports: list[str]) -> float:
-    """``raymodel server stop`` then ``start`` (every Ray process of the head is killed); returns how
+    """``raymodel server stop --grace-s 0`` then ``start``: the head goes down at once, its running
+    jobs mid-epoch (no drain: that is the lane's server_start test), as a head that dies; returns how
     long until the server answered again."""
     import ray
 
     ray.shutdown()
-    cli("server", "stop")
+    cli("server", "stop", "--grace-s", "0")
     began = time.monotonic()
     start(ports)
     rm.jobs.list()
@@ -99,9 +103,11 @@ def epochs_once(history: list[dict]) -> bool:
 
 def main() -> None:
     import ray
+    from lane import lane_script
     from models import SlowNet
     from s3server import free_port
 
+    lane_script()
     seed, kills = int(sys.argv[2]), int(sys.argv[3])
     random.seed(seed)
     ports = [str(free_port()), str(free_port())]

@@ -2,10 +2,11 @@
 cluster that loses nodes, a head serving through HAProxy, the demo as a user runs it).
 
 Such a process needs nothing of the test session's Ray, so it runs from the start of the session, one
-at a time on a thread of its own, while the session's tests run, all of it in one CPU group whose
-share is small (``SHARES``): the session's tests take the cores first, and the lane's clusters
-still get a share, so a node's start or a head's restart is not starved past Ray's own time limits;
-its test waits for what it returned and checks it. The lane starts once the tests are selected (``-k``, ``-m``,
+at a time on a thread of its own, while the session's tests run, under Linux's SCHED_IDLE: the
+lane gets the CPU the session's tests leave, and never slows them (its processes inherit the policy).
+Where a lane script must not be starved (a Ray node's start, which Ray gives 30 s), it starts it
+``with full_priority():`` (normal priority while it starts; its processes idle again after).
+Its test waits for what it returned and checks it. The lane starts once the tests are selected (``-k``, ``-m``,
 ``--deselect``, a file: only the jobs of the tests that will run) and those tests move to the end of
 the session, by when their processes have ended.
 
@@ -25,6 +26,7 @@ session's end) ends those still running (SIGTERM, then SIGKILL) before it remove
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -34,23 +36,14 @@ import time
 import uuid
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
 #: The environment variable whose value marks this session's processes (inherited by every child).
 SESSION_MARK = "RM_TEST_SESSION"
-#: The lane's CPU share, as one group (Linux's cgroup ``cpu.shares``): the whole lane, however many
-#: processes its clusters run, against the session's tests (one autogroup of weight 1024, where the
-#: kernel groups by session): measured, three busy lane processes beside two busy test processes got
-#: 36% of the machine with 512, 24% with 256, 11% with 64 (too little: the lane's chaos and nodeloss
-#: heads failed Ray's 30-s node start at once). Per-task priorities failed both ways: SCHED_IDLE starved
-#: the lane's clusters (a node's start past Ray's 30 s, a head's restart past the test's limit), and
-#: nice 19 on each of the lane's dozens of processes took half the cores from the session's few.
-SHARES = 512
-#: Where the group is made (cgroup v1's cpu controller); elsewhere the lane runs at nice 19.
-CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
-NICE = 19
+#: Set in a lane script's environment (``lane_script``): its processes, Ray's daemons included, carry it.
+SCRIPT_MARK = "RM_TEST_LANE_SCRIPT"
 
 
 class Job:
@@ -130,7 +123,6 @@ class Lane:
         self.root: Path | None = None
         self.closing = threading.Event()
         self.thread: threading.Thread | None = None
-        self.group: Path | None = None
 
     def start(self, names: list[str]) -> None:
         """Run the named jobs one after another, the longest first, on a daemon thread."""
@@ -144,7 +136,7 @@ class Lane:
 
     def _run(self, order: list[str]) -> None:
         assert self.root is not None
-        self.group = _lower_this_thread()
+        _lower_this_thread()
         for name in order:
             future = self.futures[name]
             if self.closing.is_set():
@@ -186,39 +178,53 @@ class Lane:
         left = end_marked(os.environ[SESSION_MARK]) if SESSION_MARK in os.environ else []
         if self.thread is not None:
             self.thread.join(timeout=30)
-        if self.group is not None:
-            _remove_group(self.group)
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         return left
 
 
-def _lower_this_thread() -> Path | None:
-    """Put this thread (and so every process it starts: children inherit it) in a CPU group of its
-    own with ``SHARES``; where that cannot be done, at nice ``NICE``. Returns the group."""
-    group = CGROUP_CPU / f"raymodel-test-lane-{os.getpid()}"
-    try:
-        group.mkdir(exist_ok=True)
-        (group / "cpu.shares").write_text(str(SHARES))
-        (group / "tasks").write_text(str(threading.get_native_id()))
-        return group
-    except OSError:
-        if hasattr(os, "setpriority"):  # Linux keeps a nice value per thread, inherited by its children
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-        return None
+def _lower_this_thread() -> None:
+    """SCHED_IDLE for this thread, and so for every process it starts (children inherit it).
+
+    Measured against the alternatives: at normal priority the lane halved the session's speed while
+    it ran; in a cgroup of a smaller CPU share (cgroup v1 ``cpu.shares`` 512) the session's suite took
+    77 minutes in CI, against 32 under SCHED_IDLE (a share weighs CPU time, not who runs first when a
+    task wakes, and the session's tests wait on many small steps; or CI's kernel groups tasks
+    otherwise); nice 19 took half the cores (Ray's daemons start sessions of their own, each an
+    autogroup that nice does not reach)."""
+    if hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
-def _remove_group(group: Path) -> None:
-    """Move what is left in the lane's group (its thread) back to the root group, and remove it."""
+def lane_script() -> str:
+    """Mark this process (a lane script) and what it starts, for ``full_priority``; returns the mark."""
+    return os.environ.setdefault(SCRIPT_MARK, uuid.uuid4().hex)
+
+
+@contextlib.contextmanager
+def full_priority(mark: str | None = None) -> Iterator[None]:
+    """Normal priority, within, for what this thread starts (a Ray node: Ray waits 30 s for it to
+    register, which a starved start misses); after, the processes marked ``mark`` (in their
+    environment's ``SCRIPT_MARK``; by default this script's, from ``lane_script``) and each of their
+    threads are back on SCHED_IDLE, their later children with them. Does nothing outside the lane."""
+    mark = mark or os.environ.get(SCRIPT_MARK)
+    if not mark or not hasattr(os, "SCHED_IDLE") or os.sched_getscheduler(0) != os.SCHED_IDLE:
+        yield
+        return
     try:
-        for task in (group / "tasks").read_text().split():
-            try:
-                (CGROUP_CPU / "tasks").write_text(task)
-            except OSError:
-                pass
-        group.rmdir()
-    except OSError:
-        pass
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except PermissionError:  # not root, and no RLIMIT_NICE to leave SCHED_IDLE: start it idle
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        for _ in range(2):  # a process forked during the first pass
+            for pid in marked(mark, SCRIPT_MARK):
+                for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+                    with contextlib.suppress(OSError):
+                        os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
 
 
 LANE = Lane()

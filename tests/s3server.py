@@ -1,4 +1,10 @@
-"""A real S3-compatible server for tests: moto's server mode on 127.0.0.1, one bucket."""
+"""A real S3-compatible server for tests: moto's server mode on 127.0.0.1, one bucket.
+
+moto checks a conditional write (``If-None-Match: *``) and then writes, two steps, on a thread per
+request: two writers of one key can both pass the check (seen in CI: two registry writers got one
+version). S3 itself decides such a write atomically, so the server run here (``python s3server.py
+PORT``) is moto's own, with its conditional writes taken one at a time.
+"""
 
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ class S3Server:
     def __enter__(self) -> S3Server:
         os.environ.update(ENV)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, __file__, str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -68,3 +74,35 @@ class S3Server:
         if self.process is not None:
             self.process.terminate()
             self.process.wait()
+
+
+def conditional_writes_one_at_a_time(app):
+    """A WSGI middleware: requests with ``If-None-Match`` or ``If-Match`` run under one lock, so a
+    conditional write's check and write are one step, as on S3."""
+    import threading
+
+    lock = threading.Lock()
+
+    def serialized(environ, start_response):
+        if "HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MATCH" in environ:
+            with lock:
+                return list(app(environ, start_response))
+        return app(environ, start_response)
+
+    return serialized
+
+
+def main(port: int) -> None:
+    """moto's server (as ``python -m moto.server`` runs it), its conditional writes atomic."""
+    from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    os.environ.setdefault("MOTO_PORT", str(port))
+    app = DomainDispatcherApplication(create_backend_app)
+    run_simple(
+        "127.0.0.1", port, conditional_writes_one_at_a_time(app), threaded=True, request_handler=MotoRequestHandler
+    )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

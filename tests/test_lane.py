@@ -8,10 +8,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
 
+import lane
 from lane import marked
 
 TESTS = str(Path(__file__).parent)
@@ -83,3 +85,37 @@ def test_a_selection_starts_only_its_lane_jobs_and_the_session_leaves_no_process
     assert took < 60, (took, out)  # nobody waited for the job's 300 s
     left = marked(probe, "LANE_PROBE")
     assert left == [], f"processes the session left running: {left}"
+
+
+def test_full_priority_starts_at_normal_priority_and_puts_what_it_started_back_on_idle():
+    """On a SCHED_IDLE thread (the lane's), a process started within ``full_priority`` runs at normal
+    priority (SCHED_OTHER) until the block ends, then idles again, each of its threads."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return  # Linux's policy; elsewhere the lane runs at normal priority
+    mark = uuid.uuid4().hex
+    env = {**os.environ, lane.SCRIPT_MARK: mark}
+    seen: dict[str, object] = {}
+
+    def on_the_lane() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        child = None
+        try:
+            with lane.full_priority(mark):
+                script = (
+                    "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+                )
+                child = subprocess.Popen([sys.executable, "-c", script], env=env)
+                time.sleep(0.5)  # its second thread has started
+                seen["within"] = {os.sched_getscheduler(int(t.name)) for t in Path(f"/proc/{child.pid}/task").iterdir()}
+            seen["after"] = {os.sched_getscheduler(int(t.name)) for t in Path(f"/proc/{child.pid}/task").iterdir()}
+            seen["threads"] = len(list(Path(f"/proc/{child.pid}/task").iterdir()))
+            seen["lane"] = os.sched_getscheduler(0)
+        finally:
+            if child is not None:
+                child.kill()
+                child.wait()
+
+    thread = threading.Thread(target=on_the_lane)
+    thread.start()
+    thread.join(timeout=30)
+    assert seen == {"within": {os.SCHED_OTHER}, "after": {os.SCHED_IDLE}, "threads": 2, "lane": os.SCHED_IDLE}

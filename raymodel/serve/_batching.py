@@ -12,7 +12,12 @@ from typing import Any, Callable
 from raymodel._internal.schema import schemas_of
 from raymodel.contract import batch_len, to_jsonable
 
-INLINE_BATCH_S = 0.002  # recent batches faster than this run on the event loop, slower ones on a thread
+#: Recent batches whose ``forward`` used less CPU than this run on the event loop, others on a thread.
+#: CPU time, not wall time: a busy machine stretches a small model's wall time, not its work.
+INLINE_BATCH_S = 0.002
+#: ... unless they also took longer than this on the clock: a ``forward`` that waits (I/O, a sleep,
+#: a lock) uses little CPU and would stall the loop.
+INLINE_WALL_S = 0.05
 
 
 class Failed:
@@ -24,28 +29,36 @@ class Failed:
 
 
 class BatchRunner:
-    """Runs each batch on the event loop or on a thread of its own, by how long recent batches
-    took (a moving average; the first batch, not yet timed, goes to the thread)."""
+    """Runs each batch on the event loop or on a thread of its own, by what recent batches cost
+    (moving averages of their CPU and wall time; the first batch, not yet timed, goes to the thread)."""
 
-    def __init__(self, run: Callable[[Any], Any], inline_s: float = INLINE_BATCH_S) -> None:
-        self.run, self.inline_s = run, inline_s
-        self.batch_s = float("inf")
+    def __init__(
+        self, run: Callable[[Any], Any], inline_s: float = INLINE_BATCH_S, inline_wall_s: float = INLINE_WALL_S
+    ) -> None:
+        self.run, self.inline_s, self.inline_wall_s = run, inline_s, inline_wall_s
+        self.batch_s = self.wall_s = float("inf")
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="raymodel-forward")
 
+    def inline(self) -> bool:
+        return self.batch_s < self.inline_s and self.wall_s < self.inline_wall_s
+
     def where(self) -> str:
-        return "event loop" if self.batch_s < self.inline_s else "forward thread"
+        return "event loop" if self.inline() else "forward thread"
 
     async def __call__(self, items: Any) -> Any:
-        if self.batch_s < self.inline_s:
-            result, took = self._timed(items)
+        if self.inline():
+            result, cpu, wall = self._timed(items)
         else:
-            result, took = await asyncio.get_running_loop().run_in_executor(self._thread, self._timed, items)
-        self.batch_s = took if self.batch_s == float("inf") else 0.8 * self.batch_s + 0.2 * took
+            result, cpu, wall = await asyncio.get_running_loop().run_in_executor(self._thread, self._timed, items)
+        first = self.batch_s == float("inf")
+        self.batch_s = cpu if first else 0.8 * self.batch_s + 0.2 * cpu
+        self.wall_s = wall if first else 0.8 * self.wall_s + 0.2 * wall
         return result
 
-    def _timed(self, items: Any) -> tuple[Any, float]:
-        began = time.perf_counter()
-        return self.run(items), time.perf_counter() - began
+    def _timed(self, items: Any) -> tuple[Any, float, float]:
+        wall, cpu = time.perf_counter(), time.thread_time()  # this thread's CPU: the batch's own work
+        result = self.run(items)
+        return result, time.thread_time() - cpu, time.perf_counter() - wall
 
 
 def run_batch(items: list[tuple[Any, Any]]) -> list[tuple[Any, int]]:

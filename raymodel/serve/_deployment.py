@@ -10,8 +10,8 @@ fails, each request is retried alone, so only the bad one fails.
 Where a batch runs: the event loop is also Serve's own (with
 ``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``), so a model whose batches take
 long runs them on the replica's one forward thread, and the loop keeps taking
-requests and answering health checks meanwhile. A batch that takes less than
-``INLINE_BATCH_S`` (a small model's) runs on the loop itself: handing it to a
+requests and answering health checks meanwhile. A batch that uses less CPU than
+``INLINE_BATCH_S`` (a small model's; and waits little, ``INLINE_WALL_S``) runs on the loop itself: handing it to a
 thread and back costs more than the batch (the GIL changes hands twice, and the
 loop waits for it), 110 us per request of the digits MLP measured on 2 cores. The batches
 themselves: ``_batching.py``.
