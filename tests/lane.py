@@ -2,9 +2,8 @@
 cluster that loses nodes, a head serving through HAProxy, the demo as a user runs it).
 
 Such a process needs nothing of the test session's Ray, so it runs from the start of the session, one
-at a time on a thread of its own, while the session's tests run, idle (``lower_this_thread``: a
-CPU group marked idle, or SCHED_IDLE): the lane gets the CPU the session's tests leave, and never
-slows them (its processes inherit it).
+at a time on a thread of its own, while the session's tests run, under Linux's SCHED_IDLE
+(``lower_this_thread``; its processes inherit it).
 Where a lane script must not be starved (a Ray node's start, which Ray gives 30 s), it starts it
 ``with full_priority():`` (normal priority while it starts; its processes idle again after).
 Its test waits for what it returned and checks it. The lane starts once the tests are selected (``-k``, ``-m``,
@@ -44,8 +43,6 @@ import pytest
 
 #: The environment variable whose value marks this session's processes (inherited by every child).
 SESSION_MARK = "RM_TEST_SESSION"
-#: Where the lane's idle CPU group is made (cgroup v1's cpu controller); elsewhere, SCHED_IDLE.
-CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 #: Set in a lane script's environment (``lane_script``): its processes, Ray's daemons included, carry it.
 SCRIPT_MARK = "RM_TEST_LANE_SCRIPT"
 
@@ -127,7 +124,6 @@ class Lane:
         self.root: Path | None = None
         self.closing = threading.Event()
         self.thread: threading.Thread | None = None
-        self.group: Path | None = None
 
     def start(self, names: list[str]) -> None:
         """Run the named jobs one after another, the longest first, on a daemon thread."""
@@ -141,7 +137,7 @@ class Lane:
 
     def _run(self, order: list[str]) -> None:
         assert self.root is not None
-        self.group = lower_this_thread()
+        lower_this_thread()
         for name in order:
             future = self.futures[name]
             if self.closing.is_set():
@@ -184,60 +180,23 @@ class Lane:
         left = end_marked(os.environ[SESSION_MARK]) if SESSION_MARK in os.environ else []
         if self.thread is not None:
             self.thread.join(timeout=30)
-        if self.group is not None:
-            remove_group(self.group)
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         return left
 
 
-def lower_this_thread(name: str | None = None) -> Path | None:
-    """Make this thread, and so every process it starts (children inherit both), idle: in a CPU group
-    of its own marked idle (``name``; cgroup v1 ``cpu.idle``: the group as a whole runs only when no
-    other group wants the CPU), or where there is none, under SCHED_IDLE. Returns the group.
+def lower_this_thread() -> None:
+    """SCHED_IDLE for this thread, and so for every process it starts (children inherit it).
 
-    Measured against the alternatives: at normal priority the lane halved the session's speed; a group
-    of a smaller share (``cpu.shares`` 512) took the suite to 77 minutes in CI; SCHED_IDLE on each
-    task is not idle against other groups, and Ray's daemons start sessions of their own, each its own
-    autogroup (the kernel's per-session group): the lane's processes took 43% of the machine beside
-    the session's tests; nice 19 took half the cores the same way. A group outside the root is not in
-    any autogroup, so its idleness holds whatever its processes do."""
-    group = CGROUP_CPU / (name or f"raymodel-test-lane-{os.getpid()}")
-    try:
-        group.mkdir(exist_ok=True)
-        (group / "cpu.idle").write_text("1")
-        (group / "tasks").write_text(str(threading.get_native_id()))
-        return group
-    except OSError:
-        with contextlib.suppress(OSError):
-            group.rmdir()
-        if hasattr(os, "SCHED_IDLE"):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        return None
-
-
-def _cpu_group() -> Path | None:
-    """This thread's cgroup v1 CPU group, where it is an idle one (``lower_this_thread``'s)."""
-    try:
-        for line in Path(f"/proc/self/task/{threading.get_native_id()}/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "cpu" in controllers.split(","):
-                group = CGROUP_CPU / path.lstrip("/")
-                return group if path != "/" and (group / "cpu.idle").read_text().strip() == "1" else None
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def remove_group(group: Path) -> None:
-    """Move what is left in ``group`` back to the root group, and remove it."""
-    try:
-        for task in (group / "tasks").read_text().split():
-            with contextlib.suppress(OSError):
-                (CGROUP_CPU / "tasks").write_text(task)
-        group.rmdir()
-    except OSError:
-        pass
+    Not idle against everything: Ray's daemons start sessions of their own, each an autogroup (the
+    kernel's per-session group) that competes with the session's as a whole, so the lane's clusters
+    keep a share (measured: 15-45% of the machine beside the session's tests). Measured against the
+    alternatives: a CPU group marked idle (cgroup ``cpu.idle``) starved the lane's clusters to death
+    (a GCS not reached in 60 s, a node's start, a cluster past its 480 s); a group of a smaller
+    share (``cpu.shares`` 512) ran the suite in 77 minutes in CI; at normal priority the lane halved
+    the session's speed."""
+    if hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def lane_script() -> str:
@@ -249,27 +208,10 @@ def lane_script() -> str:
 def full_priority(mark: str | None = None) -> Iterator[None]:
     """Normal priority, within, for what this thread starts (a Ray node: Ray waits 30 s for it to
     register, which a starved start misses); after, the processes marked ``mark`` (in their
-    environment's ``SCRIPT_MARK``; by default this script's, from ``lane_script``) are idle again
-    (back in the lane's group, or each thread on SCHED_IDLE), their later children with them. Does
-    nothing outside the lane."""
+    environment's ``SCRIPT_MARK``; by default this script's, from ``lane_script``) are idle again,
+    each of their threads on SCHED_IDLE, their later children with them. Does nothing outside the
+    lane."""
     mark = mark or os.environ.get(SCRIPT_MARK)
-    group = _cpu_group()
-    tid = str(threading.get_native_id())
-    if mark and group is not None:
-        try:
-            (CGROUP_CPU / "tasks").write_text(tid)
-        except OSError:
-            group = None
-        if group is not None:
-            try:
-                yield
-            finally:
-                (group / "tasks").write_text(tid)
-                for _ in range(2):  # a process forked during the first pass
-                    for pid in marked(mark, SCRIPT_MARK):
-                        with contextlib.suppress(OSError):
-                            (group / "cgroup.procs").write_text(str(pid))  # every thread of it
-            return
     if not mark or not hasattr(os, "SCHED_IDLE") or os.sched_getscheduler(0) != os.SCHED_IDLE:
         yield
         return
@@ -282,7 +224,7 @@ def full_priority(mark: str | None = None) -> Iterator[None]:
         yield
     finally:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        for _ in range(2):
+        for _ in range(2):  # a process forked during the first pass
             for pid in marked(mark, SCRIPT_MARK):
                 for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
                     with contextlib.suppress(OSError):

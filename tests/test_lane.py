@@ -88,20 +88,13 @@ def test_a_selection_starts_only_its_lane_jobs_and_the_session_leaves_no_process
 
 
 def idle_of(pid: int) -> set[bool]:
-    """For each thread of ``pid``: is it idle (in an idle CPU group, or under SCHED_IDLE)?"""
-    states = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        lines = [line.split(":", 2) for line in (task / "cgroup").read_text().splitlines()]
-        cpu = [path for _, controllers, path in lines if "cpu" in controllers.split(",")]
-        in_idle_group = bool(cpu) and cpu[0] != "/" and (lane.CGROUP_CPU / cpu[0].lstrip("/") / "cpu.idle").exists()
-        states.add(in_idle_group or os.sched_getscheduler(int(task.name)) == getattr(os, "SCHED_IDLE", -1))
-    return states
+    """For each thread of ``pid``: is it under SCHED_IDLE?"""
+    return {os.sched_getscheduler(int(task.name)) == os.SCHED_IDLE for task in Path(f"/proc/{pid}/task").iterdir()}
 
 
 def test_the_lane_is_idle_and_full_priority_starts_at_normal_priority_then_idles_what_it_started():
-    """A thread made idle as the lane's is (an idle CPU group, or SCHED_IDLE) starts idle processes;
-    one started within ``full_priority`` runs at normal priority until the block ends, then idles,
-    each of its threads."""
+    """A thread made idle as the lane's is (SCHED_IDLE) starts idle processes; one started within
+    ``full_priority`` runs at normal priority until the block ends, then idles, each of its threads."""
     if not hasattr(os, "SCHED_IDLE"):
         return  # Linux's; elsewhere the lane runs at normal priority
     mark = uuid.uuid4().hex
@@ -110,7 +103,7 @@ def test_the_lane_is_idle_and_full_priority_starts_at_normal_priority_then_idles
     seen: dict[str, object] = {}
 
     def on_the_lane() -> None:
-        group = lane.lower_this_thread(f"raymodel-test-lane-probe-{mark}")
+        lane.lower_this_thread()
         children = []
         try:
             children.append(subprocess.Popen([sys.executable, "-c", sleeper], env=env))
@@ -125,8 +118,6 @@ def test_the_lane_is_idle_and_full_priority_starts_at_normal_priority_then_idles
             for child in children:
                 child.kill()
                 child.wait()
-            if group is not None:
-                lane.remove_group(group)
 
     thread = threading.Thread(target=on_the_lane)
     thread.start()

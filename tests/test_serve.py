@@ -61,41 +61,6 @@ def test_a_small_models_batches_run_on_the_event_loop(served, digits):
     assert requests.get(app.url + "/info", timeout=30).json()["batches_run_on"] == "event loop"
 
 
-def test_where_a_batch_runs_follows_its_cpu_time_not_a_busy_clock():
-    """In-process: a batch stretched on the clock (a busy machine: 10 ms, little CPU) stays on the
-    loop; one that computes (5 ms of CPU) or waits long (80 ms) goes to the thread."""
-    import asyncio
-    import threading
-    import time
-
-    from raymodel.serve._batching import BatchRunner
-
-    def stretched(_):
-        time.sleep(0.01)
-        return threading.current_thread().name
-
-    def computes(_):
-        began = time.thread_time()
-        while time.thread_time() - began < 0.005:
-            pass
-        return threading.current_thread().name
-
-    def waits(_):
-        time.sleep(0.08)
-        return threading.current_thread().name
-
-    async def run(fn):
-        runner = BatchRunner(fn)
-        names = [await runner(None) for _ in range(6)]
-        return names, runner.where()
-
-    names, where = asyncio.run(run(stretched))
-    assert names[0].startswith("raymodel-forward") and names[1:] == ["MainThread"] * 5 and where == "event loop"
-    for fn in (computes, waits):
-        names, where = asyncio.run(run(fn))
-        assert all(n.startswith("raymodel-forward") for n in names) and where == "forward thread", fn.__name__
-
-
 @pytest.mark.parametrize(
     "call,status,fragment",
     [

@@ -8,6 +8,7 @@ checkpoint format, pickling, the drivers, tune, serve and the registry take it a
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,33 @@ def test_the_backend_table_knows_it_without_touching_any_other_file():
 
     assert contract.model_classes()["RaySGDModel"] is RaySGDModel
     assert "sklearn" in serialization._by_reference_roots()  # pickled by reference, never by value
+
+
+def test_a_trials_placement_loads_where_this_file_cannot_be_imported(ray_session, tmp_path):
+    """Tune pickles a trial's placement function with the trainable; the trial's worker may belong to
+    a job whose path lacks this file (the training server started by another process): it must load
+    there (CI saw `No module named 'test_sixth_backend'` when it held the backend by reference)."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from raymodel.tune import Tunable
+
+    trainable = Tunable(DigitsSGD(), data=load_data(), settings={"num_samples": 1, "progress": False}).as_trainable()
+    (tmp_path / "placement.pkl").write_bytes(cloudpickle.dumps(trainable._resources))
+    script = (
+        "import pickle, sys; f = pickle.load(open(sys.argv[1], 'rb'));"
+        "print(f({}).bundles)"  # the trial's config: nothing of its placement tuned
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ran = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "placement.pkl")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip() == "[{'CPU': 1.0}]", ran.stdout

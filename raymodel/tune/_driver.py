@@ -130,7 +130,10 @@ class Tunable:
         # One worker: the trial trains in its own process and holds that worker's resources.
         base = {name: getattr(self.train_settings, name) for name in PLACEMENT_FIELDS}
         # A function of the trial's config (`train.*` placement may be tuned) returning its placement group.
-        return tune.with_resources(trainable, functools.partial(resources_of, base, self.model.backend))
+        # Tune pickles it with the trainable: the backend goes by value (a backend defined beside the
+        # model, in a module the trial's worker cannot import, must still load there).
+        backend = serialization.dumps(self.model.backend, self.model.backend)
+        return tune.with_resources(trainable, functools.partial(resources_of, base, backend))
 
     def as_tuner(self) -> Any:
         """The native ``tune.Tuner`` (or ``Tuner.restore`` with ``resume=True``), not yet fit."""

@@ -112,9 +112,12 @@ def trial_resources(
 
 def resources_of(base: dict[str, Any], backend: Any, config: dict[str, Any]) -> Any:
     """The placement group (a ``PlacementGroupFactory``) of a trial's config (``base``: the
-    experiment's placement fields; ``train.*`` placement may be tuned)."""
+    experiment's placement fields; ``train.*`` placement may be tuned; ``backend``: the model's
+    backend, or it pickled by ``serialization.dumps``)."""
     from ray.tune import PlacementGroupFactory
 
+    if isinstance(backend, bytes):
+        backend = serialization.loads(backend)
     fields = dict(base)
     for name in PLACEMENT_FIELDS:
         fields[name] = config.get(f"{TRAIN_PREFIX}{name}", fields[name])
