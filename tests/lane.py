@@ -15,7 +15,7 @@ returning what the test checks) and marks its test ``@pytest.mark.lane("name")``
 ``lane`` fixture and calls ``lane.result("name")``, which re-raises whatever the process's function
 raised, or a ``TimeoutError`` once the job has run past its limit (``limit_s``, three times what it is
 expected to take unless given), counted from its start or from when its test asked, the later: until
-the session's other tests end, an idle lane may get no CPU.
+the session's other tests end, a lane under SCHED_IDLE may get little CPU.
 
 The module is a pytest plugin (``conftest.py`` registers it): its hooks start the lane after the
 selection and end it with the session.
@@ -190,7 +190,7 @@ def lower_this_thread() -> None:
 
     Not idle against everything: Ray's daemons start sessions of their own, each an autogroup (the
     kernel's per-session group) that competes with the session's as a whole, so the lane's clusters
-    keep a share (measured: 15-45% of the machine beside the session's tests). Measured against the
+    keep a share (measured once over 10 s: 43% of the machine beside the session's tests). Measured against the
     alternatives: a CPU group marked idle (cgroup ``cpu.idle``) starved the lane's clusters to death
     (a GCS not reached in 60 s, a node's start, a cluster past its 480 s); a group of a smaller
     share (``cpu.shares`` 512) ran the suite in 77 minutes in CI; at normal priority the lane halved
