@@ -130,7 +130,7 @@ class Lane:
         if not names:
             return
         self.root = Path(tempfile.mkdtemp(prefix="rm-lane-", dir="/tmp"))  # short: Ray's socket paths
-        order = sorted(set(names), key=lambda n: -JOBS[n].expected_s)
+        order = sorted(set(names), key=run_order)
         self.futures = {name: Future() for name in order}
         self.thread = threading.Thread(target=self._run, args=(order,), name="raymodel-test-lane", daemon=True)
         self.thread.start()
@@ -234,6 +234,11 @@ def full_priority(mark: str | None = None) -> Iterator[None]:
 LANE = Lane()
 
 
+def run_order(name: str) -> tuple[float, str]:
+    """The lane's order of its jobs: the longest first."""
+    return (-JOBS[name].expected_s, name)
+
+
 # ---------------------------------------------------------------------------- the plugin's hooks
 def pytest_configure(config: pytest.Config) -> None:
     mark_session()  # before anything starts a process: the session's processes carry its mark
@@ -242,13 +247,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)  # after `-k`, `-m` and `--deselect` have deselected theirs
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The selected tests of the lane go last, and their jobs start now: only those of the tests that
-    will run."""
+    """The selected tests of the lane go last, in the order their jobs run (so that each waits for its
+    own job only, within pytest-timeout's limit, which each gets from its job's), and their jobs start
+    now: only those of the tests that will run."""
     laned = [item for item in items if item.get_closest_marker("lane")]
     if not laned or config.option.collectonly:
         return
+    name = lambda item: item.get_closest_marker("lane").args[0]  # noqa: E731
+    laned.sort(key=lambda item: run_order(name(item)))
+    for item in laned:
+        item.add_marker(pytest.mark.timeout(JOBS[name(item)].limit_s + 120))
     items[:] = [item for item in items if not item.get_closest_marker("lane")] + laned
-    LANE.start([item.get_closest_marker("lane").args[0] for item in laned])
+    LANE.start([name(item) for item in laned])
 
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down (its Ray shut down)
