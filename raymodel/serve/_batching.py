@@ -36,11 +36,11 @@ class BatchRunner:
         self, run: Callable[[Any], Any], inline_s: float = INLINE_BATCH_S, inline_wall_s: float = INLINE_WALL_S
     ) -> None:
         self.run, self.inline_s, self.inline_wall_s = run, inline_s, inline_wall_s
-        self.batch_s = self.wall_s = float("inf")
+        self.cpu_s = self.wall_s = float("inf")
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="raymodel-forward")
 
     def inline(self) -> bool:
-        return self.batch_s < self.inline_s and self.wall_s < self.inline_wall_s
+        return self.cpu_s < self.inline_s and self.wall_s < self.inline_wall_s
 
     def where(self) -> str:
         return "event loop" if self.inline() else "forward thread"
@@ -50,8 +50,8 @@ class BatchRunner:
             result, cpu, wall = self._timed(items)
         else:
             result, cpu, wall = await asyncio.get_running_loop().run_in_executor(self._thread, self._timed, items)
-        first = self.batch_s == float("inf")
-        self.batch_s = cpu if first else 0.8 * self.batch_s + 0.2 * cpu
+        first = self.cpu_s == float("inf")
+        self.cpu_s = cpu if first else 0.8 * self.cpu_s + 0.2 * cpu
         self.wall_s = wall if first else 0.8 * self.wall_s + 0.2 * wall
         return result
 

@@ -110,14 +110,13 @@ def trial_resources(
     return total
 
 
-def resources_of(base: dict[str, Any], backend: Any, config: dict[str, Any]) -> Any:
+def resources_of(base: dict[str, Any], pickled_backend: bytes, config: dict[str, Any]) -> Any:
     """The placement group (a ``PlacementGroupFactory``) of a trial's config (``base``: the
-    experiment's placement fields; ``train.*`` placement may be tuned; ``backend``: the model's
-    backend, or it pickled by ``serialization.dumps``)."""
+    experiment's placement fields; ``train.*`` placement may be tuned; ``pickled_backend``: the
+    model's backend by ``serialization.dumps``, by value, as Tune pickles this with the trainable)."""
     from ray.tune import PlacementGroupFactory
 
-    if isinstance(backend, bytes):
-        backend = serialization.loads(backend)
+    backend = serialization.loads(pickled_backend)
     fields = dict(base)
     for name in PLACEMENT_FIELDS:
         fields[name] = config.get(f"{TRAIN_PREFIX}{name}", fields[name])
