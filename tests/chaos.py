@@ -43,10 +43,7 @@ def cli(*args: str) -> str:
 
 
 def start(ports: list[str]) -> None:
-    from lane import full_priority
-
-    with full_priority():  # the head's start, not starved by the session's tests (Ray gives a node 30 s)
-        cli("server", "start", "--port", ports[0], "--dashboard-port", ports[1], "--num-cpus", "2")
+    cli("server", "start", "--port", ports[0], "--dashboard-port", ports[1], "--num-cpus", "2")
     rm.init()  # attaches to `raymodel server start`
 
 
@@ -103,11 +100,9 @@ def epochs_once(history: list[dict]) -> bool:
 
 def main() -> None:
     import ray
-    from lane import lane_script
     from models import SlowNet
     from s3server import free_port
 
-    lane_script()
     seed, kills = int(sys.argv[2]), int(sys.argv[3])
     random.seed(seed)
     ports = [str(free_port()), str(free_port())]

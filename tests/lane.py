@@ -2,10 +2,11 @@
 cluster that loses nodes, a head serving through HAProxy, the demo as a user runs it).
 
 Such a process needs nothing of the test session's Ray, so it runs from the start of the session, one
-at a time on a thread of its own, while the session's tests run, under Linux's SCHED_IDLE
-(``lower_this_thread``; its processes inherit it).
-Where a lane script must not be starved (a Ray node's start, which Ray gives 30 s), it starts it
-``with full_priority():`` (normal priority while it starts; its processes idle again after).
+at a time on a thread of its own, while the session's tests run, at the same priority as they do.
+A lower priority starved the lane's clusters into failures, each way it was tried (SCHED_IDLE: a Ray
+node past its 30-s start, a Serve proxy killed for missing its 5-s ready check, a chaos run past 900 s;
+a CPU group marked idle: a GCS not reached in 60 s; a group of a small ``cpu.shares``: the suite took
+77 minutes in CI), while at the same priority the lane and the session share the machine evenly.
 Its test waits for what it returned and checks it. The lane starts once the tests are selected (``-k``, ``-m``,
 ``--deselect``, a file: only the jobs of the tests that will run) and those tests move to the end of
 the session, by when their processes have ended.
@@ -14,8 +15,7 @@ A test module registers its process with ``@job("name", expected_s)`` (a functio
 returning what the test checks) and marks its test ``@pytest.mark.lane("name")``; the test takes the
 ``lane`` fixture and calls ``lane.result("name")``, which re-raises whatever the process's function
 raised, or a ``TimeoutError`` once the job has run past its limit (``limit_s``, three times what it is
-expected to take unless given), counted from its start or from when its test asked, the later: until
-the session's other tests end, a lane under SCHED_IDLE may get little CPU.
+expected to take unless given), counted from its start or from when its test asked, the later.
 
 The module is a pytest plugin (``conftest.py`` registers it): its hooks start the lane after the
 selection and end it with the session.
@@ -27,7 +27,6 @@ session's end) ends those still running (SIGTERM, then SIGKILL) before it remove
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -37,14 +36,12 @@ import time
 import uuid
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
 #: The environment variable whose value marks this session's processes (inherited by every child).
 SESSION_MARK = "RM_TEST_SESSION"
-#: Set in a lane script's environment (``lane_script``): its processes, Ray's daemons included, carry it.
-SCRIPT_MARK = "RM_TEST_LANE_SCRIPT"
 
 
 class Job:
@@ -137,7 +134,6 @@ class Lane:
 
     def _run(self, order: list[str]) -> None:
         assert self.root is not None
-        lower_this_thread()
         for name in order:
             future = self.futures[name]
             if self.closing.is_set():
@@ -183,52 +179,6 @@ class Lane:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         return left
-
-
-def lower_this_thread() -> None:
-    """SCHED_IDLE for this thread, and so for every process it starts (children inherit it).
-
-    Not idle against everything: Ray's daemons start sessions of their own, each an autogroup (the
-    kernel's per-session group) that competes with the session's as a whole, so the lane's clusters
-    keep a share (measured once over 10 s: 43% of the machine beside the session's tests). Measured against the
-    alternatives: a CPU group marked idle (cgroup ``cpu.idle``) starved the lane's clusters to death
-    (a GCS not reached in 60 s, a node's start, a cluster past its 480 s); a group of a smaller
-    share (``cpu.shares`` 512) ran the suite in 77 minutes in CI; at normal priority the lane halved
-    the session's speed."""
-    if hasattr(os, "SCHED_IDLE"):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def lane_script() -> str:
-    """Mark this process (a lane script) and what it starts, for ``full_priority``; returns the mark."""
-    return os.environ.setdefault(SCRIPT_MARK, uuid.uuid4().hex)
-
-
-@contextlib.contextmanager
-def full_priority(mark: str | None = None) -> Iterator[None]:
-    """Normal priority, within, for what this thread starts (a Ray node: Ray waits 30 s for it to
-    register, which a starved start misses); after, the processes marked ``mark`` (in their
-    environment's ``SCRIPT_MARK``; by default this script's, from ``lane_script``) are idle again,
-    each of their threads on SCHED_IDLE, their later children with them. Does nothing outside the
-    lane."""
-    mark = mark or os.environ.get(SCRIPT_MARK)
-    if not mark or not hasattr(os, "SCHED_IDLE") or os.sched_getscheduler(0) != os.SCHED_IDLE:
-        yield
-        return
-    try:
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except PermissionError:  # not root, and no RLIMIT_NICE to leave SCHED_IDLE: start it idle
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        for _ in range(2):  # a process forked during the first pass
-            for pid in marked(mark, SCRIPT_MARK):
-                for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
-                    with contextlib.suppress(OSError):
-                        os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
 
 
 LANE = Lane()

@@ -28,7 +28,6 @@ from raymodel._internal import ingress, locations, storage
 def main() -> None:
     import ray
     from clusters import agent_ports, head_args
-    from lane import full_priority, lane_script
     from models import DigitsNet
     from ray import serve
     from ray.cluster_utils import Cluster
@@ -39,14 +38,12 @@ def main() -> None:
     # Ports of its own: the test session's Ray instance may be running beside it (and so may its
     # HAProxy: this cluster's Serve gets its own stats and metrics ports, as `rm.init` would give it).
     os.environ.update(ingress.with_serve_env(os.environ, ingress.resolve_ingress(None)))
-    lane_script()
-    with full_priority():  # Ray gives a node 30 s to register
-        cluster = Cluster(initialize_head=True, head_node_args=head_args(scratch))
-        for name in ("a", "b"):
-            cluster.add_node(
-                num_cpus=2, temp_dir=str(scratch / f"node-{name}"), resources={f"node_{name}": 1}, **agent_ports()
-            )
-        cluster.wait_for_nodes()
+    cluster = Cluster(initialize_head=True, head_node_args=head_args(scratch))
+    for name in ("a", "b"):
+        cluster.add_node(
+            num_cpus=2, temp_dir=str(scratch / f"node-{name}"), resources={f"node_{name}": 1}, **agent_ports()
+        )
+    cluster.wait_for_nodes()
     rm.init(address=cluster.address)
     head = ray.get_runtime_context().get_node_id()
 

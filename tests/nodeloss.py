@@ -80,21 +80,17 @@ def tell(job) -> None:
 def main() -> None:
     import ray
     from clusters import agent_ports, head_args
-    from lane import full_priority, lane_script
     from models import TinyNet
     from ray.cluster_utils import Cluster
 
-    lane_script()
     scratch, scenarios = Path(sys.argv[1]), sys.argv[2:]
-    with full_priority():
-        cluster = Cluster(initialize_head=True, head_node_args=head_args(scratch))
+    cluster = Cluster(initialize_head=True, head_node_args=head_args(scratch))
     count = [0]
 
     def add_node():
         count[0] += 1
-        with full_priority():  # Ray gives a node 30 s to register
-            node = cluster.add_node(num_cpus=1, temp_dir=str(scratch / f"node-{count[0]}"), **agent_ports())
-            cluster.wait_for_nodes()
+        node = cluster.add_node(num_cpus=1, temp_dir=str(scratch / f"node-{count[0]}"), **agent_ports())
+        cluster.wait_for_nodes()
         return node
 
     nodes = [add_node(), add_node()]

@@ -39,7 +39,7 @@ def _browser(binary: str, url: str, *args: str, budget_ms: int = 4000) -> str:
             *(args or ["--dump-dom"]),
             url,
         ]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)  # a busy 2-core machine
     assert done.returncode == 0 and (done.stdout or args), f"{url}: {done.stderr[-2000:]}"
     return done.stdout
 

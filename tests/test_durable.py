@@ -126,7 +126,7 @@ def test_pruning_keeps_what_is_in_use_and_bounds_the_rest(tmp_path, monkeypatch)
         limits_from_env()
 
 
-@lane.job("chaos", expected_s=300)
+@lane.job("chaos", expected_s=480)
 def _chaos(scratch: Path) -> list[dict]:
     from clusters import run_script
 
@@ -135,7 +135,7 @@ def _chaos(scratch: Path) -> list[dict]:
         "RAYMODEL_SERVER_FILE": str(scratch / "server.json"),
         "HOME": str(scratch),
     }
-    return run_script("chaos.py", ["0", "3"], env, timeout=900)
+    return run_script("chaos.py", ["0", "3"], env, timeout=1500)
 
 
 @pytest.mark.integration
@@ -153,7 +153,7 @@ def test_chaos_a_queue_of_jobs_through_kills_of_the_server_a_worker_and_the_head
     assert "the job server restarted while it ran (after epoch" in running_log
     assert running_log.count("epoch 1:") == 1, running_log  # resumed, not trained again from epoch 1
     assert "still queued, in its place" in queued_log
-    assert head["back_s"] < 150, head  # the head is back and answering (a slow, busy machine: 64 s seen)
+    assert head["back_s"] < 300, head  # the head is back and answering (a slow, busy machine: 64 s seen)
 
     jobs = chaos["jobs"]
     print("chaos:", json.dumps({k: chaos[k] for k in ("kills", "back_s")}), json.dumps(jobs))

@@ -58,7 +58,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-@lane.job("demo", expected_s=80)
+@lane.job("demo", expected_s=90)
 def _demo(scratch: Path) -> subprocess.CompletedProcess:
     from s3server import free_port
 

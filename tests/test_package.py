@@ -30,7 +30,7 @@ def _run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProc
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=540, cwd=cwd)
 
 
-@lane.job("package", expected_s=30)
+@lane.job("package", expected_s=35)
 def _package(scratch: Path) -> tuple[Path, Path]:
     """The wheel, and the python of a new virtual environment holding it and what `pip install raymodel`
     brings with it (the development pins, so pip takes what its cache holds). No Ray: on the lane."""

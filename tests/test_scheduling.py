@@ -244,10 +244,10 @@ def _names(folder):
 
 
 # ------------------------------------------------------------ node loss
-@lane.job("nodeloss", expected_s=250)
+@lane.job("nodeloss", expected_s=300)
 def _nodeloss(scratch: Path) -> list[dict]:
     env = {"RAYMODEL_HOME": str(scratch / "home"), "HOME": str(scratch)}
-    return run_script("nodeloss.py", ["rescheduling", "elastic", "fixed", "stop_waiting", "give_up"], env, timeout=600)
+    return run_script("nodeloss.py", ["rescheduling", "elastic", "fixed", "stop_waiting", "give_up"], env, timeout=960)
 
 
 @pytest.mark.integration

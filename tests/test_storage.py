@@ -154,7 +154,7 @@ def test_an_experiment_on_s3_resumes_where_it_stopped(ray_session, s3, tiny):
 
 
 # ---------------------------------------------------------------- multi-node
-@lane.job("multinode", expected_s=120)
+@lane.job("multinode", expected_s=150)
 def _multinode(scratch: Path) -> tuple[dict, list[str], Path]:
     """The script's result, the bucket's keys after it, and the driver's HOME (on a server of its own)."""
     from clusters import run_script
@@ -164,7 +164,7 @@ def _multinode(scratch: Path) -> tuple[dict, list[str], Path]:
     home.mkdir()
     with S3Server() as s3:
         env = {"RAYMODEL_HOME": s3.uri("home"), "HOME": str(home)}
-        (seen,) = run_script("multinode.py", [str(free_port())], env, timeout=480)
+        (seen,) = run_script("multinode.py", [str(free_port())], env, timeout=510)
         return seen, s3.keys("home/"), home
 
 

@@ -44,7 +44,13 @@ def serve_env(ingress: str, private: Mapping[str, str] | None = None) -> dict[st
     Python proxy actor, one actor call per request. Both run the replica's code on its main event
     loop (one thread hop less per request; a model whose batches take long runs them on a thread of
     the replica's own: ``serve._batching.BatchRunner``)."""
-    env = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+    env = {
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+        # Serve kills a proxy (HAProxy's manager or the Python proxy) that is not ready 5 s after its
+        # actor was created, and `serve.start` then fails ("killed by `ray.kill`"): on a busy 2-core
+        # machine a proxy's start (a process, Serve's imports, HAProxy) takes longer (seen in CI).
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
+    }
     if ingress != "haproxy":
         return env
     # HAProxy's stats and metrics ports are per instance, so that two Ray instances on one machine (a
