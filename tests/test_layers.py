@@ -1,10 +1,12 @@
 """The layers of docs/architecture.md, as the import-linter contracts in pyproject.toml state them:
 they hold on the code, they fail on an upward import (inside a function or under TYPE_CHECKING too)
 and on a cross-package private import, and no import circle remains in raymodel/ (counted with grimp,
-lazy and TYPE_CHECKING imports included). Only raymodel/jobs/ knows the training server's actor."""
+lazy and TYPE_CHECKING imports included). Only raymodel/jobs/ knows the training server's actor, and no
+two modules define a class of the same name."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -105,6 +107,19 @@ def test_only_the_jobs_package_knows_the_training_server_actor():
             assert (path.name == "_api.py" and "SERVE_CONTROLLER_NAME" in text) or (
                 path.name == "_rollout.py" and "get_actor(CONTROLLER" in text
             ), path
+
+
+def test_no_two_modules_define_a_class_of_the_same_name():
+    """One meaning per name across the package: a class name (public or private) is defined in one
+    module of raymodel/ only, so a traceback or a search names one thing."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "raymodel").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert len(where) > 50  # the walk found the package's classes
+    twice = {name: paths for name, paths in where.items() if len(paths) > 1}
+    assert not twice, f"classes of one name in several modules (rename one): {twice}"
 
 
 def test_no_import_circle_in_raymodel():

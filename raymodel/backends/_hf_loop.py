@@ -108,7 +108,7 @@ class TrainerLoop(TorchLoop):
         """``Trainer.train`` to ``run.num_epochs``. The ``Trainer`` fixes its number of epochs (and its LR
         schedule) when it starts, so when ``job.update`` raises ``num_epochs`` mid-run a new ``Trainer``
         goes on from the last one's newest checkpoint, its schedule stretched to the new end."""
-        bridge = _Bridge(self.run, self, first)
+        bridge = _TrainerPhases(self.run, self, first)
         while True:
             target = self.run.num_epochs
             self.trainer = self._trainer(target, bridge)
@@ -134,7 +134,7 @@ class TrainerLoop(TorchLoop):
                     (folder / rel).write_bytes(data)
         return str(folder)
 
-    def _trainer(self, last: int, bridge: _Bridge) -> Any:
+    def _trainer(self, last: int, bridge: _TrainerPhases) -> Any:
         run, model = self.run, self.model
         train = _dataset(run.splits["train"])
         valid = _dataset(run.splits["valid"]) if self.has_validation else None
@@ -239,7 +239,7 @@ def _set_hyperparameters(trainer: Any, changes: dict[str, Any]) -> None:
                 group["lr"] = float(changes["lr"]) * fn(scheduler.last_epoch)
 
 
-class _Bridge(transformers.TrainerCallback):
+class _TrainerPhases(transformers.TrainerCallback):
     """The ``Trainer``'s callback points -> ``WorkerRun``'s phases."""
 
     def __init__(self, run: Run, loop: TrainerLoop, first: int) -> None:

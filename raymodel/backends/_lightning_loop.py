@@ -50,7 +50,7 @@ class LightningLoop(TorchLoop):
 
     def apply_config(self, changes: dict[str, Any]) -> None:
         """Set on the ``Trainer``'s optimizers; before ``fit`` made them (a change made while the job
-        was queued, or replayed from a checkpoint), once they exist (``_Bridge.on_train_start``)."""
+        was queued, or replayed from a checkpoint), once they exist (``_LightningPhases.on_train_start``)."""
         if self.trainer is not None and self.trainer.optimizers:
             set_hyperparameters(self.trainer.optimizers, changes)
         else:
@@ -80,7 +80,7 @@ class LightningLoop(TorchLoop):
         self.trainer = pl.Trainer(
             max_epochs=last,
             accelerator="gpu" if settings.use_gpu else "cpu",
-            callbacks=[_Bridge(run, self)],
+            callbacks=[_LightningPhases(run, self)],
             use_distributed_sampler=False,  # raymodel's sharding policy (ShardSampler) instead
             enable_checkpointing=False,
             logger=False,
@@ -204,7 +204,7 @@ class _Reiterable:
 _Callback: Any = pl.Callback  # Lightning's, from the package that is installed
 
 
-class _Bridge(_Callback):
+class _LightningPhases(_Callback):
     """Lightning's callback points -> ``WorkerRun``'s phases and batch hooks."""
 
     def __init__(self, run: Run, loop: LightningLoop) -> None:

@@ -49,7 +49,7 @@ def run_job(
             # A blocking call shows a pool's rows and batches through its hub; a one-off run's rows go
             # there from its controller (below), with no printer here.
             progress=settings.progress and hub is not None and pool is not None,
-            callbacks=[*settings.callbacks, JobControl(server, runner.job_id, stop_vote=False)],
+            callbacks=[*settings.callbacks, JobWorkerCallback(server, runner.job_id, stop_vote=False)],
         )
         trainable = Trainable(
             model,
@@ -76,7 +76,7 @@ def run_job(
 
         _RUNNERS[runner.job_id] = runner
         train = job["settings"].train  # each trial's workers tell the server where they run
-        train = dataclasses.replace(train, callbacks=[*train.callbacks, JobControl(server, runner.job_id)])
+        train = dataclasses.replace(train, callbacks=[*train.callbacks, JobWorkerCallback(server, runner.job_id)])
         settings = dataclasses.replace(
             job["settings"],
             progress=False,
@@ -115,7 +115,7 @@ def _restore_state(model: Any, files: dict[str, bytes] | None) -> None:
     model.backend.set_state(model, ckpt.state_from_files(model, files))
 
 
-class JobControl(Callback):
+class JobWorkerCallback(Callback):
     """On every training worker (a job's, or a tune job's trial's): tells the server the placement
     group it runs in (``Job.resources`` asks Ray's state API what those hold); with ``stop_vote``
     (a tune job's trial) ends the run at the end of an epoch once the job is stopped (a checkpoint
