@@ -29,7 +29,7 @@ class StoringSession:
     """One worker, no Ray: reports are recorded and checkpoints copied under the run's folder."""
 
     rank, world, local_rank = 0, 1, 0
-    on_ray_train = False
+    in_worker_group = False
 
     def __init__(self, run_path: Path, handed_back: str | None = None) -> None:
         self.run_path, self.handed_back = run_path, handed_back

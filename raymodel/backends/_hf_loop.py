@@ -148,7 +148,7 @@ class TrainerLoop(TorchLoop):
             compute_metrics=self.metrics_function() if valid is not None else None,
             callbacks=[bridge],
         )
-        if run.session.on_ray_train:
+        if run.session.in_worker_group:
             from ray.train.huggingface.transformers import prepare_trainer
 
             trainer = prepare_trainer(trainer)

@@ -30,7 +30,7 @@ class KerasLoop(WorkerLoop):
     def __init__(self, run: Run) -> None:
         super().__init__(run)
         # On Ray Train workers (TF_CONFIG set by Ray): the multi-worker strategy; in a Tune trial: the default.
-        self.strategy = _multi_worker_strategy(run) if run.session.on_ray_train else tf.distribute.get_strategy()
+        self.strategy = _multi_worker_strategy(run) if run.session.in_worker_group else tf.distribute.get_strategy()
         self.valid: Any = None
         self.bridge: Any = None
 

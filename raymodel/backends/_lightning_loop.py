@@ -74,7 +74,7 @@ class LightningLoop(TorchLoop):
         # On a Ray Train worker: Ray's DDP (or FSDP) strategy; in a Tune trial: one process, Lightning's default.
         placement = (
             {"strategy": self._strategy(), "plugins": [RayLightningEnvironment()], "devices": "auto"}
-            if run.session.on_ray_train
+            if run.session.in_worker_group
             else {"devices": 1}
         )
         self.trainer = pl.Trainer(
@@ -90,7 +90,7 @@ class LightningLoop(TorchLoop):
             **placement,
             **_step_arguments(settings),
         )
-        trainer = prepare_trainer(self.trainer) if run.session.on_ray_train else self.trainer
+        trainer = prepare_trainer(self.trainer) if run.session.in_worker_group else self.trainer
         train = self._loader("train")
         valid = self._loader("valid") if self.has_validation else None
         with tmp.tempdir("lightning") as staging:

@@ -18,7 +18,7 @@ class PoolSession:
     the server and to the job's hub.
     """
 
-    on_ray_train = True
+    in_worker_group = True
     pooled = True
 
     def __init__(self, spec: dict[str, Any], job_id: str) -> None:

@@ -14,8 +14,9 @@ class TrainSession:
     The other placement is a Tune trial's own process (``tune/_trial.py``).
     """
 
-    #: The framework's distributed setup (DDP, a strategy's cluster) comes from Ray Train.
-    on_ray_train = True
+    #: A worker of a Ray Train worker group: the framework's distributed setup (DDP, a strategy's
+    #: cluster) comes from Ray Train. (A backend's ``on_ray_train`` says whether its runs are such groups.)
+    in_worker_group = True
 
     def __init__(self) -> None:
         import ray.train
@@ -62,7 +63,7 @@ class LocalSession:
     """
 
     rank, world, local_rank = 0, 1, 0
-    on_ray_train = False
+    in_worker_group = False  # one process of its own: no Ray Train context
 
     def __init__(self, run_path: str, keep: int | None = None) -> None:
         from raymodel._internal import storage

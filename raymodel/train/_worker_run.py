@@ -204,7 +204,7 @@ class WorkerRun(JobChanges):
             state = self.worker.get_state()  # on every worker: some frameworks save collectively
             if self.rank == 0:
                 directory = await self._write_checkpoint(epoch, state, row, [rng for _, rng, _ in votes])
-        if self.progress is not None and self.settings.num_workers == 0 and self.session.on_ray_train:
+        if self.progress is not None and self.settings.num_workers == 0 and self.session.in_worker_group:
             import ray  # local mode: no controller forwards the report; the row is in before fit() returns
 
             ray.get(self.progress.hub.push.remote(row))
