@@ -51,8 +51,9 @@ BREAKS = {
     ),
     "a private module of another package": (
         "raymodel/jobs/_queue.py",
-        "\n\ndef _peek():\n    from raymodel.train._callbacks import ProgressCallback\n\n    return ProgressCallback\n",
-        "raymodel.jobs._queue -> raymodel.train._callbacks",
+        "\n\ndef _peek():\n    from raymodel.train._controller_rows import ProgressCallback\n\n"
+        "    return ProgressCallback\n",
+        "raymodel.jobs._queue -> raymodel.train._controller_rows",
     ),
     "a plug-in importing another": (
         "raymodel/backends/xgboost.py",

@@ -16,7 +16,7 @@ from ray.train.lightning import RayDDPStrategy, RayFSDPStrategy, RayLightningEnv
 from torch.utils.data import DataLoader, TensorDataset
 
 from raymodel._internal import tmp
-from raymodel.backends._pl import lightning as _lightning
+from raymodel.backends._lightning_import import lightning as _lightning
 from raymodel.backends._torch_arrays import to_tensor
 from raymodel.backends._torch_loop import ShardSampler, TorchLoop
 from raymodel.backends._torch_optim import set_hyperparameters

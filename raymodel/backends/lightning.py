@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from raymodel._internal.deps import require
-from raymodel.backends._pl import lightning as _lightning
+from raymodel.backends._lightning_import import lightning as _lightning
 from raymodel.backends._torch_backend import TorchBackend
 from raymodel.contract import Model
 from raymodel.exceptions import ModelDefinitionError

@@ -29,7 +29,7 @@ from raymodel.contract._arrays import (
     to_jsonable,
 )
 from raymodel.contract._backend import DATA_KINDS, UNRECORDED_NAN, Backend, Model, Run, WorkerLoop, worker_resources
-from raymodel.contract._server import TrainingServer, provide_training_server, training_server
+from raymodel.contract._server_port import TrainingServer, provide_training_server, training_server
 from raymodel.contract._table import backends, hook_table, model_classes, register
 
 __all__ = [

@@ -1,6 +1,7 @@
 """When things happen: the hook list, the ``Callback`` base, and the dispatcher."""
 
 from raymodel.hooks._context import RunContext
+from raymodel.hooks._dispatch import HookRunner, call_sync, maybe_await
 from raymodel.hooks._hooks import (
     CALLBACK_HOOK_NAMES,
     HOOK_NAMES,
@@ -10,7 +11,6 @@ from raymodel.hooks._hooks import (
     default,
     is_default,
 )
-from raymodel.hooks._runner import HookRunner, call_sync, maybe_await
 
 __all__ = [
     "HOOK_NAMES",

@@ -69,7 +69,7 @@ class PoolActor:
         import ray
         from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-        from raymodel.jobs._train_callbacks import PoolFailures
+        from raymodel.jobs._controller_reports import PoolFailures
 
         me = ray.get_runtime_context().current_actor
         resources = {k: v for k, v in self.per_worker.items() if k != "GPU"}

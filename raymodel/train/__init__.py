@@ -36,6 +36,6 @@ def progress_callback(hub: Any, wait: bool = False, root: str | None = None) -> 
     """A Ray Train ``UserCallback`` that sends each report's rank-0 row to ``hub`` (with ``wait``, the
     report waits for the reader's acknowledgement; ``root`` gives checkpoint paths their scheme back).
     Imports ``ray.train`` on first use (about a second), which only a run needs."""
-    from raymodel.train._callbacks import ProgressCallback
+    from raymodel.train._controller_rows import ProgressCallback
 
     return ProgressCallback(hub, wait=wait, root=root)

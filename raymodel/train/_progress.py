@@ -80,7 +80,7 @@ class ProgressPrinter:
         self._batches: Any = None
 
     def callback(self) -> Any:
-        from raymodel.train._callbacks import ProgressCallback
+        from raymodel.train._controller_rows import ProgressCallback
 
         return ProgressCallback(self.hub)
 
