@@ -123,6 +123,20 @@ def test_no_two_modules_define_a_class_of_the_same_name():
     assert not twice, f"classes of one name in several modules (rename one): {twice}"
 
 
+def test_the_jobs_package_init_is_its_face_only_and_the_server_is_looked_up_in_one_place():
+    """``raymodel/jobs/__init__.py`` re-exports what its modules define (it defines nothing), and one
+    function of ``jobs/_address.py`` (``find``) looks the training server's actor up."""
+    init = ast.parse((ROOT / "raymodel/jobs/__init__.py").read_text())
+    defined = [n.name for n in init.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    assert defined == [], f"raymodel/jobs/__init__.py defines {defined}: move them into a module of the package"
+    lookups = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "raymodel/jobs").glob("*.py"))
+        for _ in range(path.read_text().count("get_actor(NAME"))
+    ]
+    assert lookups == ["raymodel/jobs/_address.py"], lookups
+
+
 def test_no_import_circle_in_raymodel():
     graph = grimp.build_graph("raymodel", include_external_packages=False, exclude_type_checking_imports=False)
     circles = [c for c in _strongly_connected(graph) if len(c) > 1]

@@ -11,14 +11,20 @@ from typing import Any
 NAME, NAMESPACE = "raymodel-job-server", "raymodel"
 
 
+def find() -> Any:
+    """The server's handle in the cluster this process is attached to, or ``None``: the one look-up of
+    the actor (``running_handle`` and ``_client.server_handle`` both ask here)."""
+    import ray
+
+    try:
+        return ray.get_actor(NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
 def running_handle() -> Any:
     """The running server's handle, or ``None``; never starts Ray or a server (for code inside the
     cluster: a Tune trial, the port's calls)."""
     import ray
 
-    if not ray.is_initialized():
-        return None
-    try:
-        return ray.get_actor(NAME, namespace=NAMESPACE)
-    except ValueError:
-        return None
+    return find() if ray.is_initialized() else None

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from raymodel._internal import cluster
 from raymodel.exceptions import SettingsError
-from raymodel.jobs._address import NAME, NAMESPACE, running_handle
+from raymodel.jobs._address import NAME, NAMESPACE, find, running_handle
 from raymodel.jobs._constants import DEFAULT_POOL_IDLE_S, DONE
 
 __all__ = ["NAME", "NAMESPACE", "running_handle", "server_handle", "init", "follow", "pool_idle_s"]
@@ -28,14 +28,11 @@ def pool_idle_s() -> float:
 def server_handle(start: bool = True) -> Any:
     """The training server's actor handle: the running one, or one started now (detached, on this
     node); ``None`` with ``start=False`` when none runs."""
-    import ray
 
     cluster.ensure_ray(False)
-    try:
-        return ray.get_actor(NAME, namespace=NAMESPACE)
-    except ValueError:
-        if not start:
-            return None
+    running = find()
+    if running is not None or not start:
+        return running
     from raymodel.jobs._server import JobServerActor
 
     return JobServerActor.options(

@@ -1,0 +1,103 @@
+"""Reading the training server's books: its pools (``rm.jobs.pools()``, ``release_pools``) and its jobs
+(``rm.jobs.list()``, ``records``, ``get``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from raymodel.jobs._client import server_handle
+from raymodel.jobs._job import Job, JobNotFound
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """A resident worker group of the training server (``rm.jobs.pools()``).
+
+    Attributes:
+        id: The pool's id (its Ray Train run's name).
+        key: What its workers are: backend, number of workers, resources of each.
+        backend: The backend whose trainer runs it (``"torch"``, ...).
+        num_workers: Its workers.
+        resources: What it holds in all (e.g. ``{"CPU": 2.0}``).
+        state: ``"busy"`` (running a job), ``"idle"`` or ``"ending"``.
+        jobs_run: Jobs it has run.
+        idle_since: When it became idle (a Unix time), ``None`` while busy.
+        job: The job it runs now, if any.
+        started: When it was started (a Unix time).
+    """
+
+    id: str
+    key: str
+    backend: str
+    num_workers: int
+    resources: dict[str, float]
+    state: str
+    jobs_run: int
+    idle_since: float | None
+    job: str | None
+    started: float
+
+
+def pools() -> list[Pool]:
+    """The training server's pools, oldest first (``[]`` when no server runs)."""
+    import ray
+
+    handle = server_handle(start=False)
+    if handle is None:
+        return []
+    return [_as_pool(p) for p in ray.get(handle.pools_info.remote())]
+
+
+def _as_pool(info: dict[str, Any]) -> Pool:
+    state = "busy" if info["state"] == "starting" else info["state"]
+    return Pool(
+        id=info["id"],
+        key=info["key"],
+        backend=info["backend"],
+        num_workers=info["num_workers"],
+        resources=dict(info["needs"]),
+        state=state,
+        jobs_run=info["jobs_run"],
+        idle_since=info["idle_since"],
+        job=info["job"],
+        started=info["started"],
+    )
+
+
+def release_pools() -> list[str]:
+    """End every idle pool now and return once their resources are back; the ids of those ended."""
+    import ray
+
+    handle = server_handle(start=False)
+    return [] if handle is None else ray.get(handle.release_pools.remote())
+
+
+def list_jobs() -> list[Job]:
+    """A ``Job`` handle on every job the server knows, oldest first; each one's ``summary`` holds its
+    record as listed (status, reason, model class, times, epochs so far)."""
+    handle = server_handle()
+    return [Job(record, handle) for record in records(handle)]
+
+
+def records(handle: Any = None) -> list[dict[str, Any]]:
+    """Every job's record as a dict (oldest first): what ``list_jobs()`` (``rm.jobs.list()``) wraps, for
+    tables of many jobs."""
+    import ray
+
+    return ray.get((handle or server_handle()).list.remote())
+
+
+def get(job_id: str) -> Job:
+    """The job ``job_id``; ``JobNotFound`` names the ids that exist when there is none."""
+    import ray
+
+    handle = server_handle()
+    record = ray.get(handle.get.remote(job_id))
+    if record is None:
+        known = [r["id"] for r in records()][-5:]
+        raise JobNotFound(
+            f"No job `{job_id}` on this cluster's raymodel server. "
+            f"Recent jobs: {', '.join(known) if known else '(none)'}."
+        )
+    return Job(record, handle)
