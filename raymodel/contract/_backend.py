@@ -25,35 +25,27 @@ from __future__ import annotations
 import contextlib
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator, Mapping, Protocol, TypeVar
 
 from raymodel._internal.deps import require
-from raymodel.contract._arrays import columns_of, features_of, rows_of, split_nested, to_jsonable
-from raymodel.data import DataSpec, kind_of
-from raymodel.exceptions import DataError, ModelDefinitionError
+from raymodel.contract._data_checks import DATA_KINDS, UNRECORDED_NAN, DataChecks
+from raymodel.contract._inference import InferenceDefaults
+from raymodel.exceptions import ModelDefinitionError
 
 if TYPE_CHECKING:
     import os
 
     from raymodel.hooks import HookRunner, RunContext
 
-#: Every form a data split can take (``raymodel.data.kind_of``).
-DATA_KINDS = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
+__all__ = ["DATA_KINDS", "UNRECORDED_NAN", "Backend", "WorkerLoop", "Model", "Run", "worker_resources"]
 
 
-#: Why a network with no recorded signature refuses NaN, None or infinity (``unrecorded_signature``).
-UNRECORDED_NAN = (
-    "a network answers NaN for them (the model has no recorded input signature: clean the input, or train it "
-    "with `TrainSettings(nonfinite='allow')` to let them through)"
-)
-
-
-class Backend:
+class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     """Base contract of a backend: the facts about a framework, its state and its inference.
 
-    Subclasses set the class attributes and implement every method that raises.
+    Subclasses set the class attributes and implement every method that raises. The data checks
+    (``DataChecks``, ``contract/_data_checks.py``) and the inference defaults (``InferenceDefaults``,
+    ``contract/_inference.py``) are inherited; a backend overrides them like any method here.
     """
 
     #: Short name written into checkpoints ("torch", "xgboost", ...).
@@ -125,44 +117,6 @@ class Backend:
                 f"{self.name} backend. See the table 'What a subclass writes' in the docs' backends page."
             )
 
-    def validate_data(self, data: DataSpec) -> None:
-        """Raise ``DataError`` when a split's form is not in ``accepts`` or its shape is wrong.
-
-        Runs on the driver before Ray is touched, and on each worker for the
-        splits a data module returns.
-        """
-        for split_name, split in data.splits.items():
-            kind = kind_of(split)
-            if kind not in self.accepts:
-                forms = ", ".join(f"`{k}`" for k in self.accepts)
-                raise DataError(
-                    f"The {self.name} backend does not train on {kind.replace('_', ' ')} "
-                    f"(split {split_name!r} is one); it takes: {forms}. "
-                    f"{_DATA_HINTS.get(self.accepts[0], '')}"
-                )
-            self.check_split(split_name, split)
-
-    def prepare_data(self, model: Model, data: Any) -> Any:
-        """On the driver, before ``raymodel.data.resolve``: turn ``data`` into a form ``resolve`` takes.
-        The identity by default; the transformers backend tokenizes Hugging Face datasets, frames and dicts
-        of lists here, once per dataset. A ``DataSpec`` (already prepared) is passed through unchanged."""
-        return data
-
-    def check_split(self, name: str, split: Any) -> None:
-        """Backend-specific checks of one accepted split (e.g. 2-D features); may raise ``DataError``."""
-
-    def input_signature(self, model: Model, spec: DataSpec) -> dict[str, Any] | None:
-        """The shape and dtype of what ``forward`` takes (``raymodel._internal.signature``), recorded in every
-        checkpoint: the training data's by default."""
-        return spec.signature
-
-    def unrecorded_signature(self, model: Model) -> dict[str, Any] | None:
-        """What a model with no recorded signature (untrained, or built in code) is checked against
-        before ``forward``: what the model itself says of its input (a built Keras model's input shape,
-        a booster's number of features), and the ``nonfinite`` policy of the framework (NaN is a
-        missing value to a boosted tree, a silent NaN answer to a network). ``None``: no check."""
-        return None
-
     # ------------------------------------------------------------- training
     def run_needs(self, settings: Any) -> dict[str, float]:
         """What a run of ``settings`` holds in all while it trains (an elastic run: at least)."""
@@ -218,52 +172,6 @@ class Backend:
     def set_state(self, model: Model, state: dict[str, Any]) -> None:
         """Load ``state`` into the (set up) model; entries it has no use for are ignored."""
         raise NotImplementedError("The 'set_state' method must be implemented.")
-
-    # ------------------------------------------------------------ inference
-    def forward(self, model: Model, x: Any) -> Any:
-        """Default ``forward`` when the user's class does not define one."""
-        raise NotImplementedError(f"`{type(model).__name__}` must define `forward(x)`.")
-
-    def preprocess(self, model: Model, payload: Any) -> Any:
-        """Default ``preprocess``: the payload as a float32 array of rows."""
-        return rows_of(payload)
-
-    def postprocess(self, model: Model, output: Any) -> Any:
-        """Default ``postprocess``: the output as plain lists."""
-        return to_jsonable(output)
-
-    @contextlib.contextmanager
-    def inference(self, model: Model) -> Iterator[None]:
-        """Context for ``forward`` at prediction time (eval mode, no gradients)."""
-        yield
-
-    def stream(self, model: Model, payload: Any) -> Iterator[str]:
-        """The answer to ``payload`` piece by piece (a request with ``"stream": true``; served as
-        server-sent events). A ``ValueError`` (a 422 when served) for a model that does not stream."""
-        raise ValueError(f"`{type(model).__name__}` does not stream its answers; leave `stream` out of the request")
-
-    def batch_input(self, model: Model, batch: Mapping[str, np.ndarray]) -> Any:
-        """Default ``predict_batch_preprocess``: the feature columns as one float32 array of rows,
-        in the form this backend's ``preprocess`` gives ``forward`` (a tensor for torch)."""
-        return self.preprocess(model, features_of(batch))
-
-    def batch_output(self, model: Model, output: Any) -> dict[str, np.ndarray]:
-        """Default ``predict_batch_postprocess``: ``{"prediction": output}`` as numpy (a dict output
-        gives one column per key)."""
-        return columns_of(output)
-
-    def stack(self, inputs: Sequence[Any]) -> Any:
-        """Concatenate per-request inputs along the batch dimension."""
-        return np.concatenate([np.asarray(x) for x in inputs], axis=0)
-
-    def split(self, output: Any, sizes: Sequence[int]) -> list[Any]:
-        """Split a batched output back into per-request pieces of the given sizes."""
-        return split_nested(output, sizes)
-
-
-_DATA_HINTS = {
-    "arrays": "Pass `rm.data.from_numpy(X, y)`, `rm.data.from_pandas(df, label=...)` or `(X, y)` tuples.",
-}
 
 
 def worker_resources(resources_per_worker: Mapping[str, float] | None, use_gpu: bool) -> dict[str, float]:
