@@ -137,6 +137,13 @@ def test_the_jobs_package_init_is_its_face_only_and_the_server_is_looked_up_in_o
     assert lookups == ["raymodel/jobs/_address.py"], lookups
 
 
+def test_every_module_of_raymodel_is_under_400_lines():
+    """A module that outgrows 400 lines is split along its seams (as contract/_backend.py and model.py were)."""
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "raymodel").rglob("*.py")}
+    assert len(sizes) > 100
+    assert not {path: n for path, n in sizes.items() if n >= 400}
+
+
 def test_no_import_circle_in_raymodel():
     graph = grimp.build_graph("raymodel", include_external_packages=False, exclude_type_checking_imports=False)
     circles = [c for c in _strongly_connected(graph) if len(c) > 1]
