@@ -107,8 +107,8 @@ def main() -> None:
             # what the server says it waits for still names the group's size.
             from ray.util.placement_group import placement_group, remove_placement_group
 
-            from raymodel.jobs._control import _unplaced
-            from raymodel.jobs._keeper import pending_groups
+            from raymodel.jobs._pools.keeper import pending_groups
+            from raymodel.jobs._server.control import _unplaced
 
             group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
             ray.get(group.ready(), timeout=60)

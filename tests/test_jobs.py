@@ -205,7 +205,7 @@ def test_the_server_removes_the_placement_groups_whose_maker_died_and_keeps_the_
     driver's, which started the server) stands in for the controller."""
     from ray.util.placement_group import PlacementGroup, placement_group
 
-    from raymodel.jobs._recovery import orphaned_groups
+    from raymodel.jobs._server.recovery import orphaned_groups
 
     @ray_session.remote(num_cpus=0)
     class Maker:

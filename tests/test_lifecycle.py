@@ -19,7 +19,7 @@ from conformance import Counter, attempts, recorded
 from models import Recorder, TinyNet
 
 import raymodel as rm
-from raymodel.backends._torch_loop import TorchLoop
+from raymodel.backends._torch.loop import TorchLoop
 from raymodel.backends.torch import TorchBackend
 from raymodel.train import TrainSettings, WorkerRun
 from raymodel.train._driver import worker_payload

@@ -151,7 +151,7 @@ def test_a_trial_holds_the_bundles_rllib_asks_for_its_algorithm_and_env_runners(
     failed every env runner with 'placement group bundle index 1 is invalid')."""
     from ray.rllib.algorithms.ppo import PPO
 
-    from raymodel.backends._rllib_loop import algo_config, env_name
+    from raymodel.backends.rllib._loop import algo_config, env_name
 
     model = Balancer()
     tunable = rm.Tunable(model, {}, settings=rm.TuneSettings(train={"num_workers": env_runners}), data=None)

@@ -23,8 +23,8 @@ from waiting import until
 import raymodel as rm
 from raymodel.cli._jobs import parse_changes
 from raymodel.exceptions import SettingsError
-from raymodel.jobs._control import _check_update
-from raymodel.jobs._queue import choose_victims, etas, queue_order
+from raymodel.jobs._server.control import _check_update
+from raymodel.jobs._server.queue import choose_victims, etas, queue_order
 
 TESTS = os.path.dirname(__file__)
 BASE = {"num_workers": 2, "batch_size": 4, "progress": False}

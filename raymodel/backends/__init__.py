@@ -11,10 +11,11 @@
 | ``RayRLlibModel`` | an RLlib Algorithm (new API stack) in an actor of raymodel's |
 | ``RayTransformersModel`` | ``TorchTrainer`` + Hugging Face's ``Trainer`` |
 
-A plug-in is one public module here (its ``Backend``, ``WorkerLoop`` and model
-base class); the public modules do not import each other (import-linter's
-independence contract in ``pyproject.toml``), and share code through private
-``_`` modules. ``import raymodel`` imports this package, so every built-in
+A plug-in is one subpackage here (its ``Backend``, ``WorkerLoop`` and model base
+class in its ``__init__``, its private modules beside them); the plug-ins do not
+import each other (import-linter's independence contract in ``pyproject.toml``),
+and share code through ``_torch/`` (the torch-based ones) and ``_trees.py`` (the
+boosters). ``import raymodel`` imports this package, so every built-in
 backend is in the table of every process.
 """
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 
 class TrainingServer(Protocol):
-    """What a driver may ask of the training server (``raymodel.jobs.client`` is the one provider)."""
+    """What a driver may ask of the training server (``raymodel.jobs._port.ServerClient`` is the one provider)."""
 
     def running(self) -> bool:
         """Whether a training server runs on the cluster this process is attached to."""

@@ -26,8 +26,8 @@ checkpoint is loaded (``from_checkpoint``, the registry, a serve replica):
 ``predict_batch_postprocess(output)`` around it, once per Ray Data batch.
 
 One class carries out this order for every backend: ``WorkerRun`` in
-``raymodel/backends/_run.py``. A backend supplies only the work inside it
-(build, one epoch, validation, state) and declares in ``Backend.hooks`` which
+``raymodel/train/_worker_run.py``. A backend supplies only the work inside it
+(build, one epoch, validation, state) and declares in ``Backend.hook_notes`` which
 hooks it calls (boosted trees have boosting rounds for epochs and no batches).
 """
 

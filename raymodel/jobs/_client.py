@@ -33,7 +33,7 @@ def server_handle(start: bool = True) -> Any:
     running = find()
     if running is not None or not start:
         return running
-    from raymodel.jobs._server import JobServerActor
+    from raymodel.jobs._server.actor import JobServerActor
 
     return JobServerActor.options(
         name=NAME,

@@ -178,7 +178,7 @@ class Trainable:
     def run_on_pool(
         self, pool: Any, job_id: str, server: Any, *, hub: Any = None, deliver: bool = False
     ) -> dict[str, Any]:
-        """Run as job ``job_id`` on a pool of the training server (``raymodel.jobs._pool``): the same
+        """Run as job ``job_id`` on a pool of the training server (``raymodel.jobs._pools.pool``): the same
         loop config as a one-off run, each ``ray.data`` Dataset split here for the pool's workers.
 
         Returns ``{"result": TrainResult}`` or ``{"error": ..., "traceback": ...}``, with ``pool_ok``:

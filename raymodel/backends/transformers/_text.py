@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from raymodel.backends._hf_data import task_of
+from raymodel.backends.transformers._data import task_of
 from raymodel.contract import to_jsonable
 
 #: Generation options a request may set: name -> (type, lowest, highest).

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from raymodel._internal import tmp
-from raymodel.backends._torch_backend import TorchBackend
+from raymodel.backends._torch.backend import TorchBackend
 from raymodel.contract import Model
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
@@ -57,7 +57,7 @@ class TransformersBackend(TorchBackend):
     checks_first_layer = False  # token ids reach an embedding; a shape error inside is not the request's
 
     def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends._hf_loop import TrainerLoop
+        from raymodel.backends.transformers._loop import TrainerLoop
 
         return TrainerLoop(run)
 
@@ -77,7 +77,7 @@ class TransformersBackend(TorchBackend):
 
         if data is None or isinstance(data, DataSpec):
             return data
-        from raymodel.backends._hf_data import prepare
+        from raymodel.backends.transformers._data import prepare
 
         return prepare(model, data)
 
@@ -110,7 +110,7 @@ class TransformersBackend(TorchBackend):
         folder = state.get("transformers")
         if folder is None:
             return super().set_state(model, state)
-        from raymodel.backends._hf_data import quiet
+        from raymodel.backends.transformers._data import quiet
 
         try:
             with quiet():
@@ -122,29 +122,29 @@ class TransformersBackend(TorchBackend):
 
     # ------------------------------------------------------------ inference
     def preprocess(self, model: Model, payload: Any) -> Any:
-        from raymodel.backends import _hf_text
+        from raymodel.backends.transformers import _text
 
-        return _hf_text.preprocess(model, payload)
+        return _text.preprocess(model, payload)
 
     def forward(self, model: Model, x: Any) -> Any:
-        from raymodel.backends import _hf_text
+        from raymodel.backends.transformers import _text
 
-        return _hf_text.forward(model, x)
+        return _text.forward(model, x)
 
     def postprocess(self, model: Model, output: Any) -> Any:
-        from raymodel.backends import _hf_text
+        from raymodel.backends.transformers import _text
 
-        return _hf_text.postprocess(model, output)
+        return _text.postprocess(model, output)
 
     def stack(self, inputs: Sequence[Any]) -> Any:
-        from raymodel.backends import _hf_text
+        from raymodel.backends.transformers import _text
 
-        return _hf_text.stack(inputs)
+        return _text.stack(inputs)
 
     def stream(self, model: Model, payload: Any) -> Iterator[str]:
-        from raymodel.backends import _hf_text
+        from raymodel.backends.transformers import _text
 
-        return _hf_text.stream(model, payload)
+        return _text.stream(model, payload)
 
     def batch_input(self, model: Model, batch: Mapping[str, Any]) -> Any:
         """``predict_batch``: the text column of each Ray Data batch."""
@@ -235,7 +235,7 @@ class RayTransformersModel(RayModel):
             )
         model = cls(config=config)
         model.ensure_setup()
-        from raymodel.backends._hf_data import quiet
+        from raymodel.backends.transformers._data import quiet
 
         with quiet():
             model.model = type(model.model).from_pretrained(folder)
@@ -253,7 +253,7 @@ class RayTransformersModel(RayModel):
 
 
 def _save_pretrained(model: Any, folder: Path) -> None:
-    from raymodel.backends._hf_data import quiet
+    from raymodel.backends.transformers._data import quiet
 
     with quiet():
         model.model.save_pretrained(folder)

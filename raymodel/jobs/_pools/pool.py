@@ -29,7 +29,7 @@ from typing import Any
 
 from raymodel._internal import locations, serialization
 from raymodel._internal.hub import gathers_through_hub, start_hub, stop_hub
-from raymodel.jobs._pool_session import PoolSession
+from raymodel.jobs._pools.session import PoolSession
 
 #: How long every rank has to leave a failed job before the pool restarts its worker group.
 _REJOIN_S = 5.0
@@ -69,7 +69,7 @@ class PoolActor:
         import ray
         from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-        from raymodel.jobs._controller_reports import PoolFailures
+        from raymodel.jobs._server.controller_reports import PoolFailures
 
         me = ray.get_runtime_context().current_actor
         resources = {k: v for k, v in self.per_worker.items() if k != "GPU"}

@@ -38,7 +38,7 @@ class TorchBackend(Backend):
     checks_first_layer: ClassVar[bool] = True
 
     def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends._torch_loop import TorchLoop
+        from raymodel.backends._torch.loop import TorchLoop
 
         return TorchLoop(run)
 
@@ -111,7 +111,7 @@ class TorchBackend(Backend):
         if not (directory / _SHARDED).is_dir():
             return state
         from raymodel._internal.checkpoint import MANIFEST
-        from raymodel.backends import _torch_fsdp as fsdp
+        from raymodel.backends._torch import fsdp
 
         modules = self.modules(model)
         if getattr(model, "_fsdp_roots", None):
@@ -128,7 +128,7 @@ class TorchBackend(Backend):
                 f"The checkpoint has weights for {missing}, but `{type(model).__name__}.setup` did not create them."
             )
         if getattr(model, "_fsdp_roots", None) and state.get("modules"):  # whole weights into the shards
-            from raymodel.backends import _torch_fsdp as fsdp
+            from raymodel.backends._torch import fsdp
 
             fsdp.load_whole_into_shards(state["modules"], modules)
             state = {k: v for k, v in state.items() if k != "optimizers"}  # a whole run's: not these shards'

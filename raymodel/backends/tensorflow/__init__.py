@@ -62,7 +62,7 @@ class TensorflowBackend(Backend):
             )
 
     def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends._keras_loop import KerasLoop
+        from raymodel.backends.tensorflow._loop import KerasLoop
 
         return KerasLoop(run)
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from raymodel._internal.deps import require
-from raymodel.backends._lightning_import import lightning as _lightning
-from raymodel.backends._torch_backend import TorchBackend
+from raymodel.backends._torch.backend import TorchBackend
+from raymodel.backends.lightning._import import lightning as _lightning
 from raymodel.contract import Model
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
@@ -49,7 +49,7 @@ class LightningBackend(TorchBackend):
         _lightning()
 
     def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends._lightning_loop import LightningLoop
+        from raymodel.backends.lightning._loop import LightningLoop
 
         return LightningLoop(run)
 

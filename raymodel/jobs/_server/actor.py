@@ -2,14 +2,14 @@
 
 Each job runs in its own ``JobRunner`` actor (no resources of its own; the
 run's workers or trials hold them). A training job runs on a pool (a resident
-worker group, ``jobs/_pool.py``) that fits what its workers need: an idle one,
+worker group, ``jobs/_pools/pool.py``) that fits what its workers need: an idle one,
 or a new one when the cluster's free resources allow; ``pool=False`` jobs and
 tune jobs call the blocking verb (``Trainable.fit`` or ``Tunable.fit``) as
 ``model.train()`` and ``model.tune()`` do. Either way every epoch row reaches
 the server. A PENDING job waits, by priority then first in first out
-(``jobs/_queue.py``), with the reason; a job that cannot fit preempts running
+(``jobs/_server/queue.py``), with the reason; a job that cannot fit preempts running
 jobs of lower priority. Running jobs are changed, stopped and watched through
-``JobControl`` (``jobs/_control.py``). An idle pool ends after
+``JobControl`` (``jobs/_server/control.py``). An idle pool ends after
 ``pool_idle_s``, at once when a job or anything else (Ray reports pending
 demand) needs its resources, or on ``release_pools``.
 
@@ -35,13 +35,13 @@ import ray
 
 from raymodel.jobs import _store
 from raymodel.jobs._constants import ACTIVE, DEFAULT_POOL_IDLE_S
-from raymodel.jobs._control import JobControl
 from raymodel.jobs._from_registry import register_result
-from raymodel.jobs._keeper import PoolKeeper
-from raymodel.jobs._queue import fits
-from raymodel.jobs._recovery import Recovery, stored_result
-from raymodel.jobs._runner import new_runner
-from raymodel.jobs._scheduler import Scheduler
+from raymodel.jobs._pools.keeper import PoolKeeper
+from raymodel.jobs._server.control import JobControl
+from raymodel.jobs._server.queue import fits
+from raymodel.jobs._server.recovery import Recovery, stored_result
+from raymodel.jobs._server.runner import new_runner
+from raymodel.jobs._server.scheduler import Scheduler
 
 _LOG_LINES = 200
 

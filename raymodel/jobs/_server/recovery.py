@@ -11,7 +11,7 @@ import ray
 
 from raymodel.jobs import _store
 from raymodel.jobs._constants import ACTIVE
-from raymodel.jobs._state import ServerState
+from raymodel.jobs._server.state import ServerState
 
 
 class Recovery(ServerState):

@@ -1,6 +1,6 @@
 """``PoolKeeper``: the training server's part that keeps pools: start, hand out, end, list.
 
-A pool (``jobs/_pool.py``) is started for a job that fits no idle one, ends after
+A pool (``jobs/_pools/pool.py``) is started for a job that fits no idle one, ends after
 ``pool_idle_s`` idle, at once when other work needs its resources (Ray reports
 pending demand, or ``make_room`` is called), and is killed when it cannot end.
 """
@@ -16,8 +16,8 @@ import ray
 
 from raymodel._internal import cluster
 from raymodel.jobs._address import NAMESPACE
-from raymodel.jobs._queue import fits
-from raymodel.jobs._state import ServerState
+from raymodel.jobs._server.queue import fits
+from raymodel.jobs._server.state import ServerState
 
 #: A pool asked to end that has not after this long is killed.
 _END_S = 30.0
@@ -57,7 +57,7 @@ class PoolKeeper(ServerState):
 
     # ---------------------------------------------------------- from runners
     def _start_pool(self, record: dict[str, Any]) -> str:
-        from raymodel.jobs._pool import PoolActor
+        from raymodel.jobs._pools.pool import PoolActor
 
         spec = self.extras[record["id"]]["pool"]
         pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"

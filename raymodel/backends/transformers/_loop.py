@@ -21,9 +21,9 @@ import torch
 import transformers
 
 from raymodel._internal import tmp
-from raymodel.backends._hf_data import task_of
-from raymodel.backends._torch_loop import TorchLoop
-from raymodel.backends._torch_optim import set_hyperparameters
+from raymodel.backends._torch.loop import TorchLoop
+from raymodel.backends._torch.optim import set_hyperparameters
+from raymodel.backends.transformers._data import task_of
 from raymodel.data import TorchDataset
 from raymodel.exceptions import ModelDefinitionError
 
@@ -155,7 +155,7 @@ class TrainerLoop(TorchLoop):
         return trainer
 
     def _train(self) -> None:
-        from raymodel.backends._hf_data import quiet
+        from raymodel.backends.transformers._data import quiet
 
         with quiet():
             self.trainer.train(resume_from_checkpoint=self.resume)

@@ -96,13 +96,13 @@ def _restorable(settings: Any) -> bool:
 
 
 def _job_rows(server: Any, job_id: str) -> Any:
-    from raymodel.jobs._controller_reports import JobRows
+    from raymodel.jobs._server.controller_reports import JobRows
 
     return JobRows(server, job_id)
 
 
 def _job_failures(server: Any, job_id: str) -> Any:
-    from raymodel.jobs._controller_reports import JobFailures
+    from raymodel.jobs._server.controller_reports import JobFailures
 
     return JobFailures(server, job_id)
 

@@ -48,7 +48,7 @@ def algo_config(model: Any, settings: Any, env_name: str) -> Any:
     ``training()`` takes, the settings (env runners, seed), then the model's ``rllib_config`` hook."""
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    from raymodel.backends._rllib_module import UserNetworks
+    from raymodel.backends.rllib._module import UserNetworks
 
     cls = algorithm_class(model.algorithm)
     blob = serialization.dumps((type(model), dict(model.config)), type(model))
@@ -84,7 +84,7 @@ def env_name(model: Any) -> str:
     """The name the model's env is registered under with Ray Tune's registry (RLlib resolves it there)."""
     from ray.tune.registry import register_env
 
-    from raymodel.backends._rllib_module import make_env
+    from raymodel.backends.rllib._module import make_env
 
     name = f"raymodel-{type(model).__module__}.{type(model).__qualname__}"
     register_env(name, make_env)

@@ -1,7 +1,7 @@
 """``Scheduler``: the training server's part that starts jobs: the queue by priority, preemption, ETAs.
 
 The policy itself (order, whom to preempt, when each job is expected to start)
-is plain functions of the job records in ``jobs/_queue.py``; this part applies
+is plain functions of the job records in ``jobs/_server/queue.py``; this part applies
 it to the server's state: free resources, idle pools, runners.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 import ray
 
 from raymodel.jobs._constants import ACTIVE
-from raymodel.jobs._queue import choose_victims, etas, fits, plus, queue_order
-from raymodel.jobs._runner import new_runner
-from raymodel.jobs._state import ServerState
+from raymodel.jobs._server.queue import choose_victims, etas, fits, plus, queue_order
+from raymodel.jobs._server.runner import new_runner
+from raymodel.jobs._server.state import ServerState
 
 #: Who a job gives way to when the head is stopped (its record's ``preempted_by``).
 DRAIN = "`raymodel server stop`"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raymodel._internal.deps import require
-from raymodel.backends._torch_backend import TorchBackend
+from raymodel.backends._torch.backend import TorchBackend
 from raymodel.contract import Model, rows_of
 from raymodel.exceptions import ModelDefinitionError, SettingsError
 from raymodel.model import RayModel
@@ -44,7 +44,7 @@ class RLlibBackend(TorchBackend):
     extra = "rllib"
     imports = ("torch", "gymnasium", "ray.rllib")
     packages = ("torch", "gymnasium")
-    trainer = "raymodel.backends._rllib_run.AlgorithmRun"
+    trainer = "raymodel.backends.rllib._run.AlgorithmRun"
     accepts = ()
     needs_data = False
     on_ray_train = False
@@ -75,7 +75,7 @@ class RLlibBackend(TorchBackend):
 
     def worker_loop(self, run: Any) -> Any:
         os.environ.setdefault(*NO_TF)  # a Tune trial's process, where RLlib is imported next
-        from raymodel.backends._rllib_loop import RLlibLoop
+        from raymodel.backends.rllib._loop import RLlibLoop
 
         return RLlibLoop(run)
 
@@ -88,7 +88,7 @@ class RLlibBackend(TorchBackend):
         run_config: Any,
         datasets: dict[str, Any] | None,
     ) -> Any:
-        from raymodel.backends._rllib_run import AlgorithmRun
+        from raymodel.backends.rllib._run import AlgorithmRun
 
         learner = {"CPU": 1.0, **({"GPU": 1.0} if scaling_config.use_gpu else {})}
         return AlgorithmRun(train_loop_config, scaling_config, run_config, learner, env={NO_TF[0]: NO_TF[1]})

@@ -19,9 +19,9 @@ from typing import Any
 import ray
 
 from raymodel.jobs._constants import ACTIVE, UPDATABLE
-from raymodel.jobs._keeper import pending_groups
-from raymodel.jobs._queue import fits
-from raymodel.jobs._state import ServerState
+from raymodel.jobs._pools.keeper import pending_groups
+from raymodel.jobs._server.queue import fits
+from raymodel.jobs._server.state import ServerState
 
 #: How long after a failure the server starts to look for a worker group Ray cannot place.
 _PLACE_GRACE_S = 2.0

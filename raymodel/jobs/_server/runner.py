@@ -29,7 +29,7 @@ class JobRunner:
 
     def warm(self) -> None:
         """Import what every job needs before one arrives."""
-        import raymodel.jobs._execute
+        import raymodel.jobs._server.execute
         import raymodel.train
         import raymodel.tune  # noqa: F401
 
@@ -46,7 +46,7 @@ class JobRunner:
         resume: bool = False,
     ) -> dict[str, Any]:
         """``resume``: the job ran before (a server restart): a tune job resumes its experiment."""
-        from raymodel.jobs._execute import run_job
+        from raymodel.jobs._server.execute import run_job
 
         self.job_id = job_id
         self.stop_event.clear()
