@@ -9,6 +9,7 @@ tunes over iterations; a Box action space trains and serves; bad input fails bef
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -194,3 +195,29 @@ def test_a_box_action_space_trains_and_serves_a_continuous_action(ray_session):
         assert answer.status_code == 200 and answer.json() == {"action": action}
     finally:
         served.shutdown()
+
+
+def test_rllibs_private_api_is_used_in_one_module_only():
+    """Outside ``backends/rllib/_private.py`` (which names the RLlib version and the public API that is
+    missing) the plug-in reaches RLlib's objects only by their public names: no ``obj._name``."""
+    import re
+
+    from raymodel.backends import rllib
+
+    folder = Path(rllib.__file__).parent
+    found = {
+        (path.name, chain)
+        for path in folder.glob("*.py")
+        if path.name != "_private.py"
+        for line in path.read_text().splitlines()
+        if not line.lstrip().startswith(("from ", "import "))
+        for chain in re.findall(r"[A-Za-z_][\w.]*\._[a-z]\w*", line)
+        if not _own(chain.split("."))
+    }
+    assert not found, found
+    assert "Ray 2.60" in (folder / "_private.py").read_text()
+
+
+def _own(parts: list[str]) -> bool:
+    """``self._x`` or ``model._x`` (raymodel's own attributes) or a raymodel module: not RLlib's."""
+    return (parts[0] in ("self", "model") and len(parts) == 2) or parts[0] == "raymodel"

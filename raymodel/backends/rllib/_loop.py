@@ -124,20 +124,20 @@ class RLlibLoop(WorkerLoop):
         started = time.perf_counter()
         result = self.algo.train()
         self._copy_out()
-        return iteration_row(result, time.perf_counter() - started)
+        return iteration_row(result, time.perf_counter() - started, module_id(self.algo))
 
     def apply_config(self, changes: dict[str, Any]) -> None:
         if "lr" in changes:
-            set_lr(self.learner(), float(changes["lr"]))
+            set_lr(self.learner(), module_id(self.algo), float(changes["lr"]))
 
     def learner(self) -> Any:
-        return self.algo.learner_group._learner  # num_learners=0: the learner lives in this process
+        """The Algorithm's one Learner (``num_learners=0``: it lives in this process)."""
+        (learner,) = [result.get() for result in self.algo.learner_group.foreach_learner(lambda learner: learner)]
+        return learner
 
     def learner_module(self) -> Any:
         """The learner's RLModule (the one trained; the env runners get copies of its weights)."""
-        from ray.rllib.core import DEFAULT_MODULE_ID
-
-        return self.learner().module[DEFAULT_MODULE_ID]
+        return self.learner().module[module_id(self.algo)]
 
     # ---------------------------------------------------------------- state
     def get_state(self) -> dict[str, Any]:
@@ -181,8 +181,16 @@ class RLlibLoop(WorkerLoop):
             module.load_state_dict(getattr(trained, name).state_dict())
 
 
-def iteration_row(result: dict[str, Any], seconds: float) -> dict[str, float]:
-    """One history row of an RLlib result: returns, lengths, env steps, the learner's losses, ``time_s``."""
+def module_id(algo: Any) -> str:
+    """The id of the model's one RLModule, as the Algorithm's config names it (a single-agent config has
+    one policy: RLlib's default id)."""
+    (only,) = algo.config.policies
+    return str(only)
+
+
+def iteration_row(result: dict[str, Any], seconds: float, module: str) -> dict[str, float]:
+    """One history row of an RLlib result: returns, lengths, env steps, the learner's losses (those of
+    the RLModule ``module``), ``time_s``."""
     row: dict[str, float] = {}
     for key, path in ROW_KEYS.items():
         value: Any = result
@@ -190,7 +198,7 @@ def iteration_row(result: dict[str, Any], seconds: float) -> dict[str, float]:
             value = value.get(part) if isinstance(value, dict) else None
         if isinstance(value, (int, float)):
             row[key] = float(value)
-    learner = (result.get("learners") or {}).get("default_policy") or {}
+    learner = (result.get("learners") or {}).get(module) or {}
     for key in LEARNER_KEYS:
         if isinstance(learner.get(key), (int, float)):
             row[key] = float(learner[key])
@@ -202,14 +210,16 @@ def iteration_row(result: dict[str, Any], seconds: float) -> dict[str, float]:
     return row
 
 
-def set_lr(learner: Any, lr: float) -> None:
-    """Every optimizer of the learner at ``lr`` from now on (RLlib resets an optimizer's lr from its
-    schedule after each update, so the schedule is replaced too)."""
-    from ray.rllib.utils.schedules.scheduler import Scheduler
+def set_lr(learner: Any, module: str, lr: float) -> None:
+    """Every optimizer of the RLModule ``module`` at ``lr`` from now on: set through RLlib's public
+    ``get_optimizers_for_module`` and torch's ``param_groups``; RLlib would set it back from its schedule
+    after the next update, so the schedule is replaced too (``_private.py``: no public API does that)."""
+    from raymodel.backends.rllib._private import replace_lr_schedule
 
-    for optimizer in learner._named_optimizers.values():
-        learner._optimizer_lr_schedules[optimizer] = Scheduler(lr, framework="torch", device=learner._device)
-        learner._set_optimizer_lr(optimizer, lr)
+    for _, optimizer in learner.get_optimizers_for_module(module):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        replace_lr_schedule(learner, optimizer, lr)
 
 
 def _files(root: Path) -> dict[str, bytes]:
