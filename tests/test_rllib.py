@@ -75,6 +75,16 @@ def test_data_is_refused_and_a_missing_rllib_names_its_extra(no_ray, monkeypatch
         Balancer().train({"num_epochs": 1})
 
 
+def test_no_strategy_spreads_rllibs_one_learner_and_its_trainer_is_not_ray_trains(no_ray):
+    """``strategy`` stays at its default for RLlib (no strategy spreads its one learner), and its backend
+    names no Ray Train trainer (its ``make_trainer`` gives its own run)."""
+    with pytest.raises(SettingsError, match=r"`strategy='fsdp'`: the rllib backend does not shard models"):
+        Balancer().train({"num_epochs": 1, "strategy": "fsdp"})
+    backend = Balancer.backend
+    assert backend.strategies == () and backend.trainer == "" and not backend.on_ray_train
+    assert backend.run_needs(rm.TrainSettings(num_workers=2)) == {"CPU": 3.0}  # the learner's CPU, one per env runner
+
+
 # ------------------------------------------------------------------------------ on Ray and RLlib
 @pytest.mark.integration
 def test_ppo_learns_cartpole_and_the_users_network_plays_serves_and_registers_it(ray_session, registry):

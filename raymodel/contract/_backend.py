@@ -56,7 +56,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     imports: ClassVar[tuple[str, ...]] = ()
     #: Distribution names whose versions are recorded in checkpoints.
     packages: ClassVar[tuple[str, ...]] = ()
-    #: The Ray Train V2 trainer class, as ``"module.Class"``.
+    #: The Ray Train V2 trainer class, as ``"module.Class"`` (``""`` for a backend whose runs are not Ray
+    #: Train runs: its ``make_trainer`` builds its own).
     trainer: ClassVar[str] = "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer"
     #: The data forms this backend trains on (a subset of ``DATA_KINDS``).
     accepts: ClassVar[tuple[str, ...]] = ("arrays",)
@@ -75,7 +76,9 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     gradient_steps: ClassVar[bool] = False
     #: True when ``TrainSettings(num_workers=(min, max))`` (an elastic run) works with this backend.
     elastic: ClassVar[bool] = False
-    #: ``TrainSettings.strategy`` values this backend trains with (torch and Lightning add "fsdp").
+    #: ``TrainSettings.strategy`` values this backend trains with (torch and Lightning add "fsdp"); empty
+    #: for a backend whose run is one process that no strategy spreads (RLlib's learner): the setting
+    #: must then stay at its default.
     strategies: ClassVar[tuple[str, ...]] = ("ddp",)
     #: Keys of the state dict that ``write_state`` writes itself; any other entry
     #: (added in ``on_save_checkpoint``) is saved beside them by the checkpoint format.

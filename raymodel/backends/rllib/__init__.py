@@ -39,12 +39,18 @@ NO_TF = ("RLLIB_TEST_NO_TF_IMPORT", "1")
 OTHERS = ("APPO", "BC", "CQL", "DQN", "DreamerV3", "IQL", "MARWIL", "SAC")
 
 
+def learner_resources(use_gpu: bool) -> dict[str, float]:
+    """What the Algorithm's process holds for its one learner (``num_learners=0``): a CPU, and a GPU with
+    ``use_gpu``; its env runners hold a CPU each besides."""
+    return {"CPU": 1.0, **({"GPU": 1.0} if use_gpu else {})}
+
+
 class RLlibBackend(TorchBackend):
     name = "rllib"
     extra = "rllib"
     imports = ("torch", "gymnasium", "ray.rllib")
     packages = ("torch", "gymnasium")
-    trainer = "raymodel.backends.rllib._run.AlgorithmRun"
+    trainer = ""  # not a Ray Train run: make_trainer gives an AlgorithmRun (rllib/_run.py)
     accepts = ()
     needs_data = False
     on_ray_train = False
@@ -61,7 +67,7 @@ class RLlibBackend(TorchBackend):
     native_collective = False
     gradient_steps = False
     elastic = False
-    strategies = ("ddp",)
+    strategies = ()  # one learner in the Algorithm's process: no strategy spreads it
 
     def import_framework(self) -> None:
         """torch and gymnasium (the checks build the env and the networks); RLlib is looked for, not
@@ -90,15 +96,14 @@ class RLlibBackend(TorchBackend):
     ) -> Any:
         from raymodel.backends.rllib._run import AlgorithmRun
 
-        learner = {"CPU": 1.0, **({"GPU": 1.0} if scaling_config.use_gpu else {})}
+        learner = learner_resources(scaling_config.use_gpu)
         return AlgorithmRun(train_loop_config, scaling_config, run_config, learner, env={NO_TF[0]: NO_TF[1]})
 
     def trial_bundles(self, num_workers: int, use_gpu: bool) -> list[dict[str, float]]:
         """As RLlib's ``Algorithm.default_resource_request`` places it (``num_learners=0``): the
         Algorithm's process with its learner's CPU (and GPU), then one CPU per env runner, each env
         runner in the bundle of its index."""
-        learner = {"CPU": 1.0, **({"GPU": 1.0} if use_gpu else {})}
-        return [learner] + [{"CPU": 1.0} for _ in range(int(num_workers))]
+        return [learner_resources(use_gpu)] + [{"CPU": 1.0} for _ in range(int(num_workers))]
 
     def run_needs(self, settings: Any) -> dict[str, float]:
         """The learner's CPU (and GPU) in the Algorithm's actor, plus one CPU per env runner."""
