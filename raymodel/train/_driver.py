@@ -31,7 +31,7 @@ def prepare(model: Model, settings: Any, data: Any) -> tuple[TrainSettings, Any]
             f"workers (its framework's cluster is set once); elastic ranges work with torch and Lightning. "
             f"Pass an int."
         )
-    if settings.strategy not in backend.strategies and (backend.strategies or settings.strategy != "ddp"):
+    if settings.strategy != "ddp" and settings.strategy not in backend.strategies:  # "ddp", the default: no sharding
         raise SettingsError(
             f"`strategy={settings.strategy!r}`: the {backend.name} backend does not shard models; "
             f"`strategy='fsdp'` works with the torch and lightning backends. Leave `strategy` at 'ddp'."
