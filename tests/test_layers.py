@@ -54,9 +54,8 @@ BREAKS = {
     ),
     "a private module of another package": (
         "raymodel/jobs/_server/queue.py",
-        "\n\ndef _peek():\n    from raymodel.train._controller_rows import ProgressCallback\n\n"
-        "    return ProgressCallback\n",
-        "raymodel.jobs._server.queue -> raymodel.train._controller_rows",
+        "\n\ndef _peek():\n    from raymodel.train._ray_train_run import RayTrainRun\n\n    return RayTrainRun\n",
+        "raymodel.jobs._server.queue -> raymodel.train._ray_train_run",
     ),
     "a plug-in importing another": (
         "raymodel/backends/xgboost/__init__.py",

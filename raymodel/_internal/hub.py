@@ -4,7 +4,7 @@
   the ``should_stop`` vote, metric sums, each rank's RNG state. Frameworks
   without a collective of their own (LightGBM, scikit-learn, Keras outside its
   strategy) get one this way, and every backend uses the same one.
-* The driver reads the epoch rows a ``ray.train.UserCallback`` pushes into it,
+* The driver reads the epoch rows the run's ``HubRows`` (its ``RunEvents``) push into it,
   for progress output; a Tune trial reads them to report each epoch to Tune,
   and acknowledges each one, so that training waits for Tune's decision
   (ASHA's stop, PBT's exploit) before the next epoch, as Ray's own Train-in-Tune

@@ -7,6 +7,8 @@
 * the protocols the layers below the plug-ins type against: ``Model``
   (a model, for the drivers) and ``Run`` (a training run, for a worker loop);
 * the array helpers the backends' defaults and the serving path share;
+* ``TrainingRun`` (with ``RunPlan``, ``RunEvents``, ``RunOutcome``): what a driver and the
+  training server need of any run, whatever places it (Ray Train, RLlib's Algorithm);
 * ``TrainingServer``: the port through which the drivers ask the training
   server for room and for a trial's job (``raymodel.jobs`` provides it).
 
@@ -31,6 +33,7 @@ from raymodel.contract._arrays import (
 from raymodel.contract._backend import DATA_KINDS, UNRECORDED_NAN, Backend, Model, Run, WorkerLoop, worker_resources
 from raymodel.contract._server_port import TrainingServer, provide_training_server, training_server
 from raymodel.contract._table import backends, hook_table, model_classes, register
+from raymodel.contract._training_run import RunEvents, RunOutcome, RunPlan, TrainingRun, failure_text
 
 __all__ = [
     "Backend",
@@ -53,4 +56,9 @@ __all__ = [
     "TrainingServer",
     "training_server",
     "provide_training_server",
+    "TrainingRun",
+    "RunPlan",
+    "RunEvents",
+    "RunOutcome",
+    "failure_text",
 ]

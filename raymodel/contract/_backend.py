@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator, 
 from raymodel._internal.deps import require
 from raymodel.contract._data_checks import DATA_KINDS, UNRECORDED_NAN, DataChecks
 from raymodel.contract._inference import InferenceDefaults
+from raymodel.contract._training_run import RunPlan, TrainingRun
 from raymodel.exceptions import ModelDefinitionError
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     #: Distribution names whose versions are recorded in checkpoints.
     packages: ClassVar[tuple[str, ...]] = ()
     #: The Ray Train V2 trainer class, as ``"module.Class"`` (``""`` for a backend whose runs are not Ray
-    #: Train runs: its ``make_trainer`` builds its own).
+    #: Train runs: its ``make_run`` builds its own).
     trainer: ClassVar[str] = "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer"
     #: The data forms this backend trains on (a subset of ``DATA_KINDS``).
     accepts: ClassVar[tuple[str, ...]] = ("arrays",)
@@ -86,7 +87,7 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     #: False when the model trains without ``data=`` (a reinforcement-learning env makes its own).
     needs_data: ClassVar[bool] = True
     #: True when a run is a Ray Train worker group (so a job of the training server can run on a pool);
-    #: False when ``make_trainer`` gives a trainer of the backend's own (RLlib's Algorithm in an actor).
+    #: False when ``make_run`` gives a run type of the backend's own (RLlib's Algorithm in an actor).
     on_ray_train: ClassVar[bool] = True
     #: ``(metric, mode)`` that ``tune`` optimizes when ``TuneSettings.metric`` is not given (``None``:
     #: ``val_loss``/``loss``, minimized).
@@ -154,6 +155,14 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
             scaling_config=scaling_config,
             run_config=run_config,
             datasets=datasets or None,
+        )
+
+    def make_run(self, plan: RunPlan) -> TrainingRun:
+        """The run of ``plan`` for a backend whose runs are not Ray Train runs (``on_ray_train = False``);
+        a Ray Train run is built by ``raymodel.train`` around ``make_trainer``."""
+        raise NotImplementedError(
+            f"The {self.name} backend's runs are Ray Train runs (`on_ray_train`); a backend whose runs are not "
+            "implements `make_run`."
         )
 
     # ---------------------------------------------------------------- state

@@ -1,7 +1,8 @@
 """Training on Ray Train V2: ``model.train(settings, data=...)``.
 
-``Trainable`` (the driver) builds the backend's Ray trainer; ``WorkerRun`` (the
-worker) runs one run's lifecycle for every backend. Nothing here imports
+``Trainable`` (the driver) plans a run and fits the backend's run type (a Ray Train
+run, ``_ray_train_run.py``, or the backend's own); ``WorkerRun`` (the worker) runs one
+run's lifecycle for every backend. Nothing here imports
 ``raymodel.tune``; each Tune trial fits a ``Trainable``.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from raymodel.train._driver import Trainable, initial_state, prepare
-from raymodel.train._progress import ProgressPrinter, format_metrics, is_terminal
+from raymodel.train._progress import HubRows, ProgressPrinter, format_metrics, is_terminal
 from raymodel.train._result import TrainResult
 from raymodel.train._session import LocalSession
 from raymodel.train._settings import TrainSettings, worker_resources
@@ -28,14 +29,14 @@ __all__ = [
     "ProgressPrinter",
     "format_metrics",
     "is_terminal",
-    "progress_callback",
+    "HubRows",
+    "ray_train_run",
 ]
 
 
-def progress_callback(hub: Any, wait: bool = False, root: str | None = None) -> Any:
-    """A Ray Train ``UserCallback`` that sends each report's rank-0 row to ``hub`` (with ``wait``, the
-    report waits for the reader's acknowledgement; ``root`` gives checkpoint paths their scheme back).
+def ray_train_run(backend: Any, plan: Any) -> Any:
+    """The Ray Train run of ``plan`` (a ``raymodel.contract.TrainingRun``) with ``backend``'s trainer.
     Imports ``ray.train`` on first use (about a second), which only a run needs."""
-    from raymodel.train._controller_rows import ProgressCallback
+    from raymodel.train._ray_train_run import RayTrainRun
 
-    return ProgressCallback(hub, wait=wait, root=root)
+    return RayTrainRun(backend, plan)

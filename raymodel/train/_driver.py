@@ -1,4 +1,5 @@
-"""``Trainable``, behind ``model.train()``: check, build the Ray Train V2 trainer, run it, collect the result."""
+"""``Trainable``, behind ``model.train()``: check, plan the run, build the backend's run type, fit it,
+collect the result (a Ray Train run, ``_ray_train_run.py``; or the backend's own, RLlib's Algorithm)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from raymodel._internal import checkpoint as ckpt, cluster, locations, serialization, storage, tmp
 from raymodel._internal.hub import gathers_through_hub, start_hub, stop_hub
-from raymodel.contract import training_server
+from raymodel.contract import RunEvents, RunOutcome, RunPlan, TrainingRun, training_server
 from raymodel.data import DataSpec, RayDataset, nonfinite, resolve
-from raymodel.exceptions import DataError, HookError, SettingsError, TrainingError
+from raymodel.exceptions import DataError, ModelDefinitionError, SettingsError
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
 from raymodel.train._settings import TrainSettings
@@ -106,13 +107,13 @@ class Trainable:
         settings: TrainSettings | Mapping[str, Any] | None = None,
         *,
         data: Any,
-        callbacks: Sequence[Any] = (),
+        events: Sequence[RunEvents] = (),
         resume_from: str | None = None,
         hub: Any = None,
         info: dict[str, Any] | None = None,
         control: tuple[Any, str] | None = None,
     ) -> None:
-        """``callbacks`` (Ray Train ``UserCallback`` objects on the driver side), ``resume_from``
+        """``events`` (told each report's row and each failure, ``raymodel.contract.RunEvents``), ``resume_from``
         (a checkpoint to continue from), ``hub`` and ``info`` are how a Tune trial runs its training;
         ``control``, ``(training server, job id)``, how a job's workers ask the server at each epoch's
         end whether to stop and what changed (``job.update``)."""
@@ -121,7 +122,7 @@ class Trainable:
         self.name = self.settings.name or locations.run_name(type(model).__name__)
         self.storage = self.settings.storage_path or locations.runs_root()
         self.path = storage.join(self.storage, self.name)
-        self._ray_callbacks = list(callbacks)
+        self._events = list(events)
         self._hub = hub  # the caller's hub (it stops it), used for gathers too
         self._info = {"name": self.name, "path": self.path, **(info or {})}
         recorded = model.backend.input_signature(model, self.spec)
@@ -131,9 +132,9 @@ class Trainable:
         if resume_from is not None:
             self._info["resume_from"] = resume_from
 
-    def add_callback(self, callback: Any) -> None:
-        """One more Ray Train ``UserCallback`` on the run's controller (the training server's rows, say)."""
-        self._ray_callbacks.append(callback)
+    def add_events(self, events: RunEvents) -> None:
+        """One more follower of the run's rows and failures (the training server's, say)."""
+        self._events.append(events)
 
     @property
     def needs(self) -> dict[str, float]:
@@ -146,8 +147,17 @@ class Trainable:
         Its checkpoints are raymodel checkpoints: load one with
         ``rm.RayModel.from_checkpoint(result.checkpoint.path)``.
         """
+        if not self.model.backend.on_ray_train:
+            raise ModelDefinitionError(
+                f"`{type(self.model).__name__}` trains with the {self.model.backend.name} backend, whose runs are "
+                "not Ray Train runs (the Algorithm trains in an actor of raymodel's): there is no Ray Train "
+                "trainer to give. Call `fit()` (or `model.train(...)`) instead."
+            )
         cluster.ensure_ray(self.settings.verbose)
-        trainer, hub = self._trainer(printer=None)
+        from raymodel.train._ray_train_run import RayTrainRun  # imports ray.train (a second), which only a run needs
+
+        plan, hub = self._plan(printer=None)
+        trainer = RayTrainRun(self.model.backend, plan).trainer()
         if hub is not None and hub is not self._hub:
             weakref.finalize(trainer, stop_hub, hub)  # the hub lives as long as the trainer
         return trainer
@@ -165,15 +175,25 @@ class Trainable:
             printer = ProgressPrinter(
                 None, type(self.model).__name__, self.settings.num_epochs, self.model.backend.epoch_unit
             )
-        trainer, hub = self._trainer(printer)
+        plan, hub = self._plan(printer)
+        run = self._run(plan)
         try:
-            wait_s = self.settings.elastic_wait_s if self.settings.elastic else None
-            with cluster.worker_group_start_timeout(wait_s):
-                result = _fit(trainer, printer)
+            if printer is None:
+                outcome = run.fit()
+            else:
+                with printer:
+                    outcome = run.fit()
         finally:
             if hub is not self._hub:
                 stop_hub(hub)
-        return _collect(self.model, self.settings, result, self.name, self.storage, load_result)
+        return _collect(self.model, self.settings, outcome, self.name, load_result)
+
+    def _run(self, plan: RunPlan) -> TrainingRun:
+        """The backend's run type for ``plan``: a Ray Train run, or the backend's own (``make_run``)."""
+        from raymodel.train._ray_train_run import RayTrainRun  # imports ray.train (a second), which only a run needs
+
+        backend = self.model.backend
+        return RayTrainRun(backend, plan) if backend.on_ray_train else backend.make_run(plan)
 
     def run_on_pool(
         self, pool: Any, job_id: str, server: Any, *, hub: Any = None, deliver: bool = False
@@ -212,33 +232,11 @@ class Trainable:
         if outcome.get("error"):
             return outcome
         history = list(outcome["result"].get("history", []))
-        return {"result": self._collect_stored(history), "pool_ok": outcome.get("pool_ok", True)}
-
-    def _collect_stored(self, history: list[dict[str, Any]]) -> TrainResult:
-        """The ``TrainResult`` of a run on a pool, from its storage: the newest checkpoint, and the best
-        by ``metric`` among the ones kept (what Ray's ``Result`` gives for a one-off run)."""
-        settings, path = self.settings, self.path
-        epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
-        location = {e: storage.join(path, f"checkpoint_epoch_{e:06d}") for e in epochs}
-        best = None
-        metric = settings.metric
-        if metric is not None:
-            rows = {int(r.get("epoch", 0)): r for r in history}
-            scored = [e for e in epochs if metric in rows.get(e, {})]
-            if scored:
-                pick = min if settings.mode == "min" else max
-                best = location[pick(scored, key=lambda e: float(rows[e][metric]))]
-            else:
-                _never_reported(metric, history)
-        return TrainResult(
-            metrics=dict(history[-1]) if history else {},
-            history=history,
-            checkpoint=location[epochs[-1]] if epochs else None,
-            best_checkpoint=best,
-            path=path,
-            config=dict(self.model.config),
-            name=self.name,
-        )
+        stored = RunOutcome.from_storage(self.path, {"history": history})  # the pool applied keep_checkpoints
+        return {
+            "result": _collect(self.model, self.settings, stored, self.name, False),
+            "pool_ok": outcome.get("pool_ok", True),
+        }
 
     def run_here(self, session: Any) -> dict[str, Any]:
         """Run the training loop in this process, placed by ``session`` (one worker): the same
@@ -251,51 +249,40 @@ class Trainable:
         }
         return WorkerRun(loop_config, session=session).run()
 
-    def _trainer(self, printer: ProgressPrinter | None) -> tuple[Any, Any]:
-        from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-
+    def _plan(self, printer: ProgressPrinter | None) -> tuple[RunPlan, Any]:
+        """The run's plan, and the hub its rows and gathers go through (``None``: none needed)."""
         settings, backend = self.settings, self.model.backend
         gathers = gathers_through_hub(backend, settings.max_workers)
         hub = self._hub or (start_hub() if gathers or printer is not None else None)
-        # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
-        loop_config = {
-            "payload": worker_payload(self.model, settings, self._info),
-            "data": self.spec.for_workers(),
-            "hub": hub,
-            "control": self._control,
-        }
-        keep_best = settings.keep_checkpoints is not None and settings.metric is not None
-        callbacks = list(self._ray_callbacks)
+        events = list(self._events)
         if printer is not None:
             printer.hub = hub
-            callbacks.append(printer.callback())
-        run_config = RunConfig(  # type: ignore[call-arg]  # mypy reads ray.train's Train V1 branch
+            events.append(printer.events())
+        plan = RunPlan(
             name=self.name,
-            storage_path=self.storage,
-            failure_config=FailureConfig(max_failures=settings.max_failures),
-            checkpoint_config=CheckpointConfig(
-                num_to_keep=settings.keep_checkpoints,
-                checkpoint_score_attribute=settings.metric if keep_best else None,
-                checkpoint_score_order=settings.mode,
-            ),
-            callbacks=callbacks,
-            logging_config=LoggingConfig("INFO" if settings.verbose else "WARNING"),
-        )
-        elastic = {"elastic_resize_monitor_interval_s": settings.elastic_resize_s} if settings.elastic else {}
-        scaling = ScalingConfig(  # Train V2's (mypy reads ray.train's Train V1 branch): a range, elastic settings
-            num_workers=settings.num_workers,  # type: ignore[arg-type]
+            storage=self.storage,
+            loop=run_worker,
+            # Arrays and the hub travel as Ray objects, which Ray tracks only outside our own pickled blob.
+            loop_config={
+                "payload": worker_payload(self.model, settings, self._info),
+                "data": self.spec.for_workers(),
+                "hub": hub,
+                "control": self._control,
+            },
+            num_workers=settings.num_workers,
             use_gpu=settings.use_gpu,
             resources_per_worker=settings.resources_per_worker,
-            **elastic,  # type: ignore[arg-type]
+            max_failures=settings.max_failures,
+            keep_checkpoints=settings.keep_checkpoints,
+            metric=settings.metric,
+            mode=settings.mode,
+            elastic_resize_s=settings.elastic_resize_s if settings.elastic else None,
+            elastic_wait_s=settings.elastic_wait_s if settings.elastic else None,
+            datasets=self.spec.ray_datasets or None,
+            events=tuple(events),
+            verbose=settings.verbose,
         )
-        trainer = backend.make_trainer(
-            run_worker,
-            train_loop_config=loop_config,
-            scaling_config=scaling,
-            run_config=run_config,
-            datasets=self.spec.ray_datasets,
-        )
-        return trainer, hub
+        return plan, hub
 
     def __repr__(self) -> str:
         return f"Trainable({type(self.model).__name__}, num_workers={self.settings.num_workers}, name={self.name!r})"
@@ -313,44 +300,22 @@ def worker_payload(model: Model, settings: TrainSettings, info: dict[str, Any]) 
     return serialization.dumps(payload, type(model), *settings.callbacks)
 
 
-def _fit(trainer: Any, printer: ProgressPrinter | None) -> Any:
-    from ray.train import TrainingFailedError
-
-    try:
-        if printer is None:
-            return trainer.fit()
-        with printer:
-            return trainer.fit()
-    except TrainingFailedError as exc:
-        raise TrainingError(f"Training failed on the Ray workers: {_root_message(exc)}") from exc
-    except HookError as exc:  # local mode (num_workers=0) raises in this process
-        raise TrainingError(f"Training failed: {exc}") from exc
-
-
-def _root_message(exc: BaseException) -> str:
-    """The user-facing part of a Train V2 failure: the worker's own exception, not Ray's wrapper."""
-    worker_failures = getattr(exc, "worker_failures", None)
-    if worker_failures:
-        rank, error = sorted(worker_failures.items())[0]
-        return f"worker {rank}: {type(error).__name__}: {error}"
-    return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-
-
-def _collect(
-    model: Model, settings: TrainSettings, result: Any, name: str, root: str, load_result: bool
-) -> TrainResult:
-    """The run's ``TrainResult``; its locations keep the storage's scheme (``s3://...``), which
-    Ray's ``Result`` drops (``Checkpoint.path`` is a path on its filesystem)."""
-    returned = result.return_value or {}
-    history = list(returned.get("history", []))
-    checkpoint = storage.rebase(root, result.checkpoint.path) if result.checkpoint is not None else None
+def _collect(model: Model, settings: TrainSettings, outcome: RunOutcome, name: str, load_result: bool) -> TrainResult:
+    """The run's ``TrainResult``: its rows (from the newest checkpoint's manifest when rank 0 returned
+    none), the newest checkpoint, and the best by ``metric`` among the ones kept."""
+    history = list(outcome.returned.get("history", []))
+    checkpoint = outcome.checkpoint
     if checkpoint is not None and not history:
         with ckpt.local_copy(checkpoint) as directory:
             history = list(ckpt.read_manifest(directory).get("history", []))
-    best = None
-    if settings.metric is not None:
-        best = _best_checkpoint(result, settings.metric, settings.mode, history)
-        best = storage.rebase(root, best) if best is not None else None
+    best, metric = None, settings.metric
+    if metric is not None:
+        scored = [(c, float(row[metric])) for c, row in outcome.checkpoints if metric in row]
+        if scored:
+            pick = min if settings.mode == "min" else max
+            best = pick(scored, key=lambda scored_checkpoint: scored_checkpoint[1])[0]
+        else:
+            _never_reported(metric, history)
     if load_result and checkpoint is not None:
         model.load_weights(checkpoint)
     return TrainResult(
@@ -358,19 +323,10 @@ def _collect(
         history=history,
         checkpoint=checkpoint,
         best_checkpoint=best,
-        path=storage.rebase(root, result.path),
+        path=outcome.path,
         config=dict(model.config),
         name=name,
     )
-
-
-def _best_checkpoint(result: Any, metric: str, mode: str, history: list[dict[str, Any]]) -> str | None:
-    scored = [(c, m) for c, m in (result.best_checkpoints or []) if metric in m]
-    if not scored:
-        _never_reported(metric, history)
-        return None
-    pick = min if mode == "min" else max
-    return pick(scored, key=lambda cm: cm[1][metric])[0].path
 
 
 def _never_reported(metric: str, history: list[dict[str, Any]]) -> None:

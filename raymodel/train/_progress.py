@@ -1,8 +1,7 @@
 """Epoch progress on the driver: the run's hub carries rows to a thread on the driver, which shows them.
 
-Two kinds of row reach the hub: each epoch's metrics (from a Ray Train
-``UserCallback`` in Train V2's controller, or from rank 0 itself in local
-mode), and, a few times a second, rank 0's batch progress (``_progress``
+Two kinds of row reach the hub: each epoch's metrics (``HubRows``, the run's
+``RunEvents``, told by the run as each report comes), and, a few times a second, rank 0's batch progress (``_progress``
 rows: batches done, of how many, the loss). In a terminal the driver draws a
 live bar per epoch (batches, loss, rate, ETA) under an epoch counter (tqdm);
 elsewhere (CI logs, a pipe) it prints one plain line per epoch.
@@ -14,6 +13,8 @@ import sys
 import threading
 import time
 from typing import Any, TextIO
+
+from raymodel.contract import RunEvents
 
 #: How often rank 0 sends its batch progress (seconds).
 BATCH_EVERY_S = 0.25
@@ -65,6 +66,27 @@ def _loss(outputs: Any) -> float | None:
         return None
 
 
+class HubRows(RunEvents):
+    """Each report's rank-0 row (with its checkpoint's location, as ``checkpoint_path``) to a hub.
+
+    With ``wait=True`` the report waits until the reader acknowledged the row (the run then moves
+    at its reader's pace, as a Tune trial must).
+    """
+
+    def __init__(self, hub: Any, wait: bool = False) -> None:
+        self.hub, self.wait = hub, wait
+
+    def row(self, row: dict[str, Any], checkpoint: str | None) -> None:
+        import ray
+
+        if checkpoint is not None:
+            row = {**row, "checkpoint_path": checkpoint}
+        if self.wait:
+            ray.get(self.hub.deliver.remote(row))
+        else:
+            self.hub.push.remote(row)
+
+
 class ProgressPrinter:
     """Shows ``[Name] epoch 3/5  loss 0.1234  val_acc 0.9700  (12.3s)`` per epoch, with live bars in a terminal."""
 
@@ -79,10 +101,9 @@ class ProgressPrinter:
         self._epochs: Any = None  # tqdm bars, in a terminal
         self._batches: Any = None
 
-    def callback(self) -> Any:
-        from raymodel.train._controller_rows import ProgressCallback
-
-        return ProgressCallback(self.hub)
+    def events(self) -> HubRows:
+        """What the run tells of its rows, for this printer."""
+        return HubRows(self.hub)
 
     def __enter__(self) -> ProgressPrinter:
         self._start = time.monotonic()

@@ -154,13 +154,12 @@ def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | N
     if settings.on_pool and server.running():  # a worker group's trial (several workers, or ray.data splits)
         _run_on_pool(server, model, settings, data, resume_from, info)
         return
-    from raymodel.train import Trainable, progress_callback
+    from raymodel.train import HubRows, Trainable
 
     hub = start_hub()
     try:
-        relay = progress_callback(hub, wait=True, root=settings.storage_path)
         trainable = Trainable(
-            model, settings, data=data, callbacks=[relay], hub=hub, resume_from=resume_from, info=info
+            model, settings, data=data, events=[HubRows(hub, wait=True)], hub=hub, resume_from=resume_from, info=info
         )
         outcome: dict[str, Any] = {}
         runner = threading.Thread(target=_fit, args=(trainable, outcome), name="raymodel-trial", daemon=True)

@@ -50,7 +50,7 @@ class RLlibBackend(TorchBackend):
     extra = "rllib"
     imports = ("torch", "gymnasium", "ray.rllib")
     packages = ("torch", "gymnasium")
-    trainer = ""  # not a Ray Train run: make_trainer gives an AlgorithmRun (rllib/_run.py)
+    trainer = ""  # not a Ray Train run: make_run gives an AlgorithmRun (rllib/_run.py)
     accepts = ()
     needs_data = False
     on_ray_train = False
@@ -85,19 +85,11 @@ class RLlibBackend(TorchBackend):
 
         return RLlibLoop(run)
 
-    def make_trainer(
-        self,
-        train_loop: Any,
-        *,
-        train_loop_config: dict[str, Any],
-        scaling_config: Any,
-        run_config: Any,
-        datasets: dict[str, Any] | None,
-    ) -> Any:
+    def make_run(self, plan: Any) -> Any:
+        """An ``AlgorithmRun`` (``rllib/_run.py``): the plan's ``WorkerRun`` in an actor holding the learner."""
         from raymodel.backends.rllib._run import AlgorithmRun
 
-        learner = learner_resources(scaling_config.use_gpu)
-        return AlgorithmRun(train_loop_config, scaling_config, run_config, learner, env={NO_TF[0]: NO_TF[1]})
+        return AlgorithmRun(plan, learner_resources(plan.use_gpu), env={NO_TF[0]: NO_TF[1]})
 
     def trial_bundles(self, num_workers: int, use_gpu: bool) -> list[dict[str, float]]:
         """As RLlib's ``Algorithm.default_resource_request`` places it (``num_learners=0``): the
@@ -180,6 +172,10 @@ class RLlibBackend(TorchBackend):
     def postprocess(self, model: Model, output: Any) -> Any:
         """The greedy action: argmax for a discrete space, the mean for a Box (clipped to its bounds)."""
         return {"action": greedy(spaces_of(model)["action"], output).tolist()}
+
+    def batch_output(self, model: Model, output: Any) -> dict[str, np.ndarray]:
+        """``predict_batch``'s column: the greedy action of each row, as ``predict`` answers it."""
+        return {"action": greedy(spaces_of(model)["action"], output)}
 
 
 def greedy(action: dict[str, Any], output: torch.Tensor) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Pools: resident worker groups of the training server, which run jobs one after another.
 
-A pool is one long-lived Ray Train V2 run of the backend's own trainer
-(``TorchTrainer``, ``XGBoostTrainer``, ...), started by a ``PoolActor``. Its
+A pool is one long-lived Ray Train run (``raymodel/train/_ray_train_run.py``: the
+backend's own trainer, ``TorchTrainer``, ``XGBoostTrainer``, ...), started by a ``PoolActor``. Its
 ``train_loop_per_worker`` (``pool_worker``) takes the pool's jobs one at a time
 and runs each through the same ``WorkerRun`` lifecycle as a one-off run, placed
 by a ``PoolSession``: checkpoints go to the job's own storage (rank 0 uploads
@@ -67,29 +67,26 @@ class PoolActor:
     # ------------------------------------------------------------ the run
     def _fit(self) -> None:
         import ray
-        from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-        from raymodel.jobs._server.controller_reports import PoolFailures
+        from raymodel.contract import RunPlan
+        from raymodel.jobs._server.run_events import PoolFailures
+        from raymodel.train import ray_train_run
 
         me = ray.get_runtime_context().current_actor
         resources = {k: v for k, v in self.per_worker.items() if k != "GPU"}
+        plan = RunPlan(
+            name=self.pool_id,
+            storage=locations.home_path("pools"),  # Ray Train's own files: no job writes here
+            loop=pool_worker,
+            loop_config={"pool": me, "gather_hub": self.gather_hub},
+            num_workers=self.num_workers,
+            use_gpu=self.use_gpu,
+            resources_per_worker=resources or None,
+            max_failures=-1,  # each job counts its own
+            events=(PoolFailures(me),),
+        )
         try:
-            trainer = self.backend.make_trainer(
-                pool_worker,
-                train_loop_config={"pool": me, "gather_hub": self.gather_hub},
-                scaling_config=ScalingConfig(
-                    num_workers=self.num_workers, use_gpu=self.use_gpu, resources_per_worker=resources or None
-                ),
-                run_config=RunConfig(  # type: ignore[call-arg]  # mypy reads ray.train's Train V1 branch
-                    name=self.pool_id,
-                    storage_path=locations.home_path("pools"),  # Ray Train's own files: no job writes here
-                    failure_config=FailureConfig(max_failures=-1),  # each job counts its own
-                    callbacks=[PoolFailures(me)],  # type: ignore[list-item]  # a V2 UserCallback
-                    logging_config=LoggingConfig("WARNING"),
-                ),
-                datasets=None,
-            )
-            trainer.fit()
+            ray_train_run(self.backend, plan).fit()
             why = "ended"
         except BaseException as exc:  # noqa: BLE001 - whatever ended the run ends the pool
             why = f"the pool's worker group failed: {type(exc).__name__}: {exc}"

@@ -12,6 +12,7 @@ from raymodel._internal import checkpoint as ckpt, serialization
 from raymodel._internal.reported import is_reported
 from raymodel.hooks import Callback
 from raymodel.jobs._address import running_handle
+from raymodel.jobs._server.run_events import JobFailures, JobRows
 
 
 def run_job(
@@ -55,7 +56,7 @@ def run_job(
             model,
             settings,
             data=job["data"],
-            callbacks=[_job_rows(server, runner.job_id), _job_failures(server, runner.job_id)],
+            events=[JobRows(server, runner.job_id), JobFailures(server, runner.job_id)],
             info=job.get("info"),
             resume_from=job.get("resume_from"),
             control=(server, runner.job_id),  # stop, preemption and `job.update`, at each epoch's end
@@ -66,10 +67,9 @@ def run_job(
                 outcome["result"] = dataclasses.asdict(outcome["result"])
             return outcome
         if hub is not None:  # the caller's rows: a blocking call's progress, a Tune trial's (acknowledged)
-            from raymodel.train import progress_callback
+            from raymodel.train import HubRows
 
-            relay = progress_callback(hub, wait=job.get("deliver", False), root=trainable.storage)
-            trainable.add_callback(relay)
+            trainable.add_events(HubRows(hub, wait=job.get("deliver", False)))
         return {"result": dataclasses.asdict(trainable.fit(load_result=False))}
     else:
         from raymodel.tune import Tunable
@@ -93,18 +93,6 @@ def _restorable(settings: Any) -> bool:
     from raymodel._internal import locations, storage
 
     return tune.Tuner.can_restore(storage.join(settings.storage_path or locations.runs_root(), settings.name))
-
-
-def _job_rows(server: Any, job_id: str) -> Any:
-    from raymodel.jobs._server.controller_reports import JobRows
-
-    return JobRows(server, job_id)
-
-
-def _job_failures(server: Any, job_id: str) -> Any:
-    from raymodel.jobs._server.controller_reports import JobFailures
-
-    return JobFailures(server, job_id)
 
 
 def _restore_state(model: Any, files: dict[str, bytes] | None) -> None:

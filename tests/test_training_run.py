@@ -1,0 +1,154 @@
+"""The run type (``raymodel.contract.TrainingRun``): what every run gives its driver, and where Ray Train's
+own types stay. Unit tests: the logic runs in this process, on no Ray."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+from models import TinyNet
+from rl_models import Balancer
+
+import raymodel as rm
+from raymodel.contract import RunEvents, RunOutcome, RunPlan, TrainingRun, failure_text
+
+PACKAGE = Path(rm.__file__).parent
+RAY_TRAIN_RUN = PACKAGE / "train" / "_ray_train_run.py"
+
+#: Ray Train's driver-side types: its run's configuration, its callbacks and its result.
+RAY_TRAIN_TYPES = {
+    "UserCallback",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "FailureConfig",
+    "CheckpointConfig",
+    "TrainingFailedError",
+}
+#: What a stand-in for them would name: a callback's methods, a result's fields.
+RAY_TRAIN_NAMES = {"after_report", "after_exception", "before_init_train_context", "best_checkpoints", "return_value"}
+
+
+def _ray_train_uses(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ray.train"):
+            found += [f"imports {a.name}" for a in node.names if a.name in RAY_TRAIN_TYPES]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in RAY_TRAIN_NAMES:
+            found.append(f"defines {node.name}")
+        elif isinstance(node, ast.Attribute) and node.attr in RAY_TRAIN_NAMES:
+            found.append(f"reads .{node.attr}")
+        elif isinstance(node, ast.keyword) and node.arg in RAY_TRAIN_NAMES:
+            found.append(f"passes {node.arg}=")
+    return found
+
+
+def test_ray_trains_callback_and_result_types_stay_inside_the_ray_train_run():
+    """No module but the Ray Train run's imports Ray Train's run types, defines a callback's methods or
+    reads a result's fields: nothing else imitates Ray Train (RLlib's run and the jobs package included)."""
+    assert _ray_train_uses(RAY_TRAIN_RUN), "the check looks for what the Ray Train run does use"
+    outside = {
+        str(p.relative_to(PACKAGE)): uses
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p != RAY_TRAIN_RUN and (uses := _ray_train_uses(p))
+    }
+    assert outside == {}
+
+
+def test_each_backends_run_is_a_training_run_of_its_plan(no_ray):
+    """A Ray Train backend's run is the Ray Train run; RLlib's is its Algorithm's actor. Both are
+    ``TrainingRun``s of the plan they were given, and the plan says what the settings say."""
+    from raymodel.backends.rllib._run import AlgorithmRun
+    from raymodel.train._ray_train_run import RayTrainRun
+
+    settings = {"num_epochs": 1, "num_workers": 2, "max_failures": 3, "keep_checkpoints": 2, "progress": False}
+    trainable = rm.Trainable(Balancer(), settings, data=None)
+    plan, hub = trainable._plan(printer=None)
+    assert (plan.path, plan.num_workers, plan.max_failures, plan.keep_checkpoints) == (trainable.path, 2, 3, 2)
+    assert plan.events == () and hub is None and plan.elastic_resize_s is None
+    told = _Told()
+    trainable.add_events(told)
+    assert trainable._plan(printer=None)[0].events == (told,)
+    for model, run_type in ((TinyNet(), RayTrainRun), (Balancer(), AlgorithmRun)):
+        run = rm.Trainable(model, {"num_epochs": 1}, data=_data(model))._run(plan)
+        assert type(run) is run_type and run.plan is plan and isinstance(run, TrainingRun)
+    with pytest.raises(NotImplementedError, match="runs are Ray Train runs"):
+        TinyNet.backend.make_run(plan)
+
+
+def _data(model: Any) -> Any:
+    if isinstance(model, Balancer):
+        return None
+    import numpy as np
+
+    return {"train": (np.zeros((8, 4), "float32"), np.zeros(8, "int64"))}
+
+
+class _Told(RunEvents):
+    def __init__(self) -> None:
+        self.rows: list[tuple[dict[str, Any], str | None]] = []
+        self.failed: list[dict[int, str]] = []
+
+    def row(self, row: dict[str, Any], checkpoint: str | None) -> None:
+        self.rows.append((row, checkpoint))
+
+    def workers_failed(self, failures: dict[int, str]) -> None:
+        self.failed.append(failures)
+
+
+def test_the_ray_train_run_tells_its_events_rows_with_located_checkpoints_and_failures():
+    """Train V2's controller calls the run's one callback; the plan's events get rank 0's row, the
+    checkpoint with the storage's scheme back, and each failed worker named."""
+    from raymodel.train._ray_train_run import _Events
+
+    told, quiet = _Told(), RunEvents()
+    callback = _Events((told, quiet), "s3://bucket/runs?endpoint_override=localhost:9000")
+
+    class Checkpoint:
+        path = "bucket/runs/r1/checkpoint_epoch_000002"
+
+    callback.after_report(None, [{"epoch": 2, "loss": 0.5}, {"epoch": 2, "loss": 0.7}], Checkpoint())
+    callback.after_report(None, [{"epoch": 3, "loss": 0.4}], None)
+    callback.after_report(None, [], None)  # a report with no metrics tells nothing
+    assert told.rows == [
+        ({"epoch": 2, "loss": 0.5}, "s3://bucket/runs/r1/checkpoint_epoch_000002?endpoint_override=localhost:9000"),
+        ({"epoch": 3, "loss": 0.4}, None),
+    ]
+    callback.after_exception(None, {1: RuntimeError("line one\nworker 1 died")})
+    assert told.failed == [{1: "RuntimeError: worker 1 died"}]
+    assert failure_text(ValueError("")) == "ValueError: "
+
+
+def test_an_outcome_from_storage_pairs_each_kept_checkpoint_with_its_row_and_the_result_picks_the_best(tmp_path):
+    """A run that keeps its checkpoints itself (a pool's job, RLlib's actor) gives the ones in its folder
+    with the rows of their epochs; the ``TrainResult`` takes the newest and the best by the metric."""
+    from raymodel.train._driver import _collect
+
+    for epoch in (2, 3, 4):
+        (tmp_path / f"checkpoint_epoch_{epoch:06d}").mkdir()
+    (tmp_path / "checkpoint_epoch_000005.tmp").mkdir()  # not a complete checkpoint
+    history = [{"epoch": e, "val_loss": v} for e, v in ((1, 0.9), (2, 0.3), (3, 0.5), (4, 0.4))]
+    outcome = RunOutcome.from_storage(str(tmp_path), {"history": history})
+    assert [(Path(c).name, row["val_loss"]) for c, row in outcome.checkpoints] == [
+        ("checkpoint_epoch_000002", 0.3),
+        ("checkpoint_epoch_000003", 0.5),
+        ("checkpoint_epoch_000004", 0.4),
+    ]
+    settings = rm.TrainSettings(metric="val_loss", mode="min")
+    result = _collect(TinyNet(), settings, outcome, "r1", load_result=False)
+    assert Path(result.checkpoint).name == "checkpoint_epoch_000004"
+    assert Path(result.best_checkpoint).name == "checkpoint_epoch_000002"
+    assert result.metrics == history[-1] and result.path == str(tmp_path)
+    maximized = _collect(TinyNet(), rm.TrainSettings(metric="val_loss", mode="max"), outcome, "r1", False)
+    assert Path(maximized.best_checkpoint).name == "checkpoint_epoch_000003"
+    with pytest.warns(UserWarning, match=r"`metric='acc'` was never reported"):
+        unscored = _collect(TinyNet(), rm.TrainSettings(metric="acc"), outcome, "r1", False)
+    assert unscored.best_checkpoint is None
+
+
+def test_a_plan_places_its_folder_under_its_storage():
+    plan = RunPlan(name="r1", storage="s3://bucket/runs?endpoint_override=x", loop=print, loop_config={})
+    assert plan.path == "s3://bucket/runs/r1?endpoint_override=x"
+    assert RunEvents().row({}, None) is None and RunEvents().workers_failed({}) is None
