@@ -34,6 +34,9 @@ class Balancer(rm.RayRLlibModel):
     def value(self, obs):
         return self.vf(obs).squeeze(-1)
 
+    def hyperparameter_space(self):
+        return {"lr": rm.tune.choice([3e-4, 1e-3])}
+
 
 class StopAt(rm.Callback):
     """Ends the run (with a checkpoint) once the mean return reaches ``target``."""

@@ -1,20 +1,26 @@
 """The conformance suite: the same promises for every backend, whatever the framework.
 
 A backend joins it with one `Case` in a test module that calls `install(globals(), [case, ...])`
-(`test_backends.py` for the built-in five, `test_sixth_backend.py` for one defined in a test file).
+(`test_backends.py` for the built-in seven, `test_sixth_backend.py` for one defined in a test file).
 For each case:
 
-* train on 2 workers (the first job of a fresh pool), recording every hook -> one history row per
-  epoch, the case's accuracy, and the exact hook order that the backend declares (`Backend.calls`);
+* train (on 2 workers: the first job of a fresh pool), recording every hook -> one history row per
+  epoch, the case's accuracy, the exact hook order that the backend declares (`Backend.calls`), and
+  the run's checkpoint loaded anew predicts what the trained instance does;
 * the same run again on that pool, after another job: the same history and model (rtol 1e-6);
-* resume, proven by fault injection: rank 1 exits its process for real at the start of epoch 3 of
-  the first attempt (`max_failures=1`, `checkpoint_every=1`); the second attempt loads the
-  checkpoint, begins at epoch 3, the history holds every epoch once, a callback's state went on
-  from the checkpoint, and the final model equals the uninterrupted run's;
-* tune 2 trials with ASHA, serve one HTTP request, and a registry round trip;
+* resume, proven by fault injection: a worker (the case's `crash_rank`) exits its process for real
+  at the start of epoch 3 of the first attempt (`max_failures=1`, `checkpoint_every=1`); the second
+  attempt loads the checkpoint, begins at epoch 3, the history holds every epoch once, a callback's
+  state went on from the checkpoint, and the final model equals the uninterrupted run's;
+* tune 2 trials with ASHA, serve: one HTTP answer and a 422 for a malformed request, and a registry
+  round trip;
 * the run's checkpoint, loaded by `predict_batch`'s Ray Data actors (fresh processes that never
   imported the model's module; several blocks, two actors), predicts what the trained instance
   does, row by row, in order.
+
+A check that does not apply to a backend is declared in its case (`not_applicable`: the check's
+name in `CHECKS`, and why); the test then skips with that reason, in the report. A case that names
+a check not in `CHECKS`, or gives no reason, fails on import.
 """
 
 from __future__ import annotations
@@ -36,6 +42,26 @@ import raymodel as rm
 TRIAL = {"resources_per_worker": {"CPU": 0.95}}
 CRASH_EPOCH = 3
 
+#: The checks a case may declare not applicable, each with what it promises.
+CHECKS = {
+    "used_pool": "a used pool trains exactly as a fresh one",
+    "same_model_after_resume": "a resumed run ends with the uninterrupted run's model and last row",
+}
+
+
+def _valid_rows(data: Any, n: int) -> np.ndarray:
+    return np.asarray(data.splits["valid"].x[:n], dtype=np.float32)
+
+
+def _one_feature_short(rows: Any) -> Any:
+    return np.asarray(rows)[:, :-1].tolist()
+
+
+def _blocks(rows: Any) -> Any:
+    import ray.data
+
+    return ray.data.from_numpy(np.array_split(np.asarray(rows), 6))  # 6 blocks, 2 actors: order is at stake
+
 
 @dataclasses.dataclass
 class Case:
@@ -49,6 +75,33 @@ class Case:
     numbers: Callable[[Any], Any] = lambda answer: answer
     #: `predict_batch`'s output columns as the numbers `numbers` takes from a `predict` answer.
     batch_numbers: Callable[[dict], Any] = lambda columns: columns["prediction"]
+    #: `n` input rows of the case's data (what `payload` and `table` take).
+    rows: Callable[[Any, int], Any] = _valid_rows
+    #: A request the route must answer with a 422 (made from rows).
+    bad_payload: Callable[[Any], Any] = _one_feature_short
+    #: The rows as a `ray.data` Dataset of several blocks, for `predict_batch`.
+    table: Callable[[Any], Any] = _blocks
+    #: The ranks that record hooks, and the one that crashes (a run of one actor: rank 0).
+    ranks: tuple[int, ...] = (0, 1)
+    crash_rank: int = 1
+    #: The backend sets the instance up on the driver (transformers: its tokenizer tokenizes the data),
+    #: so every run starts from the instance's weights: `on_load_checkpoint` follows `after_setup`.
+    set_up_on_driver: bool = False
+    #: The trials' training settings.
+    tune_train: dict[str, Any] = dataclasses.field(default_factory=lambda: {**TRIAL, "batch_size": 32})
+    #: Checks of `CHECKS` that do not apply to this backend: name -> why.
+    not_applicable: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.not_applicable) - set(CHECKS))
+        assert not unknown, f"case {self.backend!r}: {unknown} are not checks of the suite ({sorted(CHECKS)})"
+        unexplained = sorted(k for k, why in self.not_applicable.items() if len(why.split()) < 4)
+        assert not unexplained, f"case {self.backend!r}: say why {unexplained} do not apply"
+
+    def unless_not_applicable(self, check: str) -> None:
+        """Skip the test, with the case's reason, when ``check`` does not apply to this backend."""
+        if check in self.not_applicable:
+            pytest.skip(f"{self.backend}: {CHECKS[check]}: does not apply: {self.not_applicable[check]}")
 
     @classmethod
     def example(cls, backend: str, module: str, **kwargs: Any) -> Case:
@@ -110,14 +163,15 @@ def attempts(calls: list[list]) -> list[list[str]]:
     return [collapsed(run) for run in runs]
 
 
-def expected_hooks(backend: Any, rank: int, last: int, first: int = 1, resumed: bool = False) -> list[str]:
-    """The documented order, for the hooks this backend declares it calls."""
-    seq = ["before_setup", "after_setup", *(["on_load_checkpoint"] if resumed else []), "before_fit"]
+def expected_hooks(backend: Any, rank: int, last: int, first: int = 1, loads: bool = False) -> list[str]:
+    """The documented order, for the hooks this backend declares it calls (``loads``: the run resumes,
+    or starts from the instance's weights)."""
+    seq = ["before_setup", "after_setup", *(["on_load_checkpoint"] if loads else []), "before_fit"]
     for epoch in range(first, last + 1):
         seq.append(f"before_epoch({epoch})")
         if backend.calls("before_batch") or backend.calls("after_batch"):
             seq.append("batches")
-        seq += ["before_validation", "after_validation", f"after_epoch({epoch})"]
+        seq += [h for h in ("before_validation", "after_validation") if backend.calls(h)] + [f"after_epoch({epoch})"]
         if rank == 0:
             seq.append("on_save_checkpoint")
     return seq + ["after_fit"]
@@ -151,14 +205,20 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         assert model.backend.name == case.backend
         epochs = len(result.history)
         assert epochs >= CRASH_EPOCH and [row["epoch"] for row in result.history] == list(range(1, epochs + 1))
-        assert all("loss" in row and "val_loss" in row for row in result.history)
-        for rank in (0, 1):
-            assert collapsed(recorded(calls, rank)) == expected_hooks(model.backend, rank, epochs), f"rank {rank}"
+        validates = model.backend.calls("after_validation")  # a backend with no validation split says so
+        assert all("loss" in row and ("val_loss" in row or not validates) for row in result.history)
+        for rank in case.ranks:
+            expected = expected_hooks(model.backend, rank, epochs, loads=case.set_up_on_driver)
+            assert collapsed(recorded(calls, rank)) == expected, f"rank {rank}"
+        assert not (calls / f"rank{max(case.ranks) + 1}.jsonl").exists(), "a rank the case does not name"
         assert case.accuracy(model, data) >= case.min_accuracy
+        payload = case.payload(case.rows(data, 16))  # the checkpoint round trip
+        close(case, rm.RayModel.from_checkpoint(result.checkpoint).predict(payload), model.predict(payload))
 
     @pytest.mark.integration
     def test_a_used_pool_trains_exactly_as_a_fresh_one(trained, tmp_path):
         case, model, result, data, _ = trained
+        case.unless_not_applicable("used_pool")
         (pool,) = [p for p in rm.jobs.pools() if p.backend == model.backend.name]
         case.train(seed=11, progress=False)  # another job in between, on the same workers
         again_model, again, _ = case.train(callbacks=[Recorder(str(tmp_path))], progress=False)
@@ -168,7 +228,7 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         for fresh_row, used_row in zip(result.history, again.history):
             for key, value in fresh_row.items():
                 assert used_row[key] == pytest.approx(value, rel=1e-6, abs=0), (fresh_row["epoch"], key)
-        payload = case.payload(data.splits["valid"].x[:16])
+        payload = case.payload(case.rows(data, 16))
         np.testing.assert_allclose(
             np.asarray(case.numbers(again_model.predict(payload)), dtype=float),
             np.asarray(case.numbers(model.predict(payload)), dtype=float),
@@ -184,7 +244,11 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         calls.mkdir()
         counts = tmp_path / "counts.jsonl"
         resumed_model, resumed, _ = case.train(
-            callbacks=[CrashOnce(str(tmp_path / "crashed")), Recorder(str(calls)), Counter(str(counts))],
+            callbacks=[
+                CrashOnce(str(tmp_path / "crashed"), rank=case.crash_rank),
+                Recorder(str(calls)),
+                Counter(str(counts)),
+            ],
             max_failures=1,
             checkpoint_every=1,
             progress=False,
@@ -194,13 +258,15 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         # The callback's count came back with the epoch-2 checkpoint: it goes on from 2, not from 0.
         logged = [json.loads(line) for line in counts.read_text().splitlines()]
         assert logged[-(epochs - CRASH_EPOCH + 1) :] == [[e, e] for e in range(CRASH_EPOCH, epochs + 1)], logged
-        first, second = attempts(recorded(calls, 1))
-        assert first == expected_hooks(model.backend, 1, CRASH_EPOCH - 1)[:-1]  # died before epoch 3
-        for rank in (0, 1):
+        first, second = attempts(recorded(calls, case.crash_rank))
+        started = expected_hooks(model.backend, case.crash_rank, CRASH_EPOCH - 1, loads=case.set_up_on_driver)
+        assert first == started[:-1]  # died before epoch 3
+        for rank in case.ranks:
             again = attempts(recorded(calls, rank))[-1]
-            assert again == expected_hooks(model.backend, rank, epochs, first=CRASH_EPOCH, resumed=True), rank
+            assert again == expected_hooks(model.backend, rank, epochs, first=CRASH_EPOCH, loads=True), rank
+        case.unless_not_applicable("same_model_after_resume")
         # The whole state came back (weights, optimizer, schedulers, RNG): the same model as never stopping.
-        payload = case.payload(data.splits["valid"].x[:16])
+        payload = case.payload(case.rows(data, 16))
         close(case, resumed_model.predict(payload), model.predict(payload))
         for key, value in result.history[-1].items():
             assert resumed.history[-1][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
@@ -216,19 +282,22 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
                 "max_epochs": 2,
                 "grace_period": 1,
                 "reduction_factor": 2,
-                "train": {**TRIAL, "batch_size": 32},
+                "train": case.tune_train,
                 "progress": False,
             },
         )
         assert tuned.num_trials == 2 and len(tuned.dataframe()) == 2
         assert set(tuned_model.hyperparameter_space()) <= set(tuned.best_config)
 
-        payload = case.payload(data.splits["valid"].x[:3])
+        rows = case.rows(data, 3)
+        payload = case.payload(rows)
         app = tuned_model.serve(f"/conformance-{case.backend}", settings={"ray_actor_options": {"num_cpus": 0.25}})
         try:
             answer = requests.post(app.url, json=payload, timeout=60)
             assert answer.status_code == 200
             close(case, answer.json(), tuned_model.predict(payload))
+            wrong = requests.post(app.url, json=case.bad_payload(rows), timeout=60)
+            assert wrong.status_code == 422 and wrong.json()["detail"], wrong.text  # what is wrong, said
         finally:
             app.shutdown()
 
@@ -241,10 +310,8 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
     @pytest.mark.integration
     def test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row(trained):
         case, model, result, data, _ = trained
-        import ray.data
-
-        rows = np.asarray(data.splits["valid"].x, dtype=np.float32)[:96]
-        blocks = ray.data.from_numpy(np.array_split(rows, 6))  # 6 blocks, 2 actors: order is at stake
+        rows = case.rows(data, 96)
+        blocks = case.table(rows)
         columns = rm.predict_batch(result.checkpoint, blocks, batch_size=10, concurrency=2, num_cpus=0.25).to_numpy()
         got = np.asarray(case.batch_numbers(columns), dtype=float)
         assert len(got) == len(rows)

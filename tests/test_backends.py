@@ -1,6 +1,7 @@
-"""The five built-in backends through the one conformance suite (`conformance.py`).
+"""The seven built-in backends through the one conformance suite (`conformance.py`).
 
-A backend joins the suite with its line in `CASES`.
+A backend joins the suite with its line in `CASES`; a built-in backend without one fails
+`test_every_built_in_backend_has_a_case`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conformance import Case, install
+from hf_models import Sentiment, sentiment_data
+from rl_models import Balancer, play
 
 import raymodel as rm
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
+
+RL_EPOCHS, RL_MIN_RETURN = 5, 60.0  # a random policy: about 22; after 5 iterations, 120 measured
 
 CASES = [
     Case.example(
@@ -24,13 +29,83 @@ CASES = [
         payload=lambda rows: {"pixels": rows.tolist()},
         numbers=lambda answer: answer["digit"],
         batch_numbers=lambda columns: columns["prediction"].argmax(1),
+        bad_payload=lambda rows: {"pixels": np.asarray(rows)[:, :-1].tolist()},  # 63 pixels of 64
     ),
     Case.example("lightning", "lightning_digits"),
     Case.example("tensorflow", "keras_iris"),
     Case.example("xgboost", "xgboost_breast_cancer"),
     Case.example("lightgbm", "lightgbm_breast_cancer"),
+    Case(
+        "rllib",
+        train=lambda **settings: rl_train(**settings),
+        accuracy=lambda model, data: play(model),  # the greedy policy's mean return on CartPole
+        min_accuracy=RL_MIN_RETURN,
+        rows=lambda data, n: np.random.default_rng(0).uniform(-0.2, 0.2, (n, 4)).astype(np.float32),
+        payload=lambda rows: {"obs": np.asarray(rows).tolist()},
+        numbers=lambda answer: answer["action"],
+        batch_numbers=lambda columns: columns["action"],
+        bad_payload=lambda rows: {"obs": np.asarray(rows)[:, :-1].tolist()},  # CartPole observes 4 values
+        ranks=(0,),  # one Algorithm's actor: its learner is rank 0; env runners run no hooks
+        crash_rank=0,
+        tune_train={"num_workers": 1},  # a trial holds the Algorithm's CPU and its env runner's
+        not_applicable={
+            "used_pool": "RLlib's runs are an Algorithm in an actor of raymodel's (`on_ray_train` is False), "
+            "never a job on a pool of Ray Train workers",
+            "same_model_after_resume": "a restarted Algorithm's env runners start new episodes (an environment's "
+            "state is in no checkpoint), so after the restart it samples other steps and its weights differ",
+        },
+    ),
+    Case(
+        "transformers",
+        train=lambda **settings: hf_train(**settings),
+        accuracy=lambda model, data: hf_accuracy(model, data),
+        min_accuracy=0.9,
+        rows=lambda data, n: list(data["validation"]["text"][:n]),
+        payload=lambda rows: {"text": list(rows)},
+        numbers=lambda answer: answer["score"],
+        batch_numbers=lambda columns: columns["score"],
+        bad_payload=lambda rows: {"text": [[0.1, 0.2]]},  # numbers where text goes
+        table=lambda rows: ray_data().from_items([{"text": t} for t in rows], override_num_blocks=6),
+        set_up_on_driver=True,
+        tune_train={"num_workers": 2, "batch_size": 16, "resources_per_worker": {"CPU": 0.95}},  # trials on a pool
+    ),
 ]
 install(globals(), CASES)
+
+
+def rl_train(**settings):
+    """PPO on CartPole with one env runner, for `RL_EPOCHS` iterations."""
+    model = Balancer()
+    result = model.train({"num_workers": 1, "num_epochs": RL_EPOCHS, **settings})
+    return model, result, None
+
+
+def hf_train(**settings):
+    """A tiny BERT classifier on the generated sentiment set, two workers, three epochs."""
+    data = sentiment_data()
+    model = Sentiment()
+    result = model.train({"num_workers": 2, "num_epochs": 3, "batch_size": 16, **settings}, data=data)
+    return model, result, data
+
+
+def hf_accuracy(model, data) -> float:
+    valid = data["validation"]
+    return float(np.mean(np.asarray(model.predict({"text": valid["text"]})["label"]) == np.asarray(valid["label"])))
+
+
+def ray_data():
+    import ray.data
+
+    return ray.data
+
+
+def test_every_built_in_backend_has_a_case():
+    """The case list is the package's backend table: a built-in backend without a case fails here."""
+    from raymodel.contract import backends
+
+    built_in = {b.name for b in backends() if type(b).__module__.startswith("raymodel.backends.")}
+    assert built_in == {case.backend for case in CASES}
+    assert len(CASES) == len({case.backend for case in CASES}) == 7
 
 
 def test_a_missing_framework_names_the_extra(monkeypatch):

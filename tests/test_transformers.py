@@ -4,8 +4,9 @@ A tiny BERT (built from a config, a tokenizer made in code) learns a generated s
 workers from a `DatasetDict`, one row per epoch with the Trainer's evaluation; its `save_pretrained`
 folder loads in plain transformers and predicts the same; a checkpoint, a registry version and an
 HTTP route answer text (a 4xx for what is not text); a tiny GPT-2 generates and streams its tokens as
-server-sent events; a job streams, takes a new lr and stops; a killed worker resumes; ASHA tunes
-2-worker trials; bad input fails before Ray is touched.
+server-sent events; a job streams, takes a new lr and stops; bad input fails before Ray is touched.
+A crashed worker's resume, ASHA over two-worker trials, `predict_batch` and the checkpoint round trip
+are the conformance suite's ("transformers" in tests/test_backends.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import requests
-from conformance import CrashOnce
 from hf_models import POEMS, Poet, Sentiment, Writer, sentiment_data, sentiment_rows, story_rows
 from waiting import until
 
@@ -27,7 +27,6 @@ from raymodel.exceptions import DataError, MissingDependencyError, ModelDefiniti
 TWO = {"num_workers": 2, "num_epochs": 3, "batch_size": 16, "progress": False}
 TEXTS = ["a good day and a great film", "the food was awful and sad", "it is very nice", "we saw a grim dark film"]
 EXPECTED = [1, 0, 1, 0]
-TRIAL = {"num_workers": 2, "batch_size": 16, "resources_per_worker": {"CPU": 0.95}}  # + the trial function's share
 
 
 # ------------------------------------------------------------------ bad input, before any resource
@@ -95,6 +94,39 @@ def test_every_form_of_text_data_is_tokenized_once(no_ray):
     assert set(first.splits) == {"train", "valid"}
     again = model.backend.prepare_data(model, {"train": same})  # tokenized once: the cached dataset
     assert again.splits["train"].dataset is first.splits["train"].dataset
+
+
+def test_text_is_taken_as_the_user_holds_its_column():
+    """A datasets Column, a pandas Series or a numpy array of strings is a list of texts to predict."""
+    from raymodel.backends.transformers._text import texts
+
+    data = sentiment_data(4, 4)["validation"]
+    expected = list(data["text"])
+    for column in (data["text"], pd.Series(expected), np.asarray(expected), tuple(expected)):
+        assert texts({"text": column}) == expected, type(column)
+    with pytest.raises(TypeError, match=r"`text\[0\]` must be a string"):
+        texts({"text": np.zeros((2, 3))})
+
+
+def test_the_driver_sets_a_model_up_for_its_data_with_the_runs_seed(no_ray):
+    """The driver sets a transformers model up to tokenize with its tokenizer, and the run starts from
+    those weights: they follow the run's seed, not whatever the process's generator held, which is
+    left as it was (a used pool trained another model than a fresh one before this)."""
+    import torch
+
+    from raymodel.train import prepare
+
+    def first_weights(process_seed: int, seed: int) -> torch.Tensor:
+        torch.manual_seed(process_seed)
+        model = Sentiment()
+        prepare(model, {"seed": seed}, sentiment_data(16, 8))
+        after = torch.rand(1)
+        torch.manual_seed(process_seed)
+        assert torch.equal(after, torch.rand(1)), "the process's generator moved"
+        return next(model.model.parameters()).detach().clone()
+
+    assert torch.equal(first_weights(1, seed=3), first_weights(2, seed=3))
+    assert not torch.equal(first_weights(1, seed=3), first_weights(1, seed=4))
 
 
 def test_what_is_not_text_is_a_data_error_naming_what_is_expected(no_ray):
@@ -166,28 +198,6 @@ def test_more_epochs_asked_mid_run_go_on_with_a_stretched_schedule(ray_session):
     result = job.wait(timeout=180)
     assert [row["epoch"] for row in result.history] == [1, 2, 3, 4] and job.status == "SUCCEEDED"
     assert result.history[2]["changes"] == {"num_epochs": 4}
-
-
-@pytest.mark.integration
-def test_a_killed_worker_resumes_from_its_newest_checkpoint_each_epoch_once(ray_session, tmp_path):
-    marker, starts = tmp_path / "crashed", tmp_path / "starts"
-    callbacks = [CrashOnce(str(marker), rank=1, epoch=2), Starts(str(starts))]
-    result = Sentiment().train({**TWO, "max_failures": 1, "callbacks": callbacks}, data=sentiment_data(256, 64))
-    assert marker.exists(), "the worker never crashed"
-    assert starts.read_text().split() == ["0", "1"]  # the second attempt went on from epoch 1's checkpoint
-    assert [row["epoch"] for row in result.history] == [1, 2, 3]  # each epoch once (the Trainer's count agrees)
-
-
-class Starts(rm.Callback):
-    """Rank 0 writes where each attempt starts: 0 (fresh) or the epoch of the checkpoint it resumed."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def before_fit(self):
-        if self.context.rank == 0:
-            with open(self.path, "a") as fh:
-                fh.write(f"{self.context.resumed_from}\n")
 
 
 # The tests that serve (a replica's CPU ends the idle pool) or run a one-off Ray Train run come after
@@ -308,19 +318,3 @@ def test_a_streamed_generation_joins_to_exactly_the_answer_on_a_byte_level_bpe_t
         assert "".join(pieces) == answer and pieces == local, events
     finally:
         served.shutdown()
-
-
-@pytest.mark.integration
-def test_asha_tunes_two_worker_trials_and_the_best_ends_in_the_instance(ray_session):
-    model = Sentiment()
-    tuned = model.tune(
-        {"lr": rm.tune.choice([5e-4, 2e-3])},
-        settings=rm.TuneSettings(num_samples=2, max_epochs=2, metric="val_accuracy", mode="max", train=TRIAL),
-        data=sentiment_data(256, 64),
-    )
-    assert tuned.num_trials == 2 and tuned.best_config["lr"] in (5e-4, 2e-3)
-    assert model.config["lr"] == tuned.best_config["lr"]
-    frame = tuned.dataframe()
-    assert len(frame) == 2 and tuned.best_metrics["val_accuracy"] == frame["val_accuracy"].max()
-    best = rm.RayModel.from_checkpoint(tuned.best_checkpoint)
-    assert same(best.predict({"text": TEXTS}), model.predict({"text": TEXTS}))

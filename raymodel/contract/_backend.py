@@ -158,12 +158,14 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
         )
 
     def make_run(self, plan: RunPlan) -> TrainingRun:
-        """The run of ``plan`` for a backend whose runs are not Ray Train runs (``on_ray_train = False``);
-        a Ray Train run is built by ``raymodel.train`` around ``make_trainer``."""
-        raise NotImplementedError(
-            f"The {self.name} backend's runs are Ray Train runs (`on_ray_train`); a backend whose runs are not "
-            "implements `make_run`."
-        )
+        """The run of ``plan`` when ``on_ray_train`` is False (``raymodel.train`` builds a Ray Train run)."""
+        raise NotImplementedError(f"The {self.name} backend's runs are Ray Train runs; it has no `make_run`.")
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        """Around the driver's ``prepare_data``: the framework's generators seeded (restored after), so a
+        model set up there (transformers': for its tokenizer) starts with the same weights for a seed."""
+        yield
 
     # ---------------------------------------------------------------- state
     def after_user_setup(self, model: Model, returned: Any) -> None:

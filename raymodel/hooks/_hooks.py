@@ -8,7 +8,9 @@ A model overrides any of them; a ``Callback`` passed in
 Order of a training run on each train worker (epochs count from 1)::
 
     before_setup, after_setup,              # around the user's setup(config)
-    [on_load_checkpoint(state)]             # when resuming (the newest complete checkpoint)
+    [on_load_checkpoint(state)]             # when resuming (the newest complete checkpoint), or starting
+                                            # from the instance's weights (it was trained, loaded or set up:
+                                            # a transformers model is set up on the driver, for its tokenizer)
     before_fit,
     for each epoch:
         before_epoch(epoch),

@@ -45,7 +45,8 @@ def prepare(model: Model, settings: Any, data: Any) -> tuple[TrainSettings, Any]
                 f"The {backend.name} backend makes its own data (`{type(model).__name__}.make_env`); leave `data=` out."
             )
         return settings, DataSpec()
-    spec = resolve(backend.prepare_data(model, data))
+    with backend.seeded(settings.seed):  # a model set up here starts from the same weights for a seed
+        spec = resolve(backend.prepare_data(model, data))
     backend.validate_data(spec)
     _check_finite(spec, settings.nonfinite)
     return settings, spec

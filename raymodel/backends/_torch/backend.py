@@ -68,6 +68,14 @@ class TorchBackend(Backend):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+
     # ---------------------------------------------------------------- state
     @staticmethod
     def modules(model: Model) -> dict[str, torch.nn.Module]:

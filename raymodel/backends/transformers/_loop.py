@@ -109,6 +109,8 @@ class TrainerLoop(TorchLoop):
         schedule) when it starts, so when ``job.update`` raises ``num_epochs`` mid-run a new ``Trainer``
         goes on from the last one's newest checkpoint, its schedule stretched to the new end."""
         bridge = _TrainerPhases(self.run, self, first)
+        if self.resume is not None:
+            _keep_rng_state(self.resume, self.run.rank, self.run.world)
         while True:
             target = self.run.num_epochs
             self.trainer = self._trainer(target, bridge)
@@ -299,3 +301,26 @@ class _TrainerPhases(transformers.TrainerCallback):
         self.stopped = self.run.sync(self.run.end_epoch(self.epoch, metrics))
         if self.stopped or self.epoch >= self.run.num_epochs:
             control.should_training_stop = True
+
+
+def _keep_rng_state(folder: str, rank: int, world: int) -> None:
+    """This worker's random generators, as raymodel restored them from the checkpoint, in the ``Trainer``'s
+    own file in the folder it resumes from, unless the folder has one: the checkpoint holds rank 0's
+    ``Trainer`` folder only, and a ``Trainer`` that finds no file for its process reseeds with
+    ``args.seed`` (so rank 1's dropout would differ from the uninterrupted run's)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    path = Path(folder) / ("rng_state.pth" if world <= 1 else f"rng_state_{rank}.pth")
+    if path.exists():
+        return
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cpu": torch.random.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.random.get_rng_state_all() if world > 1 else torch.cuda.random.get_rng_state()
+    torch.save(states, path)

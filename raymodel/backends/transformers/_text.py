@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence, Sized
 
 import numpy as np
 
@@ -92,6 +92,8 @@ def generation(payload: Any) -> Generation:
 def _strings(value: Any, field: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
+    elif isinstance(value, Sized) and isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        value = list(value)  # a column as the user holds it: a datasets Column, a pandas Series, a numpy array
     if not isinstance(value, (list, tuple)) or not value:
         raise TypeError(f"`{field}` must be a string or a non-empty list of strings; got {_kind(value)}")
     for i, item in enumerate(value):
