@@ -129,10 +129,11 @@ def test_a_killed_algorithm_actor_resumes_from_its_newest_checkpoint_each_iterat
 
 
 @pytest.mark.parametrize("env_runners", [0, 1, 2])
-def test_a_trial_holds_the_bundles_rllib_asks_for_its_algorithm_and_env_runners(env_runners):
+def test_a_trial_holds_the_bundles_rllib_asks_for_its_algorithm_and_env_runners(ray_session, env_runners):
     """A trial's placement group is RLlib's own request (``Algorithm.default_resource_request``): the
     Algorithm's bundle, then one per env runner, which RLlib places by index (a trial of one bundle
-    failed every env runner with 'placement group bundle index 1 is invalid')."""
+    failed every env runner with 'placement group bundle index 1 is invalid'). ``as_trainable`` joins
+    Ray: the session's (a Ray of its own, started here, outlived the session and failed its exit)."""
     from ray.rllib.algorithms.ppo import PPO
 
     from raymodel.backends.rllib._loop import algo_config, env_name

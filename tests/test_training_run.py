@@ -151,4 +151,3 @@ def test_an_outcome_from_storage_pairs_each_kept_checkpoint_with_its_row_and_the
 def test_a_plan_places_its_folder_under_its_storage():
     plan = RunPlan(name="r1", storage="s3://bucket/runs?endpoint_override=x", loop=print, loop_config={})
     assert plan.path == "s3://bucket/runs/r1?endpoint_override=x"
-    assert RunEvents().row({}, None) is None and RunEvents().workers_failed({}) is None

@@ -1,8 +1,9 @@
 """Epoch progress on the driver: the run's hub carries rows to a thread on the driver, which shows them.
 
-Two kinds of row reach the hub: each epoch's metrics (``HubRows``, the run's
-``RunEvents``, told by the run as each report comes), and, a few times a second, rank 0's batch progress (``_progress``
-rows: batches done, of how many, the loss). In a terminal the driver draws a
+Two kinds of row reach the hub: each epoch's metrics (``HubRows``, one of the
+run's ``RunEvents``, or from rank 0 itself in local mode), and, a few times a
+second, rank 0's batch progress (``_progress`` rows: batches done, of how many,
+the loss). In a terminal the driver draws a
 live bar per epoch (batches, loss, rate, ETA) under an epoch counter (tqdm);
 elsewhere (CI logs, a pipe) it prints one plain line per epoch.
 """

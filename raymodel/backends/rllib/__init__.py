@@ -24,7 +24,7 @@ import numpy as np
 
 from raymodel._internal.deps import require
 from raymodel.backends._torch.backend import TorchBackend
-from raymodel.contract import Model, rows_of
+from raymodel.contract import Model, RunPlan, TrainingRun, rows_of
 from raymodel.exceptions import ModelDefinitionError, SettingsError
 from raymodel.model import RayModel
 
@@ -85,7 +85,7 @@ class RLlibBackend(TorchBackend):
 
         return RLlibLoop(run)
 
-    def make_run(self, plan: Any) -> Any:
+    def make_run(self, plan: RunPlan) -> TrainingRun:
         """An ``AlgorithmRun`` (``rllib/_run.py``): the plan's ``WorkerRun`` in an actor holding the learner."""
         from raymodel.backends.rllib._run import AlgorithmRun
 
