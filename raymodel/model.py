@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, TypeVar, over
 
 from raymodel._internal import checkpoint as ckpt, storage, tmp
 from raymodel._internal.local_predict import predict_one, short
-from raymodel.contract import register
+from raymodel.contract import defined, register
 from raymodel.exceptions import (
     CheckpointError,
     ModelDefinitionError,
@@ -60,6 +60,8 @@ class RayModel(ModelHooks):
         super().__init_subclass__(**kwargs)
         if "backend" in cls.__dict__:  # a backend's model base class: it pushes itself into the table
             register(cls)
+        else:
+            defined(cls)  # a user's model class: its backend is the one `rm.init`'s default warms
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         if config is not None and not isinstance(config, Mapping):

@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+#: No warm pools (``rm.init``'s default warms torch:2): each test starts what it uses, and the tests of
+#: warm pools ask for them (its processes, ``raymodel server start`` included, inherit this).
+os.environ["RAYMODEL_WARM"] = "none"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -75,10 +75,17 @@ def test_a_used_pool_trains_exactly_as_a_fresh_one_and_no_job_leaks_into_the_nex
 
     rm.jobs.release_pools()
     before = hubs()
+    # A warm pool (`rm.init(warm="torch:2")`): started before any job asks; the first job takes it while
+    # its workers still start, and starts no pool of its own.
+    (warm,) = ray_session.get(rm.jobs.server().warm.remote([("torch", 2)]))
+    (starting,) = rm.jobs.pools()
+    assert (starting.id, starting.state, starting.warm, starting.job) == (warm, "starting", True, None)
     fresh_model = TinyNet()
     fresh = fresh_model.train(TWO, data=tiny_data)
     (pool,) = rm.jobs.pools()
-    assert (pool.state, pool.jobs_run, pool.num_workers, pool.resources) == ("idle", 1, 2, {"CPU": 2.0})
+    assert (pool.id, pool.state, pool.jobs_run, pool.num_workers, pool.resources) == (warm, "idle", 1, 2, {"CPU": 2.0})
+    ray_session.get(rm.jobs.server().warm.remote([]))  # kept, as a plain pool: it ends when idle
+    assert not rm.jobs.pools()[0].warm
 
     Leaky().train({**TWO, "seed": 1}, data=tiny_data)  # sets a global, a class attribute, torch's globals
     Leaky(config={"probe": True}).train(TWO, data=tiny_data)  # raises on the worker if it sees any of it
@@ -236,11 +243,21 @@ def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_ses
 
     model.train({**TWO, "num_epochs": 1}, data=tiny_data)
     try:
-        rm.init(pool_idle_s=1)  # the running server takes it
-        until(lambda: rm.jobs.pools() == [], timeout=60)
+        rm.init(pool_idle_s=1, warm="torch:2")  # the running server takes both; its idle pool is now warm
+        until(lambda: [p.warm for p in rm.jobs.pools()] == [True], timeout=30)
+        (kept,) = rm.jobs.pools()
+        time.sleep(3)
+        assert [(p.id, p.state) for p in rm.jobs.pools()] == [(kept.id, "idle")]  # warm: not ended for idling
+        assert rm.jobs.release_pools() == [kept.id]  # given way (as for other work): warmed again when free
+        rewarmed = until(lambda: [p for p in rm.jobs.pools() if p.warm and p.state == "starting"], timeout=60)
+        assert rewarmed[0].id != kept.id and rewarmed[0].job is None
+        rm.init(warm="none")
+        ended = time.monotonic()
+        until(lambda: rm.jobs.pools() == [], timeout=60)  # no longer warm: idle past pool_idle_s, killed
+        assert time.monotonic() - ended < 15  # while still starting: killed, not waited for
         until(lambda: ray.available_resources().get("CPU", 0.0) == 2.0, timeout=60)
     finally:
-        rm.init(pool_idle_s=120)
+        rm.init(pool_idle_s=120, warm="none")
 
 
 @pytest.mark.integration

@@ -151,3 +151,27 @@ def test_an_outcome_from_storage_pairs_each_kept_checkpoint_with_its_row_and_the
 def test_a_plan_places_its_folder_under_its_storage():
     plan = RunPlan(name="r1", storage="s3://bucket/runs?endpoint_override=x", loop=print, loop_config={})
     assert plan.path == "s3://bucket/runs/r1?endpoint_override=x"
+
+
+def test_a_ray_train_run_starts_no_helper_it_does_not_need(no_ray, tmp_path):
+    """Ray Train V2 starts a ``DatasetManager`` and a ``PlacementGroupCleaner`` actor for every run: a run
+    with no Ray Dataset goes without the first; a pool's run (the server sweeps its placement groups)
+    without the second; a run with both needs keeps both."""
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    from raymodel.train._ray_train_run import RayTrainRun
+
+    def callbacks(datasets: dict[str, Any], swept: bool) -> list[str]:
+        plan = RunPlan(
+            name="r", storage=str(tmp_path), loop=print, loop_config={}, datasets=datasets, groups_swept=swept
+        )
+        made = RayTrainRun(TinyNet.backend, plan).trainer()._create_default_callbacks()
+        return [type(c).__name__ for c in made]
+
+    data, cleaner = DatasetsCallback.__name__, PlacementGroupCleanerCallback.__name__
+    everything = callbacks({"train": object()}, swept=False)
+    assert data in everything and cleaner in everything  # Ray's own list: what the run filters from
+    assert callbacks({}, swept=False) == [c for c in everything if c != data]
+    assert callbacks({"train": object()}, swept=True) == [c for c in everything if c != cleaner]
+    assert callbacks({}, swept=True) == [c for c in everything if c not in (data, cleaner)]

@@ -72,16 +72,17 @@ def init(
     verbose: bool = False,
     serve_ingress: str | None = None,
     **ray_init_kwargs: Any,
-) -> None:
+) -> bool:
     """Start a local Ray instance, or join a cluster, unless Ray is already running: ``rm.init``
     (``raymodel.jobs.init``) without the training server's settings; its docstring says what each
-    argument does. A local instance started here keeps Ray's dashboard (Train V2 needs its state API)."""
+    argument does. A local instance started here keeps Ray's dashboard (Train V2 needs its state API).
+    Returns whether it started a local instance."""
     import ray
 
     quiet(verbose)
     ingress = resolve_ingress(serve_ingress)  # a bad name fails before Ray starts
     if ray.is_initialized():
-        return
+        return False
     # Train V2's controller collects each `ray.train.report` when it polls the
     # workers (every 2 s by default), and a worker's next report waits for
     # that: 2 s per epoch. A local instance started here polls every 0.2 s;
@@ -112,6 +113,7 @@ def init(
     kwargs.update(ray_init_kwargs)
     ray.init(**kwargs)
     quiet(verbose)
+    return kwargs.get("address") == "local"
 
 
 #: Where Ray's state API clients send their queries when given no address (``ray.util.state``).

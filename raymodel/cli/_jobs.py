@@ -22,7 +22,7 @@ from raymodel._internal.cluster import own_api_server, running_server, server_fi
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
 from raymodel.cli._stop import TERM_WAIT_S, drain, terminate
 from raymodel.exceptions import RayModelError
-from raymodel.jobs import UPDATABLE, init
+from raymodel.jobs import UPDATABLE, init, parse_warm, shown_warm
 
 
 def add_commands(sub: Any) -> None:
@@ -37,6 +37,12 @@ def add_commands(sub: Any) -> None:
         type=float,
         default=None,
         help="seconds an idle pool (a resident worker group) lives before it gives its resources back (default 120)",
+    )
+    start.add_argument(
+        "--warm",
+        default=None,
+        help="pools to start at once and keep warm, BACKEND:WORKERS[,...] (e.g. torch:2,lightning:1; 'none'); "
+        "default: RAYMODEL_WARM, else 'auto' (torch:2 where torch is installed)",
     )
     start.set_defaults(handler=_server_start)
     stop = srv_sub.add_parser(
@@ -101,11 +107,16 @@ def attach() -> None:
     init(address=address)
 
 
+def _cpus(args: argparse.Namespace) -> float:
+    return float(args.num_cpus if args.num_cpus is not None else os.cpu_count() or 1)
+
+
 def _server_start(args: argparse.Namespace) -> None:
     already = running_server()
     if already:
         print(f"a raymodel server is already running at {already['address']}")
         return
+    warm = parse_warm(args.warm, _cpus(args))  # a bad value fails before anything starts
     ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
     temp_dir = f"/tmp/rms-{args.port}"  # short: Ray's socket paths must fit in 107 bytes
     cmd = [
@@ -135,7 +146,7 @@ def _server_start(args: argparse.Namespace) -> None:
     gcs = sorted(set(_processes(temp_dir)) & set(_processes("gcs_server")))
     import ray
 
-    init(address=address, pool_idle_s=args.pool_idle_s)
+    init(address=address, pool_idle_s=args.pool_idle_s, warm=warm)
     ray.get(jobs.server().list.remote())  # started and answering
     server_file().parent.mkdir(parents=True, exist_ok=True)
     server_file().write_text(
@@ -150,6 +161,8 @@ def _server_start(args: argparse.Namespace) -> None:
         )
     )
     print(f"raymodel server running at {address}; attach with rm.init() or RAY_ADDRESS={address}")
+    if warm:
+        print(f"warming pools in the background: {shown_warm(warm)} (`raymodel server status` shows them)")
 
 
 def _server_stop(args: argparse.Namespace) -> int:
@@ -205,8 +218,11 @@ def _server_status(args: argparse.Namespace) -> int:
     now = time.time()
     for pool in pools:
         since = f"idle {now - pool.idle_since:.0f} s" if pool.idle_since else f"busy: {pool.job or 'starting'}"
+        if pool.state == "starting":
+            since = f"warming for {now - pool.started:.0f} s"
         held = ", ".join(f"{v:g} {k}" for k, v in sorted(pool.resources.items()))
-        print(f"  {pool.id}  {pool.key}  holds {held}  {since}  jobs run {pool.jobs_run}")
+        warm = "  warm" if pool.warm else ""
+        print(f"  {pool.id}  {pool.key}  holds {held}  {since}  jobs run {pool.jobs_run}{warm}")
     return 0
 
 

@@ -32,7 +32,7 @@ from raymodel.contract._arrays import (
 )
 from raymodel.contract._backend import DATA_KINDS, UNRECORDED_NAN, Backend, Model, Run, WorkerLoop, worker_resources
 from raymodel.contract._server_port import TrainingServer, provide_training_server, training_server
-from raymodel.contract._table import backends, hook_table, model_classes, register
+from raymodel.contract._table import backends, defined, defined_backends, hook_table, model_classes, register
 from raymodel.contract._training_run import RunEvents, RunOutcome, RunPlan, TrainingRun, failure_text
 
 __all__ = [
@@ -45,6 +45,8 @@ __all__ = [
     "register",
     "model_classes",
     "backends",
+    "defined",
+    "defined_backends",
     "hook_table",
     "rows_of",
     "features_of",

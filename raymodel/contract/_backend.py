@@ -55,6 +55,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     extra: ClassVar[str] = ""
     #: Modules to import (checked before training; pickled by reference, never by value).
     imports: ClassVar[tuple[str, ...]] = ()
+    #: Modules a pool's worker imports while it waits for its first job (what a first set-up imports).
+    worker_imports: ClassVar[tuple[str, ...]] = ()
     #: Distribution names whose versions are recorded in checkpoints.
     packages: ClassVar[tuple[str, ...]] = ()
     #: The Ray Train V2 trainer class, as ``"module.Class"`` (``""`` for a backend whose runs are not Ray
@@ -72,8 +74,7 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     #: True when the worker loop gathers across workers with the framework's own collective
     #: (``WorkerLoop.all_gather``); otherwise the run's hub actor carries the values.
     native_collective: ClassVar[bool] = False
-    #: True when ``TrainSettings.precision``, ``accumulate_grad_batches`` and the gradient clips
-    #: apply (a loop of optimizer steps: torch, Lightning).
+    #: True when the precision, accumulation and clipping settings apply (torch, Lightning).
     gradient_steps: ClassVar[bool] = False
     #: True when ``TrainSettings(num_workers=(min, max))`` (an elastic run) works with this backend.
     elastic: ClassVar[bool] = False
@@ -128,9 +129,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
         return {k: v * max(settings.min_workers, 1) for k, v in per_worker.items()}
 
     def trial_bundles(self, num_workers: int, use_gpu: bool) -> list[dict[str, float]] | None:
-        """The placement group of a Tune trial whose run is not a Ray Train worker group but starts
-        actors of its own from the trial's process (the first bundle is that process). ``None``: a
-        Ray Train run, placed as ``tune/_trial.py`` says."""
+        """The placement group of a Tune trial whose run is not a Ray Train worker group but starts actors
+        of its own from the trial's process (the first bundle). ``None``: placed as ``tune/_trial.py`` says."""
         return None
 
     def worker_loop(self, run: Run) -> WorkerLoop:

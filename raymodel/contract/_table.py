@@ -12,7 +12,9 @@ registers the same way when its class is defined.
 What reads the table:
 
 * ``raymodel.__getattr__``: the lazy names ``rm.RayTorchModel``, ...;
-* the docs' hook table (``hook_table``).
+* the docs' hook table (``hook_table``);
+* ``rm.init``'s default warm pools (``jobs/_warm.py``): the backends of the model classes this
+  process has defined (``defined``, ``defined_backends``).
 
 What the table tells on registration: ``_internal.serialization`` (a
 backend's framework modules are pickled by reference, never by value).
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from raymodel.contract._backend import Backend
 
 _MODELS: dict[str, type] = {}  # backend name -> its model base class
+_DEFINED: dict[str, None] = {}  # the backend names of the model classes defined in this process, in order
 
 
 def register(model_base: type) -> None:
@@ -36,6 +39,17 @@ def register(model_base: type) -> None:
     backend: Backend = model_base.backend  # type: ignore[attr-defined]
     _MODELS.setdefault(backend.name, model_base)
     serialization.pickle_by_reference(*backend.imports)
+
+
+def defined(model_class: type) -> None:
+    """Note a model class (a subclass of a backend's base, defined outside raymodel)."""
+    if not model_class.__module__.startswith("raymodel."):
+        _DEFINED.setdefault(model_class.backend.name)  # type: ignore[attr-defined]
+
+
+def defined_backends() -> list[str]:
+    """The backend names of the model classes this process has defined so far, first defined first."""
+    return list(_DEFINED)
 
 
 def model_classes() -> dict[str, type]:

@@ -71,6 +71,9 @@ class RunPlan:
     #: Whom the run tells of its rows and failures.
     events: tuple[RunEvents, ...] = ()
     verbose: bool = False
+    #: Someone else removes the run's placement groups when the run dies without removing them (the
+    #: training server sweeps those of its pools), so the run need not start a cleaner of its own.
+    groups_swept: bool = False
 
     @property
     def path(self) -> str:

@@ -28,6 +28,7 @@ from raymodel.jobs._listing import (
 from raymodel.jobs._port import ServerClient
 from raymodel.jobs._submit import submit, submit_train, submit_tune, train_and_wait
 from raymodel.jobs._views import Stream, held
+from raymodel.jobs._warm import parse_warm, shown as shown_warm
 
 __all__ = [
     "Job",
@@ -52,6 +53,8 @@ __all__ = [
     "check_register",
     "load_data",
     "split_sets",
+    "parse_warm",
+    "shown_warm",
 ]
 
 #: The drivers below ``raymodel.jobs`` (train, tune, serve, predict) reach the server through this port.

@@ -10,12 +10,13 @@ route or a run takes resources; a Tune trial's job on a pool).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from raymodel._internal import cluster
 from raymodel.exceptions import SettingsError
 from raymodel.jobs._address import NAME, NAMESPACE, find, running_handle
 from raymodel.jobs._constants import DEFAULT_POOL_IDLE_S, DONE
+from raymodel.jobs._warm import parse_warm
 
 __all__ = ["NAME", "NAMESPACE", "running_handle", "server_handle", "init", "follow", "pool_idle_s"]
 
@@ -65,6 +66,7 @@ def init(
     verbose: bool = False,
     serve_ingress: str | None = None,
     pool_idle_s: float | None = None,
+    warm: str | Sequence[tuple[str, int]] | None = None,
     **ray_init_kwargs: Any,
 ) -> None:
     """Start a local Ray instance, or join a cluster, unless Ray is already running.
@@ -85,6 +87,14 @@ def init(
             training server) lives before it ends and gives its resources back
             (default 120 s; also ``RAYMODEL_POOL_IDLE_S``). A server already
             running takes the new value.
+        warm: Pools the training server starts at once, in the background, and
+            keeps warm, so that a first job finds its workers started:
+            ``"torch:2"``, ``"torch:2,lightning:1"``, ``[("torch", 2)]``,
+            ``"auto"`` (torch:2 where torch is installed) or ``"none"``. A job
+            with that backend and ``num_workers`` (default placement) takes the
+            pool, ready or still starting. Default: ``RAYMODEL_WARM``, else
+            ``"auto"`` for a local instance started here; a cluster joined
+            keeps what its server was given.
         **ray_init_kwargs: Passed to ``ray.init`` (e.g. ``num_cpus=2``).
 
     Example:
@@ -95,13 +105,19 @@ def init(
         if isinstance(pool_idle_s, bool) or not isinstance(pool_idle_s, (int, float)) or pool_idle_s < 0:
             raise SettingsError(f"`pool_idle_s` must be a number of seconds >= 0 (got {pool_idle_s!r}).")
         os.environ["RAYMODEL_POOL_IDLE_S"] = str(float(pool_idle_s))
-    cluster.init(address, verbose=verbose, serve_ingress=serve_ingress, **ray_init_kwargs)
-    if pool_idle_s is not None:
-        import ray
+    if warm is not None:
+        parse_warm(warm, cpus=1.0)  # a bad value fails before Ray starts
+    local = cluster.init(address, verbose=verbose, serve_ingress=serve_ingress, **ray_init_kwargs)
+    import ray
 
+    if pool_idle_s is not None:
         server = running_handle()
         if server is not None:
             ray.get(server.set_pool_idle_s.remote(float(pool_idle_s)))
+    if warm is not None or local:
+        specs = parse_warm(warm, cpus=float(ray.cluster_resources().get("CPU", 0.0)))
+        if specs or warm is not None:
+            server_handle().warm.remote(list(specs))  # the server starts them; nothing here waits
 
 
 def follow(job: Any, on_record: Callable[[dict[str, Any]], None], wait_s: float) -> dict[str, Any]:

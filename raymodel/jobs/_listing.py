@@ -20,7 +20,10 @@ class Pool:
         backend: The backend whose trainer runs it (``"torch"``, ...).
         num_workers: Its workers.
         resources: What it holds in all (e.g. ``{"CPU": 2.0}``).
-        state: ``"busy"`` (running a job), ``"idle"`` or ``"ending"``.
+        state: ``"busy"`` (running a job), ``"idle"``, ``"starting"`` (a warm pool whose workers
+            are still starting: a job that fits takes it all the same) or ``"ending"``.
+        warm: Kept warm (``rm.init(warm=...)``, ``raymodel server start --warm``): it does not end
+            for being idle.
         jobs_run: Jobs it has run.
         idle_since: When it became idle (a Unix time), ``None`` while busy.
         job: The job it runs now, if any.
@@ -37,6 +40,7 @@ class Pool:
     idle_since: float | None
     job: str | None
     started: float
+    warm: bool = False
 
 
 def pools() -> list[Pool]:
@@ -51,6 +55,8 @@ def pools() -> list[Pool]:
 
 def _as_pool(info: dict[str, Any]) -> Pool:
     state = "busy" if info["state"] == "starting" else info["state"]
+    if state == "idle" and not info.get("ready", True):
+        state = "starting"
     return Pool(
         id=info["id"],
         key=info["key"],
@@ -62,6 +68,7 @@ def _as_pool(info: dict[str, Any]) -> Pool:
         idle_since=info["idle_since"],
         job=info["job"],
         started=info["started"],
+        warm=bool(info.get("warm")),
     )
 
 

@@ -5,6 +5,20 @@ this run: the backend's own trainer (``TorchTrainer``, ``XGBoostTrainer``, ...) 
 Ray's ``RunConfig`` and ``ScalingConfig`` made here, the plan's ``RunEvents`` told through one Ray Train
 ``UserCallback`` on the run's controller, and Ray's ``Result`` read into a ``RunOutcome``. Ray Train's
 callback and result types are used in this module only.
+
+One use of Ray Train's private API (Ray 2.60), in ``_without``: Train V2 starts helper actors for
+every run through its default callbacks, each a process of its own (about 4-6 s of a core each on
+2 cores, beside the starting workers, which wait for them). Two are dropped where the run does not
+need them:
+
+* the ``DatasetManager`` (``DatasetsCallback``), made with or without Ray Datasets: a run with none
+  (every pool, and every one-off run whose data is not a ``ray.data`` Dataset) reads no shard from it;
+* the ``PlacementGroupCleaner`` (``PlacementGroupCleanerCallback``), which removes the run's
+  placement group if its controller dies: for a pool (``RunPlan.groups_swept``) the training server
+  removes them (``jobs/_server/recovery.py``'s sweep).
+
+The public API that is missing is a trainer without those callbacks; check this when Ray is upgraded
+(``tests/test_training_run.py``).
 """
 
 from __future__ import annotations
@@ -49,13 +63,19 @@ class RayTrainRun:
             resources_per_worker=plan.resources_per_worker,
             **elastic,  # type: ignore[arg-type]
         )
-        return self.backend.make_trainer(
+        trainer = self.backend.make_trainer(
             plan.loop,
             train_loop_config=plan.loop_config,
             scaling_config=scaling,
             run_config=run_config,
             datasets=plan.datasets,
         )
+        from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+        unneeded: tuple[type, ...] = () if plan.datasets else (DatasetsCallback,)
+        unneeded += (PlacementGroupCleanerCallback,) if plan.groups_swept else ()
+        return _without(trainer, unneeded) if unneeded else trainer
 
     def fit(self) -> RunOutcome:
         from ray.train import TrainingFailedError
@@ -99,6 +119,18 @@ class _Events(UserCallback):
         failures = {rank: failure_text(error) for rank, error in worker_exceptions.items()}
         for events in self.events:
             events.workers_failed(dict(failures))
+
+
+def _without(trainer: Any, unneeded: tuple[type, ...]) -> Any:
+    """``trainer`` without those of Train V2's default callbacks that are of the ``unneeded`` types (see
+    the module's docstring)."""
+    defaults = trainer._create_default_callbacks
+
+    def callbacks() -> list[Any]:
+        return [c for c in defaults() if not isinstance(c, unneeded)]
+
+    trainer._create_default_callbacks = callbacks
+    return trainer
 
 
 def _root_message(exc: BaseException) -> str:

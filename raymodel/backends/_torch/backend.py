@@ -23,6 +23,7 @@ class TorchBackend(Backend):
     name = "torch"
     extra = "torch"
     imports: ClassVar[tuple[str, ...]] = ("torch",)
+    worker_imports: ClassVar[tuple[str, ...]] = ("raymodel.backends._torch.loop", "torch._dynamo")  # 1st optimizer
     packages: ClassVar[tuple[str, ...]] = ("torch",)
     trainer = "ray.train.torch.TorchTrainer"
     accepts: ClassVar[tuple[str, ...]] = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")

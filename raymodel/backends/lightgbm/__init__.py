@@ -22,6 +22,7 @@ class LightGBMBackend(TreeBackend):
     name = "lightgbm"
     extra = "lightgbm"
     imports = ("lightgbm",)
+    worker_imports = ("lightgbm",)
     packages = ("lightgbm",)
     trainer = "ray.train.lightgbm.LightGBMTrainer"
     booster_file = "model.txt"

@@ -37,6 +37,7 @@ class LightningBackend(TorchBackend):
     name = "lightning"
     extra = "lightning"
     imports = ("torch", "pytorch_lightning", "lightning")
+    worker_imports = ("raymodel.backends.lightning._loop", "torch._dynamo")
     packages = ("torch", "pytorch-lightning", "lightning")
     accepts = ("arrays", "torch_dataset", "batches", "ray_dataset")
     required_methods = ("setup",)

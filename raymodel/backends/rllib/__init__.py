@@ -49,6 +49,7 @@ class RLlibBackend(TorchBackend):
     name = "rllib"
     extra = "rllib"
     imports = ("torch", "gymnasium", "ray.rllib")
+    worker_imports = ()  # no pool
     packages = ("torch", "gymnasium")
     trainer = ""  # not a Ray Train run: make_run gives an AlgorithmRun (rllib/_run.py)
     accepts = ()

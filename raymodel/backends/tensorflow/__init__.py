@@ -42,6 +42,7 @@ class TensorflowBackend(Backend):
     name = "tensorflow"
     extra = "tensorflow"
     imports = ("tensorflow", "tf_keras")
+    worker_imports = ("raymodel.backends.tensorflow._loop",)
     packages = ("tensorflow", "keras", "tf-keras")
     trainer = "ray.train.tensorflow.TensorflowTrainer"
     accepts = ("arrays",)

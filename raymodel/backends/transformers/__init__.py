@@ -44,6 +44,7 @@ class TransformersBackend(TorchBackend):
     name = "transformers"
     extra = "transformers"
     imports = ("torch", "transformers", "datasets", "accelerate")
+    worker_imports = ("raymodel.backends.transformers._loop", "transformers.trainer", "torch._dynamo")
     packages = ("torch", "transformers", "tokenizers", "datasets", "accelerate")
     accepts = ("torch_dataset",)
     required_methods = ("setup",)

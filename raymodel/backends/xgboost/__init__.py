@@ -19,6 +19,7 @@ class XGBoostBackend(TreeBackend):
     name = "xgboost"
     extra = "xgboost"
     imports = ("xgboost",)
+    worker_imports = ("xgboost",)
     packages = ("xgboost",)
     trainer = "ray.train.xgboost.XGBoostTrainer"
     booster_file = "model.json"

@@ -1,8 +1,11 @@
 """``PoolKeeper``: the training server's part that keeps pools: start, hand out, end, list.
 
-A pool (``jobs/_pools/pool.py``) is started for a job that fits no idle one, ends after
-``pool_idle_s`` idle, at once when other work needs its resources (Ray reports
-pending demand, or ``make_room`` is called), and is killed when it cannot end.
+A pool (``jobs/_pools/pool.py``) is started for a job that fits no idle one, or ahead of any
+job (a warm pool, ``jobs/_warm.py``); it ends after ``pool_idle_s`` idle (a warm one does not), at
+once when other work needs its resources (Ray reports pending demand, or ``make_room`` is called),
+and is killed when it cannot end. A pool still starting with no job is killed at once when it must
+end (its workers would otherwise finish starting only to leave). A warm pool that ended starts
+again once the cluster has room for it and nothing waits.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from raymodel.jobs._server.state import ServerState
 
 #: A pool asked to end that has not after this long is killed.
 _END_S = 30.0
+#: A warm pool that ended starts again no sooner than this, and only when nothing waits.
+_REWARM_S = 10.0
 
 
 class PoolKeeper(ServerState):
@@ -55,11 +60,31 @@ class PoolKeeper(ServerState):
     def set_pool_idle_s(self, seconds: float) -> None:
         self.pool_idle_s = float(seconds)
 
+    def warm(self, specs: list[tuple[str, int]]) -> list[str]:
+        """Keep a pool of each ``(backend, workers)`` warm from now on (``jobs/_warm.py``; ``[]``: none):
+        those not running start now, in the background. Returns the ids of the pools started."""
+        from raymodel.jobs._warm import warm_pool
+
+        with self.lock:
+            self.warm_pools = {}
+            for name, workers in specs:
+                spec, needs = warm_pool(name, int(workers))
+                self.warm_pools[spec["key"]] = (spec, needs)
+            for pool in self.pools.values():
+                pool["warm"] = pool["key"] in self.warm_pools
+            return self._start_warm(check_room=False)
+
     # ---------------------------------------------------------- from runners
     def _start_pool(self, record: dict[str, Any]) -> str:
+        spec = self.extras[record["id"]]["pool"]
+        pool_id = self._new_pool(spec, record["needs"], job_id=record["id"])
+        self._log(record["id"], f"starting pool {pool_id} of {spec['num_workers']} {spec['backend_name']} worker(s)")
+        return pool_id
+
+    def _new_pool(self, spec: dict[str, Any], needs: dict[str, float], job_id: str | None) -> str:
+        """Start a pool of ``spec`` for the job ``job_id`` (``None``: a warm pool, idle until a job takes it)."""
         from raymodel.jobs._pools.pool import PoolActor
 
-        spec = self.extras[record["id"]]["pool"]
         pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"
         actor: Any = (  # an actor handle: its methods' `.remote` are made at run time
             ray.remote(num_cpus=0)(PoolActor)
@@ -69,20 +94,64 @@ class PoolKeeper(ServerState):
         actor.start.remote()
         self.pool_actors[pool_id] = actor
         self.pool_refs[actor.wait_ended.remote()] = pool_id
+        self.ready_refs[actor.wait_ready.remote()] = pool_id
+        now = time.time()
         self.pools[pool_id] = {
             "id": pool_id,
             "key": spec["key"],
             "backend": spec["backend_name"],
             "num_workers": spec["num_workers"],
-            "needs": dict(record["needs"]),
-            "state": "starting",
+            "needs": dict(needs),
+            "state": "starting" if job_id else "idle",
+            "ready": False,
+            "warm": spec["key"] in self.warm_pools,
             "jobs_run": 0,
-            "started": time.time(),
-            "idle_since": None,
-            "job": record["id"],
+            "started": now,
+            "idle_since": None if job_id else now,
+            "job": job_id,
         }
-        self._log(record["id"], f"starting pool {pool_id} of {spec['num_workers']} {spec['backend_name']} worker(s)")
+        self.changed.notify_all()
         return pool_id
+
+    def _start_warm(self, check_room: bool = True) -> list[str]:
+        """Start each warm pool that is not running (``check_room``: only where the cluster has room for
+        it now, nothing is queued and nothing else waits for resources, ``_REWARM_S`` after the last)."""
+        missing = [k for k in self.warm_pools if not any(p["key"] == k for p in self.pools.values())]
+        if not missing or self.draining:
+            return []
+        if check_room:
+            if time.monotonic() - self._warmed < _REWARM_S or any(
+                r["status"] == "PENDING" for r in self.records.values()
+            ):
+                return []
+            self._warmed = time.monotonic()  # Ray's demand is asked once per _REWARM_S at most
+            if pending_demand():
+                return []
+        started = []
+        available = {k: float(v) for k, v in ray.available_resources().items()}
+        for key in missing:
+            spec, needs = self.warm_pools[key]
+            if check_room and fits(needs, available) is not None:
+                continue
+            available = {k: available.get(k, 0.0) - needs.get(k, 0.0) for k in set(available) | set(needs)}
+            pool_id = self._new_pool(spec, needs, job_id=None)
+            print(f"warming pool {pool_id} of {spec['num_workers']} {spec['backend_name']} worker(s)", flush=True)
+            started.append(pool_id)
+        self._warmed = time.monotonic()
+        return started
+
+    def _pool_ready(self, pool_id: str, ref: Any) -> None:
+        """The pool's ``wait_ready`` answered: ``True`` once every worker has started and asked for a job."""
+        try:
+            ready = bool(ray.get(ref))
+        except Exception:  # noqa: BLE001 - its process died: `_pool_ended` says so
+            ready = False
+        with self.changed:
+            pool = self.pools.get(pool_id)
+            if pool is not None and ready:
+                pool["ready"] = True
+                print(f"pool {pool_id} ready in {time.time() - pool['started']:.1f} s", flush=True)
+                self.changed.notify_all()
 
     def _end_pool(self, pool_id: str, why: str, force: bool = False) -> None:
         """End a pool: gracefully (its idle workers return, Ray Train releases their resources), or with
@@ -91,6 +160,8 @@ class PoolKeeper(ServerState):
         pool = self.pools.get(pool_id)
         if pool is None or (pool["state"] == "ending" and not force):
             return
+        if not pool.get("ready") and pool["job"] is None:
+            force = True  # a warm pool still starting: its workers would finish starting only to leave
         pool.update(state="ending", ended_because=why, ending_since=time.time())
         if force:
             ray.kill(self.pool_actors[pool_id])
@@ -107,7 +178,7 @@ class PoolKeeper(ServerState):
                     self._end_pool(pool["id"], f"it did not end within {_END_S:g} s", force=True)
             idle = [p for p in self.pools.values() if p["state"] == "idle"]
             for pool in idle:
-                if now - pool["idle_since"] >= self.pool_idle_s:
+                if not pool.get("warm") and now - pool["idle_since"] >= self.pool_idle_s:
                     self._end_pool(pool["id"], f"idle for {self.pool_idle_s:g} s")
             idle = [p for p in idle if p["state"] == "idle"]
         if idle and time.monotonic() - self._demand_checked >= 1.0:
@@ -127,6 +198,11 @@ class PoolKeeper(ServerState):
                     if any(fits(bundle, room) is None for bundle in demands):
                         self._end_pool(pool["id"], "other work waits for its resources")
 
+    def _rewarm(self) -> None:
+        if self.warm_pools:
+            with self.lock:
+                self._start_warm()
+
     def _pool_ended(self, pool_id: str, ref: Any) -> None:
         try:
             why = ray.get(ref)
@@ -135,6 +211,8 @@ class PoolKeeper(ServerState):
         with self.changed:
             pool = self.pools.pop(pool_id, None)
             actor = self.pool_actors.pop(pool_id, None)
+            if pool is not None and pool.get("warm"):
+                self._warmed = time.monotonic()  # warmed again no sooner than _REWARM_S from now
             self.changed.notify_all()
         if actor is not None and pool is not None and pool["state"] == "busy":
             # Its job's `run_job` returns the pool's reason within a moment: killed now, the job would

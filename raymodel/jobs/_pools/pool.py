@@ -53,6 +53,7 @@ class PoolActor:
         self.ended: str | None = None  # why the run ended, once it has
         self.broken: str | None = None
         self.waiting: set[int] = set()  # ranks waiting in `take` for a job
+        self.joined: set[int] = set()  # ranks that have asked for a job at least once
         self.restarting = False  # the pool asked Ray Train to restart its worker group
         self.gather_hub: Any = None
         self.thread = threading.Thread(target=self._fit, name="raymodel-pool", daemon=True)
@@ -78,12 +79,13 @@ class PoolActor:
             name=self.pool_id,
             storage=locations.home_path("pools"),  # Ray Train's own files: no job writes here
             loop=pool_worker,
-            loop_config={"pool": me, "gather_hub": self.gather_hub},
+            loop_config={"pool": me, "gather_hub": self.gather_hub, "imports": self.backend.worker_imports},
             num_workers=self.num_workers,
             use_gpu=self.use_gpu,
             resources_per_worker=resources or None,
             max_failures=-1,  # each job counts its own
             events=(PoolFailures(me),),
+            groups_swept=True,  # the server removes a dead pool's placement groups (its sweep)
         )
         try:
             ray_train_run(self.backend, plan).fit()
@@ -102,6 +104,12 @@ class PoolActor:
         self.thread.join()
         stop_hub(self.gather_hub)
         return self.ended or "ended"
+
+    def wait_ready(self) -> bool:
+        """Returns once every worker has started and asked for a job (``True``), or the run has ended."""
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.joined) >= self.num_workers or self.ended is not None)
+            return len(self.joined) >= self.num_workers
 
     def end(self) -> None:
         """End the pool once it is idle: its workers return, Ray Train releases their resources."""
@@ -182,6 +190,7 @@ class PoolActor:
         raise, so that Ray Train restarts the worker group."""
         with self.cond:
             self.waiting.add(rank)
+            self.joined.add(rank)
             self.cond.notify_all()
             try:
                 while True:
@@ -267,6 +276,9 @@ def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
 
     pool = config["pool"]
     rank = ray.train.get_context().get_world_rank()
+    # What a first job's set-up would import, imported while the worker waits for it (a job that comes
+    # at once waits on the same import's lock: it loses nothing).
+    threading.Thread(target=_import, args=(config.get("imports", ()),), name="raymodel-imports", daemon=True).start()
     last = (0, 0)
     while True:
         job = ray.get(pool.take.remote(rank, *last))
@@ -277,6 +289,16 @@ def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
         last = (job["seq"], job["attempt"])
         outcome = run_on_worker(job, config.get("gather_hub"))
         ray.get(pool.finished.remote(job["seq"], job["attempt"], rank, outcome))
+
+
+def _import(modules: tuple[str, ...]) -> None:
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the job that needs it imports it again and says what is wrong
+            pass
 
 
 def run_on_worker(job: dict[str, Any], gather_hub: Any) -> dict[str, Any]:

@@ -66,6 +66,9 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         self.pools = {}
         self.pool_actors = {}
         self.pool_refs = {}  # each pool's end
+        self.ready_refs = {}  # each pool's readiness
+        self.warm_pools = {}  # kept warm (`warm`)
+        self._warmed = -1e9
         self._demand_checked = 0.0
         self.row_times = {}  # when each row arrived (epoch times: ETAs)
         self.alive_nodes = set()
@@ -255,6 +258,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
             try:
                 self._reap(timeout=0.25)
                 self._expire_pools()
+                self._rewarm()
                 self._watch_waits()
                 self._schedule()
                 self._prune()
@@ -264,12 +268,15 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
                 time.sleep(0.5)
 
     def _reap(self, timeout: float) -> None:
-        refs = list(self.done_refs) + list(self.pool_refs)
+        refs = list(self.done_refs) + list(self.pool_refs) + list(self.ready_refs)
         if not refs:
             time.sleep(timeout)
             return
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         for ref in ready:
+            if ref in self.ready_refs:
+                self._pool_ready(self.ready_refs.pop(ref), ref)
+                continue
             if ref in self.pool_refs:
                 self._pool_ended(self.pool_refs.pop(ref), ref)
                 continue

@@ -21,6 +21,8 @@ class ServerState:
     pools: dict[str, dict[str, Any]]  # pool id -> its record
     pool_actors: dict[str, Any]  # pool id -> its PoolActor
     pool_refs: dict[Any, str]  # each pool's end -> its id
+    ready_refs: dict[Any, str]  # each pool's readiness (every worker started) -> its id
+    warm_pools: dict[str, tuple[dict[str, Any], dict[str, float]]]  # pool key -> (spec, needs): kept warm
     row_times: dict[str, list[float]]  # when each row arrived (epoch times: ETAs)
     alive_nodes: set[str]
     lost_nodes: dict[str, float]  # node id -> when it was seen dead
@@ -30,6 +32,7 @@ class ServerState:
     _pruned: float
     _swept: float
     _demand_checked: float
+    _warmed: float  # when warm pools were last looked at (monotonic)
     _nodes_checked: float
     draining: bool  # the head is going down (`raymodel server stop`): no job starts
 

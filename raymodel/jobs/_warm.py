@@ -1,0 +1,121 @@
+"""Warm pools: the pools the training server starts before any job asks (``--warm torch:2``).
+
+``raymodel server start --warm torch:2,lightning:1`` (or ``rm.init(warm=...)``, or
+``RAYMODEL_WARM``) names a backend and a number of workers for each pool. The
+server starts them in the background once it is up, each as a job of that
+backend with default placement would (``TrainSettings(num_workers=n)``: one CPU
+per worker): a job with those settings takes the pool, ready or still starting,
+instead of starting one of its own. A warm pool does not end for being idle; it
+ends when other work needs its resources, and starts again when they are free.
+
+Without a setting, the default is ``auto``: a pool of 2 workers (1 on a one-CPU
+cluster) for the backend of each model class the process has defined (RLlib's
+has no pool), or for torch where it has defined none; ``none`` warms nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Sequence
+
+from raymodel.exceptions import SettingsError
+
+#: ``(backend name, workers)`` of each warm pool.
+WarmSpec = tuple[str, int]
+
+ENV = "RAYMODEL_WARM"
+
+
+def parse_warm(value: str | Sequence[WarmSpec] | None, cpus: float) -> tuple[WarmSpec, ...]:
+    """The warm pools ``value`` names: ``"torch:2,lightning:1"``, ``[("torch", 2)]``, ``"auto"`` (the
+    default for a cluster of ``cpus`` CPUs), or ``"none"``/``""``. ``None`` reads ``RAYMODEL_WARM``
+    (``auto`` when unset). A bad value is a ``SettingsError`` that says what is wrong."""
+    if value is None:
+        value = os.environ.get(ENV, "auto")
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "none", "off", "0"):
+            return ()
+        if text == "auto":
+            return default_warm(cpus)
+        pairs: list[tuple[str, Any]] = []
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            name, sep, count = part.partition(":")
+            if not sep:
+                raise SettingsError(
+                    f"Warm pool `{part}` needs a number of workers: BACKEND:WORKERS, e.g. `torch:2` "
+                    "(several: `torch:2,lightning:1`; none: `none`)."
+                )
+            pairs.append((name.strip(), count.strip()))
+    else:
+        pairs = [tuple(p) for p in value]  # type: ignore[misc]
+    return tuple(_checked(name, count) for name, count in pairs)
+
+
+def _checked(name: str, count: Any) -> WarmSpec:
+    poolable = pool_backends()
+    if name not in poolable:
+        raise SettingsError(
+            f"No backend `{name}` runs on pools: warm one of {', '.join(sorted(poolable))}"
+            + (" (RLlib's Algorithm starts with its job: it has no pool)." if name == "rllib" else ".")
+        )
+    try:
+        workers = int(count)
+    except (TypeError, ValueError):
+        workers = 0
+    if isinstance(count, bool) or workers < 1 or str(workers) != str(count).strip():
+        raise SettingsError(f"Warm pool `{name}:{count}`: the number of workers must be a whole number >= 1.")
+    return name, workers
+
+
+def pool_backends() -> dict[str, Any]:
+    """``{name: Backend}`` of every registered backend that runs on pools."""
+    from raymodel.contract import backends
+
+    return {b.name: b for b in backends() if b.on_ray_train}
+
+
+def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
+    """``auto``: a pool of 2 workers (1 on a one-CPU cluster) for the backend of each model class this
+    process has defined (none for RLlib's: it has no pool), or for torch where it has defined none and
+    torch is installed; as many as the cluster's CPUs hold."""
+    from raymodel.contract import defined_backends
+
+    poolable = pool_backends()
+    names = [n for n in defined_backends() if n in poolable]
+    if not defined_backends() and importlib.util.find_spec("torch") is not None:
+        names = ["torch"]
+    out: list[WarmSpec] = []
+    left = int(cpus)
+    for name in names:
+        if left < 1:
+            break
+        out.append((name, min(2, left)))
+        left -= out[-1][1]
+    return tuple(out)
+
+
+def warm_pool(name: str, workers: int) -> tuple[dict[str, Any], dict[str, float]]:
+    """``(pool spec, needs)`` of a warm pool: what a job of backend ``name`` with
+    ``TrainSettings(num_workers=workers)`` asks for (``jobs/_request.py``), so that such a job takes it."""
+    from raymodel._internal import serialization
+    from raymodel.jobs._request import pool_key
+    from raymodel.train import TrainSettings, worker_resources
+
+    backend = pool_backends()[name]
+    settings = TrainSettings(num_workers=workers)
+    per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
+    spec = {
+        "key": pool_key(name, settings.max_workers, per_worker),
+        "backend": serialization.dumps(backend, type(backend)),
+        "backend_name": name,
+        "num_workers": workers,
+        "per_worker": per_worker,
+        "use_gpu": False,
+    }
+    return spec, dict(backend.run_needs(settings))
+
+
+def shown(specs: Sequence[WarmSpec]) -> str:
+    return ",".join(f"{name}:{n}" for name, n in specs) or "none"

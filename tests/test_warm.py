@@ -1,0 +1,101 @@
+"""Warm pools (``rm.init(warm=...)``, ``raymodel server start --warm``): what they parse to, and that a
+job of the same backend and workers asks for exactly the pool warmed. On Ray: tests/test_pools.py."""
+
+from __future__ import annotations
+
+import pytest
+from models import TinyNet
+
+import raymodel as rm
+from raymodel.contract import _table
+from raymodel.exceptions import SettingsError
+from raymodel.jobs import parse_warm
+
+
+def test_warm_pools_parse_from_text_a_list_the_environment_and_auto(monkeypatch):
+    assert parse_warm("torch:2, lightning:1", cpus=4) == (("torch", 2), ("lightning", 1))
+    assert parse_warm([("xgboost", 3)], cpus=4) == (("xgboost", 3),)
+    for nothing in ("none", "", "off"):
+        assert parse_warm(nothing, cpus=4) == ()
+    monkeypatch.setattr(_table, "_DEFINED", {})
+    assert parse_warm("auto", cpus=8) == (("torch", 2),)  # no model class defined: torch (installed here)
+    assert parse_warm("auto", cpus=1) == (("torch", 1),)
+    assert parse_warm("auto", cpus=0) == ()
+
+    class Booster(rm.RayXGBoostModel):
+        pass
+
+    class Balancer(rm.RayRLlibModel):
+        pass
+
+    class Tagger(rm.RayTransformersModel):
+        pass
+
+    # the backends of the classes defined, in order (RLlib's has no pool), as many as the CPUs hold
+    assert parse_warm("auto", cpus=8) == (("xgboost", 2), ("transformers", 2))
+    assert parse_warm("auto", cpus=3) == (("xgboost", 2), ("transformers", 1))
+    monkeypatch.setattr(_table, "_DEFINED", {})
+
+    class OnlyRL(rm.RayRLlibModel):
+        pass
+
+    assert parse_warm("auto", cpus=8) == ()
+    monkeypatch.setattr(_table, "_DEFINED", {})
+    monkeypatch.setenv("RAYMODEL_WARM", "lightgbm:2")
+    assert parse_warm(None, cpus=4) == (("lightgbm", 2),)
+    monkeypatch.delenv("RAYMODEL_WARM")
+    assert parse_warm(None, cpus=2) == (("torch", 2),)  # unset: auto
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("torch", "needs a number of workers: BACKEND:WORKERS"),
+        ("torch:0", "whole number >= 1"),
+        ("torch:1.5", "whole number >= 1"),
+        ("torch:two", "whole number >= 1"),
+        ("pytorch:2", "No backend `pytorch` runs on pools: warm one of "),
+        ("rllib:1", "RLlib's Algorithm starts with its job"),
+    ],
+)
+def test_a_bad_warm_value_says_what_is_wrong(value, says):
+    with pytest.raises(SettingsError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        parse_warm(value, cpus=2)
+    with pytest.raises(SettingsError, match="runs on pools|BACKEND:WORKERS|whole number"):
+        rm.init(warm=value)  # before Ray starts
+
+
+def test_a_job_with_default_placement_asks_for_the_warm_pool(tiny_data):
+    """The warm pool's key and resources are those of a job of that backend and worker count: a job with
+    default placement takes it; one with other resources does not."""
+    from raymodel.jobs._request import train_request
+    from raymodel.jobs._warm import warm_pool
+    from raymodel.train import prepare
+
+    spec, needs = warm_pool("torch", 2)
+    for settings, same in (
+        ({"num_workers": 2, "num_epochs": 1, "progress": False}, True),
+        ({"num_workers": 2, "num_epochs": 4, "batch_size": 3, "priority": 5, "progress": False}, True),
+        ({"num_workers": 1, "num_epochs": 1, "progress": False}, False),
+        ({"num_workers": 2, "resources_per_worker": {"CPU": 0.5}, "progress": False}, False),
+    ):
+        model = TinyNet()
+        checked, data = prepare(model, rm.TrainSettings(**settings), tiny_data)
+        _, request = train_request(model, checked, data)
+        assert (request["pool"]["key"] == spec["key"]) is same, settings
+        if same:
+            assert request["needs"] == needs and request["pool"]["num_workers"] == spec["num_workers"]
+
+
+def test_what_a_pools_workers_import_ahead_exists():
+    """``Backend.worker_imports``: what a pool's worker imports while it waits for its first job; a name
+    that does not resolve would be skipped in silence (the job imports it anyway), so it is checked here."""
+    import importlib.util
+
+    from raymodel.contract import backends
+
+    for backend in backends():
+        for module in backend.worker_imports:
+            assert importlib.util.find_spec(module) is not None, (backend.name, module)
+        if backend.on_ray_train and backend.name in ("torch", "lightning", "transformers"):
+            assert "torch._dynamo" in backend.worker_imports  # the first optimizer's import (~2 s)
