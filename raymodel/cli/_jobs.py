@@ -213,7 +213,7 @@ def _server_status(args: argparse.Namespace) -> int:
     )
     pools = jobs.pools()
     print(
-        f"pools: {len(pools) or 'none'}" + (" (resident worker groups; idle ones end by themselves)" if pools else "")
+        f"pools: {len(pools) or 'none'}" + (" (resident worker groups; idle ones end by themselves, warm ones stay)" if pools else "")
     )
     now = time.time()
     for pool in pools:
