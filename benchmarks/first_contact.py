@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
@@ -216,6 +217,9 @@ def _no_ray_left(timeout: float = 60.0) -> None:
 
 def _env(home: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYMODEL_WARM")}
+    token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if token or Path.home().joinpath(".ray", "auth_token").is_file():  # token auth, as raymodel turns it on
+        env.setdefault("RAY_AUTH_MODE", "token")
     path = os.pathsep.join(filter(None, [str(HERE), str(EXAMPLES), env.get("PYTHONPATH")]))
     return {**env, **RAY_ENV, "PYTHONPATH": path, "RAYMODEL_HOME": home,
             "RAYMODEL_SERVER_FILE": os.path.join(home, "server.json"), "PYTHONUNBUFFERED": "1"}  # fmt: skip
@@ -271,6 +275,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4, help="new processes per server (default 4)")
     parser.add_argument("--warm-jobs", type=int, default=20)
     parser.add_argument("--only", default=",".join(BACKENDS))
+    parser.add_argument("--phases", default="cold,server", help="cold (nothing running), server, or both")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -280,12 +285,19 @@ def main() -> None:
     env = {**_env(home), "WARM_JOBS": str(args.warm_jobs)}
     cpus = os.cpu_count()
     print(f"first contact: each side a fresh process, start to end; {cpus} CPUs; {args.reps} reps in turns")
-    runs = nothing_running(backends, args.reps, env)
+    phases = args.phases.split(",")
+    runs = nothing_running(backends, args.reps, env) if "cold" in phases else {}
     servers = {}
-    for backend in backends:
+    for backend in backends if "server" in phases else ():
         servers[backend] = with_server(backend, args.processes, env)
         print(f"  server for {backend} done", flush=True)
+    if runs:
+        report_cold(backends, runs)
+    if servers:
+        report_servers(servers, args.warm_jobs)
 
+
+def report_cold(backends: list[str], runs: dict[str, dict[str, list[dict]]]) -> None:
     print("\n## nothing running: a fresh process with its own local Ray, median [range]")
     inits = []
     for backend in backends:
@@ -297,7 +309,14 @@ def main() -> None:
         print(f"{backend:>13}: hand-written {_median(hand)}  raymodel {_median(mine)}  "
               f"{ratio:.2f}x (goal <= {goal:g}x: {'met' if ratio <= goal else 'NOT met'})")  # fmt: skip
     print(f"rm.init() itself (a local Ray started, the server asked to warm): {_median(inits)} (goal <= 3 s)")
+    print("\nmarks of each process, nothing running (s from its start; wall: to its exit, Ray's shutdown included):")
+    for backend in backends:
+        for side in ("hand", "rm"):
+            for r in runs[backend][side]:
+                print(f"  {backend} {side}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.items()))
 
+
+def report_servers(servers: dict[str, dict[str, object]], warm_jobs: int) -> None:
     print("\n## a server started earlier: each new process, start to end (the first right after the start)")
     for backend, out in servers.items():
         rm_walls = [r["wall"] for r in out["rm"]]  # type: ignore[union-attr]
@@ -308,19 +327,19 @@ def main() -> None:
               f"`ray start --head` {out['hand_start']:.1f} s; hand-written processes "
               + ", ".join(f"{w:.1f}" for w in hand_walls) + " s; "
               f"ratio of medians {statistics.median(rm_walls) / statistics.median(hand_walls):.2f}x")  # fmt: skip
-    warm = servers.get("torch", {}).get("warm")
+    warm: Any = servers.get("torch", {}).get("warm")
     if warm:
         print(
-            f"\n## a warm job (one process, {args.warm_jobs} jobs): wall p50 {warm['wall_p50']:.3f} s, "
+            f"\n## a warm job (one process, {warm_jobs} jobs): wall p50 {warm['wall_p50']:.3f} s, "
             f"p95 {warm['wall_p95']:.3f} s (goal p50 <= 0.25 s: {'met' if warm['wall_p50'] <= 0.25 else 'NOT met'}); "
             f"first row p50 {warm['first_row_p50']:.3f} s, p95 {warm['first_row_p95']:.3f} s "
             f"(goal <= 0.1 s: {'met' if warm['first_row_p50'] <= 0.1 else 'NOT met'})"
         )
-    print("\nmarks of each raymodel process, nothing running (s from its start):")
-    for backend in backends:
-        for r in runs[backend]["rm"]:
-            print(f"  {backend}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.items()))
-    return None
+    print("\nmarks of each process with a server (s from its start):")
+    for backend, out in servers.items():
+        for side in ("rm", "hand"):
+            for r in out[side]:  # type: ignore[attr-defined]
+                print(f"  {backend} {side}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.items()))
 
 
 if __name__ == "__main__":

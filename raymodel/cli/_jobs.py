@@ -212,9 +212,8 @@ def _server_status(args: argparse.Namespace) -> int:
         + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none")
     )
     pools = jobs.pools()
-    print(
-        f"pools: {len(pools) or 'none'}" + (" (resident worker groups; idle ones end by themselves, warm ones stay)" if pools else "")
-    )
+    note = " (resident worker groups; idle ones end by themselves, warm ones stay)" if pools else ""
+    print(f"pools: {len(pools) or 'none'}{note}")
     now = time.time()
     for pool in pools:
         since = f"idle {now - pool.idle_since:.0f} s" if pool.idle_since else f"busy: {pool.job or 'starting'}"

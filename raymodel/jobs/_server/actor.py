@@ -272,7 +272,9 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         if not refs:
             time.sleep(timeout)
             return
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        # Back at the first end (a job's, a pool's): a job's caller waits for it. Then every other that is in.
+        first, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+        ready = first + (ray.wait(rest, num_returns=len(rest), timeout=0)[0] if first and rest else [])
         for ref in ready:
             if ref in self.ready_refs:
                 self._pool_ready(self.ready_refs.pop(ref), ref)
