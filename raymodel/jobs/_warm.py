@@ -6,7 +6,8 @@ server starts them in the background once it is up, each as a job of that
 backend with default placement would (``TrainSettings(num_workers=n)``: one CPU
 per worker): a job with those settings takes the pool, ready or still starting,
 instead of starting one of its own. A warm pool does not end for being idle; it
-ends when other work needs its resources, and starts again when they are free.
+ends when other work needs its resources, and starts again once the server has
+had no job and the cluster room for it for a while (``jobs/_pools/keeper.py``).
 
 Without a setting, the default is ``auto``: a pool of 2 workers (1 on a one-CPU
 cluster) for the backend of each model class the process has defined (RLlib's

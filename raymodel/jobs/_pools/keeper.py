@@ -5,7 +5,7 @@ job (a warm pool, ``jobs/_warm.py``); it ends after ``pool_idle_s`` idle (a warm
 once when other work needs its resources (Ray reports pending demand, or ``make_room`` is called),
 and is killed when it cannot end. A pool still starting with no job is killed at once when it must
 end (its workers would otherwise finish starting only to leave). A warm pool that ended starts
-again once the cluster has room for it and nothing waits.
+again once the server has no job and the cluster room for it, at two looks 10 s apart.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ import ray
 
 from raymodel._internal import cluster
 from raymodel.jobs._address import NAMESPACE
+from raymodel.jobs._constants import ACTIVE
 from raymodel.jobs._server.queue import fits
 from raymodel.jobs._server.state import ServerState
 
 #: A pool asked to end that has not after this long is killed.
 _END_S = 30.0
-#: A warm pool that ended starts again no sooner than this, and only when nothing waits.
+#: How often the server looks whether a warm pool that ended can start again (it does when two looks
+#: in a row find no job, room for it, and nothing waiting for resources).
 _REWARM_S = 10.0
 
 
@@ -114,21 +116,27 @@ class PoolKeeper(ServerState):
         return pool_id
 
     def _start_warm(self, check_room: bool = True) -> list[str]:
-        """Start each warm pool that is not running (``check_room``: only where the cluster has room for
-        it now, nothing is queued and nothing else waits for resources, ``_REWARM_S`` after the last)."""
+        """Start each warm pool that is not running. With ``check_room``: only once the server has had no
+        job and the cluster room for them, with nothing waiting for resources, at two looks ``_REWARM_S``
+        apart (so not in a gap between another's tasks or trials)."""
         missing = [k for k in self.warm_pools if not any(p["key"] == k for p in self.pools.values())]
         if not missing or self.draining:
             return []
+        available = {k: float(v) for k, v in ray.available_resources().items()}
         if check_room:
-            if time.monotonic() - self._warmed < _REWARM_S or any(
-                r["status"] == "PENDING" for r in self.records.values()
-            ):
+            if time.monotonic() - self._warmed < _REWARM_S:
                 return []
-            self._warmed = time.monotonic()  # Ray's demand is asked once per _REWARM_S at most
-            if pending_demand():
+            self._warmed = time.monotonic()  # looked at (Ray's demand asked) once per _REWARM_S at most
+            total: dict[str, float] = {}
+            for key in missing:
+                for name, amount in self.warm_pools[key][1].items():
+                    total[name] = total.get(name, 0.0) + amount
+            idle = not any(r["status"] in ACTIVE for r in self.records.values())
+            room = idle and fits(total, available) is None and not pending_demand()
+            seen, self._room_seen = self._room_seen, room
+            if not (room and seen):
                 return []
         started = []
-        available = {k: float(v) for k, v in ray.available_resources().items()}
         for key in missing:
             spec, needs = self.warm_pools[key]
             if check_room and fits(needs, available) is not None:
@@ -212,7 +220,7 @@ class PoolKeeper(ServerState):
             pool = self.pools.pop(pool_id, None)
             actor = self.pool_actors.pop(pool_id, None)
             if pool is not None and pool.get("warm"):
-                self._warmed = time.monotonic()  # warmed again no sooner than _REWARM_S from now
+                self._warmed, self._room_seen = time.monotonic(), False  # looked at again in _REWARM_S
             self.changed.notify_all()
         if actor is not None and pool is not None and pool["state"] == "busy":
             # Its job's `run_job` returns the pool's reason within a moment: killed now, the job would

@@ -69,6 +69,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         self.ready_refs = {}  # each pool's readiness
         self.warm_pools = {}  # kept warm (`warm`)
         self._warmed = -1e9
+        self._room_seen = False
         self._demand_checked = 0.0
         self.row_times = {}  # when each row arrived (epoch times: ETAs)
         self.alive_nodes = set()

@@ -33,6 +33,7 @@ class ServerState:
     _swept: float
     _demand_checked: float
     _warmed: float  # when warm pools were last looked at (monotonic)
+    _room_seen: bool  # whether the last look found room for them
     _nodes_checked: float
     draining: bool  # the head is going down (`raymodel server stop`): no job starts
 
