@@ -44,7 +44,8 @@ print("demo: done")
 
 #: raymodel's own lines: epoch and trial progress, the tuning summary, the script's prints.
 OURS = [
-    r"\[DigitsNet\] (epoch \d+/\d+|trial \d+ |\d+ trials; best |starting a pool of \d+ torch worker|waiting for )",
+    r"\[DigitsNet\] (epoch \d+/\d+|trial \d+ |\d+ trials; best |starting a pool of \d+ torch worker"
+    r"|a warm pool of \d+ torch worker|waiting for )",
     r"demo: ",
     r"rank\s+trial\s+",
     r"\d+\s+\w+_\d{5}\s+",

@@ -84,6 +84,8 @@ def test_a_used_pool_trains_exactly_as_a_fresh_one_and_no_job_leaks_into_the_nex
     fresh = fresh_model.train(TWO, data=tiny_data)
     (pool,) = rm.jobs.pools()
     assert (pool.id, pool.state, pool.jobs_run, pool.num_workers, pool.resources) == (warm, "idle", 1, 2, {"CPU": 2.0})
+    log = rm.jobs.get(rm.jobs.records()[-1]["id"]).logs()  # what a blocking call says while it waits
+    assert f"taking warm pool {warm} of 2 torch worker(s)" in log and " starting pool " not in log
     ray_session.get(rm.jobs.server().warm.remote([]))  # kept, as a plain pool: it ends when idle
     assert not rm.jobs.pools()[0].warm
 

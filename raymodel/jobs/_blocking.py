@@ -81,10 +81,13 @@ def _await(job: Job, printer: Any) -> dict[str, Any]:
                 shown[reason] = now
             return
         if record["status"] == "RUNNING" and not reason:
-            starting = [line for line in record.get("log", ()) if " starting pool " in line]
-            if starting:  # "... starting pool <id> of 2 torch worker(s)"
+            log = record.get("log", ())
+            starting = [line for line in log if " starting pool " in line or " taking warm pool " in line]
+            if starting:  # "... starting pool <id> of 2 torch worker(s)", "... taking warm pool <id> of ..."
                 workers = starting[0].split(" of ", 1)[1]
                 reason = f"starting a pool of {workers} (once: later runs reuse them)"
+                if " taking warm pool " in starting[0]:
+                    reason = f"a warm pool of {workers} is still starting (once: later runs reuse it)"
         now = time.monotonic()
         if reason and now - started > _QUIET_S and now - shown.get(reason, -1e9) > _REPEAT_S:
             repeat = reason in shown and not reason.startswith("starting a pool")

@@ -141,6 +141,9 @@ class Scheduler(ServerState):
         self.row_times.pop(job_id, None)
         again = " again, from its newest checkpoint" if record.get("preempted_by") or record.get("resume") else ""
         self._log(job_id, "started" + (f" on pool {pool_id}" if pool_id else "") + again)
+        warming = self.pools[pool_id] if pool_id is not None else {}
+        if warming.get("warm") and not warming.get("ready") and not warming.get("jobs_run"):
+            self._log(job_id, f"taking warm pool {pool_id} of {warming['num_workers']} {warming['backend']} worker(s)")
         self._save(job_id)
         self.changed.notify_all()
 
