@@ -90,7 +90,8 @@ def init(
         warm: Pools the training server starts at once, in the background, and
             keeps warm, so that a first job finds its workers started:
             ``"torch:2"``, ``"torch:2,lightning:1"``, ``[("torch", 2)]``,
-            ``"auto"`` (torch:2 where torch is installed) or ``"none"``. A job
+            ``"none"``, or ``"auto"``: 2 workers for the backend of each model
+            class this process has defined (torch's where none). A job
             with that backend and ``num_workers`` (default placement) takes the
             pool, ready or still starting. Default: ``RAYMODEL_WARM``, else
             ``"auto"`` for a local instance started here; a cluster joined

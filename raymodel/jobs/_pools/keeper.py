@@ -122,10 +122,10 @@ class PoolKeeper(ServerState):
         missing = [k for k in self.warm_pools if not any(p["key"] == k for p in self.pools.values())]
         if not missing or self.draining:
             return []
+        if check_room and time.monotonic() - self._warmed < _REWARM_S:
+            return []
         available = {k: float(v) for k, v in ray.available_resources().items()}
         if check_room:
-            if time.monotonic() - self._warmed < _REWARM_S:
-                return []
             self._warmed = time.monotonic()  # looked at (Ray's demand asked) once per _REWARM_S at most
             total: dict[str, float] = {}
             for key in missing:

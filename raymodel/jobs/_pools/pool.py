@@ -278,7 +278,8 @@ def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
     rank = ray.train.get_context().get_world_rank()
     # What a first job's set-up would import, imported while the worker waits for it (a job that comes
     # at once waits on the same import's lock: it loses nothing).
-    importer = threading.Thread(target=_import, args=(config.get("imports", ()),), name="raymodel-imports")
+    imports = config.get("imports", ())
+    importer = threading.Thread(target=_import, args=(imports,), name="raymodel-imports", daemon=True)
     importer.start()
     frozen = False
     last = (0, 0)
