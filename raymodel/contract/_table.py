@@ -43,8 +43,9 @@ def register(model_base: type) -> None:
 
 def defined(model_class: type) -> None:
     """Note a model class (a subclass of a backend's base, defined outside raymodel)."""
-    if not model_class.__module__.startswith("raymodel."):
-        _DEFINED.setdefault(model_class.backend.name)  # type: ignore[attr-defined]
+    backend = getattr(model_class, "backend", None)  # None: a class of no backend (a test's own)
+    if backend is not None and not model_class.__module__.startswith("raymodel."):
+        _DEFINED.setdefault(backend.name)
 
 
 def defined_backends() -> list[str]:
