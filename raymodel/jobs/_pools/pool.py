@@ -276,8 +276,9 @@ def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
 
     pool = config["pool"]
     rank = ray.train.get_context().get_world_rank()
-    # What a first job's set-up would import, imported while the worker waits for it (a job that comes
-    # at once waits on the same import's lock: it loses nothing).
+    # What a first job's set-up would import, imported while the worker waits for it. A job that comes
+    # sooner waits for them to be in (it would import them itself): two threads importing one package
+    # at once can see it partly initialized (pytorch_lightning's circular imports fail so).
     imports = config.get("imports", ())
     importer = threading.Thread(target=_import, args=(imports,), name="raymodel-imports", daemon=True)
     importer.start()
@@ -296,6 +297,7 @@ def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
         if job.get("restart"):
             raise RuntimeError("raymodel: the pool restarts its worker group (a rank did not leave a failed job)")
         last = (job["seq"], job["attempt"])
+        importer.join()
         outcome = run_on_worker(job, config.get("gather_hub"))
         ray.get(pool.finished.remote(job["seq"], job["attempt"], rank, outcome))
         del outcome
