@@ -157,6 +157,7 @@ def rm_transformers(marks: dict[str, float]) -> None:
 def warm_jobs(marks: dict[str, float]) -> None:
     """In a process joined to a torch server: ``--warm-jobs`` jobs one after another, each timed."""
     import numpy as np
+    import small_jobs  # its pool_job: to the first row, to the result
     from digits import DigitsNet
 
     import raymodel as rm
@@ -165,16 +166,8 @@ def warm_jobs(marks: dict[str, float]) -> None:
     Xt, yt, Xv, yv = _digits()
     data = {"train": (Xt, yt), "valid": (Xv, yv)}
     DigitsNet().train(TORCH, data=data)  # the pool warm, whatever it was
-    walls, firsts = [], []
-    for _ in range(int(os.environ["WARM_JOBS"])):
-        start = time.perf_counter()
-        job = DigitsNet().train(TORCH, data=data, wait=False)
-        first = None
-        for _ in job.stream():
-            first = first or time.perf_counter() - start
-        job.wait()
-        walls.append(time.perf_counter() - start)
-        firsts.append(first)
+    assert small_jobs.SETTINGS == TORCH, "small_jobs.pool_job must run this benchmark's job"
+    firsts, walls = zip(*(small_jobs.pool_job(data) for _ in range(int(os.environ["WARM_JOBS"]))))
     for name, values in (("wall", walls), ("first_row", firsts)):
         marks[f"{name}_p50"] = float(np.percentile(values, 50))
         marks[f"{name}_p95"] = float(np.percentile(values, 95))
