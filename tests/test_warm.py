@@ -87,6 +87,21 @@ def test_a_job_with_default_placement_asks_for_the_warm_pool(tiny_data):
             assert request["needs"] == needs and request["pool"]["num_workers"] == spec["num_workers"]
 
 
+def test_two_sizes_of_one_backend_are_two_warm_pools_each_taken_by_its_own_size(tiny_data):
+    """``torch:1,torch:2``: a pool of each size, so a 1-worker job after a 2-worker one finds its own."""
+    from raymodel.jobs._request import train_request
+    from raymodel.jobs._warm import warm_pool
+    from raymodel.train import prepare
+
+    specs = parse_warm("torch:1,torch:2", cpus=4)
+    keys = {n: warm_pool(name, n)[0]["key"] for name, n in specs}
+    assert specs == (("torch", 1), ("torch", 2)) and keys[1] != keys[2]
+    for workers in (1, 2):
+        model = TinyNet()
+        checked, data = prepare(model, rm.TrainSettings(num_workers=workers, progress=False), tiny_data)
+        assert train_request(model, checked, data)[1]["pool"]["key"] == keys[workers]
+
+
 def test_what_a_pools_workers_import_ahead_exists():
     """``Backend.worker_imports``: what a pool's worker imports while it waits for its first job; a name
     that does not resolve would be skipped in silence (the job imports it anyway), so it is checked here."""
