@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the names `__getattr__` gives on first use, as a type check
     from raymodel.backends.rllib import RayRLlibModel as RayRLlibModel
     from raymodel.backends.tensorflow import RayTensorflowModel as RayTensorflowModel
     from raymodel.backends.torch import RayTorchModel as RayTorchModel
-    from raymodel.backends.transformers import RayTransformersModel as RayTransformersModel
+    from raymodel.backends.transformers import LoRA as LoRA, RayTransformersModel as RayTransformersModel
     from raymodel.backends.xgboost import RayXGBoostModel as RayXGBoostModel
     from raymodel.jobs import Job as Job
     from raymodel.predict import Predictions as Predictions, predict_batch as predict_batch
@@ -85,6 +85,7 @@ _LAZY = {
     "ServedModel": ("raymodel.serve", "ServedModel"),
     "Guard": ("raymodel.serve", "Guard"),
     "ModelRef": ("raymodel.registry", "ModelRef"),
+    "LoRA": ("raymodel.backends.transformers", "LoRA"),
 }
 
 
@@ -129,6 +130,7 @@ __all__ = [
     "ServedModel",
     "Guard",
     "ModelRef",
+    "LoRA",
     "tune",
     "serve",
     "registry",

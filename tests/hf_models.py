@@ -20,13 +20,18 @@ from transformers_sentiment import (
 )
 
 __all__ = [
+    "CHAT_TEMPLATE",
+    "PAIRS",
     "POEMS",
+    "Bard",
     "VOCAB",
     "Poet",
     "Sentiment",
     "Writer",
     "make_bpe_tokenizer",
     "make_tokenizer",
+    "pair_rows",
+    "chat_rows",
     "sentiment_data",
     "sentiment_rows",
     "story_rows",
@@ -91,3 +96,51 @@ class Poet(rm.RayTransformersModel):
 
     def tokenize(self, batch):
         return self.tokenizer(batch["text"], truncation=True, max_length=32)
+
+
+#: A chat template (Jinja, as Hugging Face tokenizers carry it): short turns for a 64-position model.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}<|endoftext|>{% endfor %}"
+    "{% if add_generation_prompt %}a: {% endif %}"
+)
+
+#: Questions and answers in accented text and emoji: the answer's characters span several tokens.
+PAIRS = [
+    ("dessert?", " crème brûlée 🍰"),
+    ("où?", " la façade du château 🎉"),
+    ("quoi?", " smörgåsbord à Zürich 🌮"),
+    ("encore?", " déjà vu, voilà 🙂"),
+]
+
+
+class Bard(Poet):
+    """``Poet`` with a LoRA adapter (rank 4 on GPT-2's ``c_attn``) and a chat template; raymodel's own
+    ``tokenize`` (prompt/completion and chat columns)."""
+
+    lora = rm.LoRA(r=4, target_modules=("c_attn",))
+    default_config = {"lr": 2e-2, "seed": 3}
+    tokenize = rm.RayTransformersModel.tokenize
+
+    def setup(self, config):
+        super().setup(config)
+        self.tokenizer.chat_template = CHAT_TEMPLATE
+
+
+def pair_rows(n: int = 64) -> dict[str, list[str]]:
+    return {
+        "prompt": [PAIRS[i % len(PAIRS)][0] for i in range(n)],
+        "completion": [PAIRS[i % len(PAIRS)][1] for i in range(n)],
+    }
+
+
+def chat_rows(n: int = 64) -> dict[str, list]:
+    return {
+        "messages": [
+            [
+                {"role": "system", "content": "réponds"},
+                {"role": "user", "content": PAIRS[i % len(PAIRS)][0]},
+                {"role": "assistant", "content": PAIRS[i % len(PAIRS)][1].strip()},
+            ]
+            for i in range(n)
+        ]
+    }

@@ -16,7 +16,8 @@ A row holds ``loss`` (the epoch's mean training loss over every worker) and the 
 
 A checkpoint holds the ``Trainer``'s own checkpoint folder: ``save_pretrained``'s model and tokenizer,
 the optimizer, the LR scheduler and the trainer state; a run resumes with
-``Trainer.train(resume_from_checkpoint=...)``.
+``Trainer.train(resume_from_checkpoint=...)``. A class that declares ``lora = LoRA(...)`` trains a LoRA
+adapter beside its frozen base (``_lora.py``), and its checkpoints hold the adapter, not the base.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from raymodel._internal import tmp
 from raymodel.backends._torch.backend import TorchBackend
+from raymodel.backends.transformers._lora import LoRA
 from raymodel.contract import Model
-from raymodel.exceptions import ModelDefinitionError
+from raymodel.exceptions import CheckpointError, ModelDefinitionError
 from raymodel.model import RayModel
 
 if TYPE_CHECKING:
@@ -65,13 +67,19 @@ class TransformersBackend(TorchBackend):
     def after_user_setup(self, model: Model, returned: Any) -> None:
         import transformers
 
+        from raymodel.backends.transformers import _lora
+
+        spec = _lora.declared(model)
         hf = getattr(model, "model", None)
         if not isinstance(hf, transformers.PreTrainedModel):
             got = "nothing" if hf is None else f"a {type(hf).__name__}"
+            adapted = " (the base that `lora` adapts)" if spec is not None else ""
             raise ModelDefinitionError(
-                f"`{type(model).__name__}.setup` must assign `self.model`, a transformers `PreTrainedModel` "
+                f"`{type(model).__name__}.setup` must assign `self.model`, a transformers `PreTrainedModel`{adapted} "
                 f"(e.g. `self.model = BertForSequenceClassification(BertConfig(...))`); it assigned {got}."
             )
+        if spec is not None:
+            _lora.wrap(model, spec)
 
     def prepare_data(self, model: Model, data: Any) -> Any:
         from raymodel.data import DataSpec
@@ -111,9 +119,18 @@ class TransformersBackend(TorchBackend):
         folder = state.get("transformers")
         if folder is None:
             return super().set_state(model, state)
+        from raymodel.backends.transformers import _lora
         from raymodel.backends.transformers._data import quiet
 
         try:
+            if _lora.is_adapted(model.model):
+                _lora.load_adapter(model, Path(folder))
+                return
+            if (Path(folder) / _lora.ADAPTER_CONFIG).is_file():
+                raise CheckpointError(
+                    f"`{folder}` holds a LoRA adapter, but `{type(model).__name__}` declares no `lora`: load it "
+                    "with the class that trained it."
+                )
             with quiet():
                 loaded = type(model.model).from_pretrained(folder)
             model.model.load_state_dict(loaded.state_dict())
@@ -167,6 +184,10 @@ class RayTransformersModel(RayModel):
     ``{"prompt": "...", "max_new_tokens": 8}`` -> ``{"text": "..."}`` for a causal LM
     (``{"stream": true}`` streams it as server-sent events), the raw outputs for other heads.
 
+    A causal LM also trains on ``prompt``/``completion`` columns and chat ``messages`` columns, the
+    loss counting the answers' tokens only; ``lora = rm.LoRA(r=8)`` on the class trains a LoRA adapter
+    beside the frozen base (``pip install 'raymodel[llm]'``).
+
     Example:
         >>> class Sentiment(rm.RayTransformersModel):
         ...     def setup(self, config):
@@ -183,16 +204,26 @@ class RayTransformersModel(RayModel):
     tokenizer: Any = None
     #: The column the default ``tokenize`` (and ``predict_batch``) reads.
     text_column: str = "text"
-    #: The default ``tokenize``'s truncation length.
+    #: The default ``tokenize``'s truncation length (of a ``text`` column).
     max_length: int = 128
+    #: A LoRA adapter to train beside the frozen base (``rm.LoRA(r=8)``); ``None``: every weight trains.
+    lora: LoRA | None = None
 
     def tokenize(self, batch: dict[str, list[Any]]) -> Mapping[str, Any]:
         """A batch of the data's columns (``{"text": [...], "label": [...]}``) -> the model's inputs
-        (``input_ids``, ``attention_mask``, ...). Applied once per dataset, on the driver."""
+        (``input_ids``, ``attention_mask``, ...). Applied once per dataset, on the driver.
+
+        Default: the tokenizer over the ``text`` column; or ``prompt``/``completion`` or chat ``messages``
+        columns with ``labels`` that count the answers' tokens only (truncated to the ``max_length``
+        config key, else the model's positions)."""
         if self.tokenizer is None:
             raise ModelDefinitionError(
                 f"`{type(self).__name__}` has no `self.tokenizer`: assign one in `setup`, or define `tokenize(batch)`."
             )
+        if self.text_column not in batch:
+            from raymodel.backends.transformers import _chat
+
+            return _chat.tokenize(self, batch)
         return self.tokenizer(batch[self.text_column], truncation=True, max_length=self.max_length)
 
     def training_args(self, args: Any) -> Any:
@@ -213,13 +244,17 @@ class RayTransformersModel(RayModel):
         logits = predictions[0] if isinstance(predictions, tuple) else predictions
         return {"accuracy": float((np.asarray(logits).argmax(-1) == np.asarray(labels)).mean())}
 
-    def save_pretrained(self, path: str | os.PathLike[str]) -> str:
+    def save_pretrained(self, path: str | os.PathLike[str], merged: bool = False) -> str:
         """Write a plain transformers folder (model and tokenizer) that ``AutoModel...from_pretrained``
-        and ``AutoTokenizer.from_pretrained`` load without raymodel; returns its path."""
+        and ``AutoTokenizer.from_pretrained`` load without raymodel; returns its path.
+
+        With ``lora``: peft's adapter folder (``adapter_config.json``, ``adapter_model.safetensors``) that
+        ``PeftModel.from_pretrained(base, path)`` loads; ``merged=True``: the adapter merged into the
+        base, a plain transformers model."""
         self.ensure_setup()
         target = Path(path)
         with tmp.replacing(target.resolve(), ".raymodel-pretrained") as staging:  # whole or not at all
-            _save_pretrained(self, staging)
+            _save_pretrained(self, staging, merged=merged)
         return str(target)
 
     @classmethod
@@ -229,17 +264,21 @@ class RayTransformersModel(RayModel):
         from raymodel.exceptions import CheckpointError
 
         folder = Path(path)
-        if not (folder / "config.json").is_file():
+        if not (folder / "config.json").is_file() and not (folder / "adapter_config.json").is_file():
             raise CheckpointError(
                 f"`{path}` is not a transformers folder (it has no config.json); pass a folder that "
                 "`save_pretrained` wrote."
             )
         model = cls(config=config)
         model.ensure_setup()
+        from raymodel.backends.transformers import _lora
         from raymodel.backends.transformers._data import quiet
 
-        with quiet():
-            model.model = type(model.model).from_pretrained(folder)
+        if _lora.is_adapted(model.model) or (folder / _lora.ADAPTER_CONFIG).is_file():
+            model.backend.set_state(model, {"transformers": str(folder)})  # the adapter onto setup's base
+        else:
+            with quiet():
+                model.model = type(model.model).from_pretrained(folder)
         if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
             from transformers import AutoTokenizer
 
@@ -253,13 +292,19 @@ class RayTransformersModel(RayModel):
         return self.backend.stream(self, payload)
 
 
-def _save_pretrained(model: Any, folder: Path) -> None:
+def _save_pretrained(model: Any, folder: Path, merged: bool = False) -> None:
+    from raymodel.backends.transformers import _lora
     from raymodel.backends.transformers._data import quiet
 
     with quiet():
-        model.model.save_pretrained(folder)
+        if not _lora.is_adapted(model.model):
+            model.model.save_pretrained(folder)
+        elif merged:
+            _lora.merged(model.model).save_pretrained(folder)
+        else:
+            _lora.save_adapter(model, folder)
     if model.tokenizer is not None and hasattr(model.tokenizer, "save_pretrained"):
         model.tokenizer.save_pretrained(folder)
 
 
-__all__ = ["RayTransformersModel", "TransformersBackend"]
+__all__ = ["LoRA", "RayTransformersModel", "TransformersBackend"]

@@ -23,6 +23,7 @@ import transformers
 from raymodel._internal import tmp
 from raymodel.backends._torch.loop import TorchLoop
 from raymodel.backends._torch.optim import set_hyperparameters
+from raymodel.backends.transformers import _lora
 from raymodel.backends.transformers._data import task_of
 from raymodel.data import TorchDataset
 from raymodel.exceptions import ModelDefinitionError
@@ -75,6 +76,8 @@ class TrainerLoop(TorchLoop):
             raise RuntimeError(f"the Trainer wrote no checkpoint at {folder}")
         copy = tmp.make("hf-state")
         shutil.copytree(folder, copy, dirs_exist_ok=True)
+        if _lora.is_adapted(self.model.model):  # the Trainer saved the adapter: note the base it fits
+            _lora.note_base(self.model, copy)
         return {"transformers": str(copy)}
 
     def _forget_resume(self) -> None:
@@ -205,9 +208,16 @@ class TrainerLoop(TorchLoop):
         )
 
     def collator(self) -> Any:
+        """The model's ``data_collator``, else for a causal LM: its ``labels`` padded with -100 where the data
+        has them (prompt/completion and chat data), language modelling labels where it has not."""
         collator = self.model.data_collator()
         if collator is None and task_of(self.model.model) == "causal_lm":
-            return transformers.DataCollatorForLanguageModeling(self.model.tokenizer, mlm=False)
+            tokenizer = self.model.tokenizer
+            if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+                tokenizer.pad_token = tokenizer.eos_token  # padding is masked: any token does (GPT-2 has none)
+            if "labels" in _dataset(self.run.splits["train"]).column_names:
+                return transformers.DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
+            return transformers.DataCollatorForLanguageModeling(tokenizer, mlm=False)
         return collator
 
     def metrics_function(self) -> Any:
