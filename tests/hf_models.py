@@ -31,6 +31,7 @@ __all__ = [
     "make_bpe_tokenizer",
     "make_tokenizer",
     "pair_rows",
+    "save_poet_base",
     "chat_rows",
     "sentiment_data",
     "sentiment_rows",
@@ -114,16 +115,40 @@ PAIRS = [
 
 
 class Bard(Poet):
-    """``Poet`` with a LoRA adapter (rank 4 on GPT-2's ``c_attn``) and a chat template; raymodel's own
-    ``tokenize`` (prompt/completion and chat columns)."""
+    """``Poet`` with a LoRA adapter (rank 4 on GPT-2's ``c_attn``) and a chat template, its base loaded
+    from ``config["base"]`` (a folder ``save_pretrained`` wrote; a seeded random ``Poet`` without one);
+    raymodel's own ``tokenize`` (prompt/completion and chat columns)."""
 
     lora = rm.LoRA(r=4, target_modules=("c_attn",))
-    default_config = {"lr": 2e-2, "seed": 3}
+    default_config = {"lr": 2e-2, "seed": 3, "base": None}
     tokenize = rm.RayTransformersModel.tokenize
 
     def setup(self, config):
         super().setup(config)
         self.tokenizer.chat_template = CHAT_TEMPLATE
+        if config["base"]:
+            from transformers import GPT2LMHeadModel
+
+            self.model = GPT2LMHeadModel.from_pretrained(config["base"])
+
+
+def save_poet_base(folder, seed: int = 3, steps: int = 150) -> str:
+    """A base that has learned the poems (plain torch, in-process), saved with ``save_pretrained``: LoRA
+    adapts a base that knows something (a random one's logits are too flat for a small adapter to move)."""
+    import torch
+
+    poet = Poet(config={"seed": seed})
+    poet.ensure_setup()
+    batch = poet.tokenizer(POEMS, padding=True, return_tensors="pt")
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    optimizer = torch.optim.Adam(poet.model.parameters(), lr=1e-2)
+    poet.model.train()
+    for _ in range(steps):
+        poet.model(**batch, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    poet.model.save_pretrained(folder)
+    return str(folder)
 
 
 def pair_rows(n: int = 64) -> dict[str, list[str]]:
