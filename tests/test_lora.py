@@ -259,3 +259,27 @@ def test_asha_searches_the_adapters_rank(ray_session, base):
     frame = result.dataframe()
     assert sorted(frame["config/lora_r"]) == [2, 8] and frame["val_loss"].notna().all()
     assert model.model.peft_config["default"].r == result.best_config["lora_r"]
+
+
+@pytest.mark.integration
+def test_an_adapter_job_streams_takes_a_new_lr_and_resumes_from_its_newest_checkpoint(ray_session, base, tmp_path):
+    """A job of an adapted model as of any model: its rows stream, `update(lr)` lands at an epoch's start,
+    and a worker that crashes in epoch 3 resumes from epoch 2's adapter checkpoint: each epoch once."""
+    from models import FailOnce
+
+    settings = {
+        "num_workers": 2,
+        "num_epochs": 4,
+        "batch_size": 8,
+        "max_failures": 1,
+        "progress": False,
+        "callbacks": [FailOnce(str(tmp_path / "crashed"), epoch=3)],
+    }
+    job = Bard(config={"base": base, "lr": 3e-2}).train(settings, data=pair_rows(64), wait=False)
+    assert next(iter(job.stream()))["epoch"] == 1
+    job.update(config={"lr": 1e-2})
+    result = job.wait(timeout=300)
+    assert (tmp_path / "crashed").exists() and job.status == "SUCCEEDED"
+    assert [row["epoch"] for row in result.history] == [1, 2, 3, 4]
+    assert [row["changes"] for row in result.history if row.get("changes")] == [{"lr": 1e-2}]
+    assert rm.RayModel.from_checkpoint(result.checkpoint).model.peft_config["default"].r == 4
