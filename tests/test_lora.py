@@ -283,3 +283,17 @@ def test_an_adapter_job_streams_takes_a_new_lr_and_resumes_from_its_newest_check
     assert [row["epoch"] for row in result.history] == [1, 2, 3, 4]
     assert [row["changes"] for row in result.history if row.get("changes")] == [{"lr": 1e-2}]
     assert rm.RayModel.from_checkpoint(result.checkpoint).model.peft_config["default"].r == 4
+
+
+def test_a_classifier_trains_its_head_with_the_adapter():
+    """peft's ``SEQ_CLS`` task: the new head of a sequence classifier trains beside the adapter."""
+    from hf_models import Sentiment
+
+    class Adapted(Sentiment):
+        lora = rm.LoRA(r=2)  # peft's default targets for BERT: query, value
+
+    model = Adapted()
+    model.ensure_setup()
+    trainable = {n for n, p in model.model.named_parameters() if p.requires_grad}
+    assert any("lora_" in n and "query" in n for n in trainable) and any("classifier" in n for n in trainable)
+    assert not any("word_embeddings" in n or "dense" in n and "lora_" not in n for n in trainable), trainable
