@@ -195,6 +195,8 @@ def test_an_adapter_saves_for_peft_merges_for_transformers_and_names_its_base_in
     assert Bard.from_pretrained(folder, config={"base": base}).predict(PROMPT)["text"] == answer
 
     ref = rm.registry.put(bard, key="bard")
+    named = rm.registry.list("bard")[-1].lineage["adapter_of"]
+    assert named == {"fingerprint": _lora.base_fingerprint(bard.model), "base": base}
     assert rm.registry.get(ref).predict(PROMPT)["text"] == answer
     other = save_poet_base(tmp_path / "other", seed=4, steps=5)
     with pytest.raises(CheckpointError, match="an adapter only fits the base it was trained on") as refused:

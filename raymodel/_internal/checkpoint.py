@@ -119,6 +119,7 @@ def write(
         "config": jsonable(dict(model.config)),
         "versions": library_versions(backend.packages),
         "input_signature": getattr(model, "input_signature", None),
+        **({"adapter_of": adapter_of} if (adapter_of := getattr(model, "adapter_of", None)) else {}),
         "created": time.time(),
         **jsonable(extra or {}),
         "files": files,

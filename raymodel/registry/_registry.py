@@ -119,7 +119,14 @@ class Registry:
                 "created": time.time(),
                 "metrics": ckpt.jsonable(lineage.pop("metrics", None) or manifest.get("metrics") or {}),
                 "metadata": ckpt.jsonable(dict(metadata or {})),
-                "lineage": ckpt.jsonable({"config": manifest.get("config"), **lineage, **dict(lineage_more or {})}),
+                "lineage": ckpt.jsonable(
+                    {
+                        "config": manifest.get("config"),
+                        **({"adapter_of": manifest["adapter_of"]} if manifest.get("adapter_of") else {}),
+                        **lineage,
+                        **dict(lineage_more or {}),
+                    }
+                ),
                 "model_class": f"{manifest['class']['module']}.{manifest['class']['qualname']}",
                 "backend": manifest.get("backend"),
             }

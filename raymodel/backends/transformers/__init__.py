@@ -286,6 +286,16 @@ class RayTransformersModel(RayModel):
         model.source = {"pretrained": str(folder)}
         return model
 
+    @property
+    def adapter_of(self) -> dict[str, Any] | None:
+        """With ``lora``, once set up: the base the adapter fits, as its checkpoints and registry versions
+        name it: ``{"fingerprint": sha256 of the base's weights, "base": config["base"]}``."""
+        from raymodel.backends.transformers import _lora
+
+        if not _lora.is_adapted(self.model):
+            return None
+        return {"fingerprint": _lora.base_fingerprint(self.model), "base": self.config.get("base")}
+
     def stream(self, payload: Mapping[str, Any]) -> Iterator[str]:
         """A causal LM's generation for ``{"prompt": "...", "max_new_tokens": n}``, one token at a time."""
         self.ensure_setup()
