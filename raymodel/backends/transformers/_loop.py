@@ -112,6 +112,8 @@ class TrainerLoop(TorchLoop):
         schedule) when it starts, so when ``job.update`` raises ``num_epochs`` mid-run a new ``Trainer``
         goes on from the last one's newest checkpoint, its schedule stretched to the new end."""
         bridge = _TrainerPhases(self.run, self, first)
+        if self.run.rank == 0 and _lora.is_adapted(self.model.model):
+            _lora.base_fingerprint(self.model.model)  # once, before the first epoch: each checkpoint notes it
         if self.resume is not None:
             _keep_rng_state(self.resume, self.run.rank, self.run.world)
         while True:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -77,13 +78,14 @@ class LoRA:
 
 
 def _rank(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SettingsError(f"`{name}={value!r}`: the adapter's rank is a whole number >= 1 (e.g. 8).")
-    return value
+    """A whole number >= 1 (numpy's integers too: a searcher's ``randint`` gives them)."""
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= 1:
+        return int(value)
+    raise SettingsError(f"`{name}={value!r}`: the adapter's rank is a whole number >= 1 (e.g. 8).")
 
 
 def _alpha(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
         raise SettingsError(f"`{name}={value!r}`: alpha is a number > 0 (e.g. 16: twice the rank).")
     return float(value)
 
