@@ -13,7 +13,8 @@ hand-written side gets those tokenized rows. The adapter: rank 8, alpha 16, on `
   starts); **raymodel, warm**: the same job again, on that pool.
 
 Both sides: an evaluation and a ``Trainer`` checkpoint each epoch, ``--batch`` rows per worker a step,
-lr 1e-3. Per-epoch wall is the median time between the ends of consecutive epochs, taken on rank 0
+lr 1e-3, seed 42 (the same shuffles: a batch is padded to its longest row, so another order is other
+work). Per-epoch wall is the median time between the ends of consecutive epochs, taken on rank 0
 the same way on each side. Then raymodel against raymodel (labelled so): the same job with ``lora``
 and with every weight trained (``lora = None``), one epoch each as one-off runs (``pool=False``: fresh
 worker processes), each worker's peak RSS above its RSS before ``setup`` built the model; and the
@@ -36,7 +37,7 @@ from pathlib import Path
 import raymodel as rm
 
 WORDS = "crème brûlée café naïve façade château über schön smörgåsbord Zürich piñata jalapeño déjà entrée soufflé 🙂 🎉"
-SETTINGS = {"num_workers": 2, "lr": 1e-3}
+SETTINGS = {"num_workers": 2, "lr": 1e-3, "seed": 42}  # one seed: the same shuffles, so the same padded batches
 LORA = {"r": 8, "alpha": 16, "target_modules": ("c_attn",)}
 
 
@@ -123,6 +124,7 @@ def _hand_written_loop(config: dict) -> None:
         per_device_train_batch_size=config["batch"],
         per_device_eval_batch_size=config["batch"],
         learning_rate=SETTINGS["lr"],
+        seed=SETTINGS["seed"],
         weight_decay=0.0,
         max_grad_norm=0.0,
         eval_strategy="epoch",
@@ -174,6 +176,7 @@ def through_raymodel(data, args, base: str, folder: str, name: str) -> dict[str,
         "num_workers": SETTINGS["num_workers"],
         "batch_size": args.batch,
         "num_epochs": args.epochs,
+        "seed": SETTINGS["seed"],
         "callbacks": [EpochClock()],
         "progress": False,
     }

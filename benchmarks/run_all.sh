@@ -30,4 +30,5 @@ run fsdp_memory benchmarks/fsdp_memory.py
 run fsdp_memory_default_malloc benchmarks/fsdp_memory.py --default-malloc
 run rl_ppo benchmarks/rl_ppo.py
 run hf_trainer benchmarks/hf_trainer.py
+run lora benchmarks/lora.py --epochs 5
 run first_contact benchmarks/first_contact.py --reps 3

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import requests
 import torch
 from hf_models import PAIRS, Bard, chat_rows, pair_rows, save_poet_base
 
@@ -248,24 +249,6 @@ def test_an_adapter_learns_the_answers_on_two_workers_and_leaves_the_base_as_it_
 
 
 @pytest.mark.integration
-def test_asha_searches_the_adapters_rank(ray_session, base):
-    space = {"lora_r": rm.tune.grid_search([2, 8])}
-    settings = rm.TuneSettings(
-        num_samples=1,
-        max_epochs=2,
-        grace_period=1,
-        metric="val_loss",
-        mode="min",
-        train={"resources_per_worker": {"CPU": 0.95}, "batch_size": 8},
-    )
-    model = Bard(config={"base": base, "lr": 3e-2})
-    result = model.tune(space, settings=settings, data={"train": pair_rows(32), "valid": pair_rows(8)})
-    frame = result.dataframe()
-    assert sorted(frame["config/lora_r"]) == [2, 8] and frame["val_loss"].notna().all()
-    assert model.model.peft_config["default"].r == result.best_config["lora_r"]
-
-
-@pytest.mark.integration
 def test_an_adapter_job_streams_takes_a_new_lr_and_resumes_from_its_newest_checkpoint(ray_session, base, tmp_path):
     """A job of an adapted model as of any model: its rows stream, `update(lr)` lands at an epoch's start,
     and a worker that crashes in epoch 3 resumes from epoch 2's adapter checkpoint: each epoch once."""
@@ -301,3 +284,41 @@ def test_a_classifier_trains_its_head_with_the_adapter():
     trainable = {n for n, p in model.model.named_parameters() if p.requires_grad}
     assert any("lora_" in n and "query" in n for n in trainable) and any("classifier" in n for n in trainable)
     assert not any("word_embeddings" in n or "dense" in n and "lora_" not in n for n in trainable), trainable
+
+
+@pytest.mark.integration
+def test_an_adapter_job_stops_with_a_checkpoint_of_its_adapter_that_serves(ray_session, base):
+    job = Bard(config={"base": base}).train({**ONE, "num_workers": 2, "num_epochs": 30}, data=pair_rows(64), wait=False)
+    assert next(iter(job.stream()))["epoch"] == 1
+    job.stop()
+    result = job.wait(timeout=180)
+    assert job.status == "STOPPED" and 1 <= len(result.history) < 30 and result.checkpoint is not None
+    restored = rm.RayModel.from_checkpoint(result.checkpoint)
+    fresh = Bard(config={"base": base})
+    fresh.ensure_setup()
+    assert _lora.is_adapted(restored.model) and restored.adapter_of == fresh.adapter_of
+    answer = restored.predict(PROMPT)["text"]
+    served = restored.serve("/bard")  # a replica: setup's base, then the adapter (its CPU ends the idle pool)
+    try:
+        reply = requests.post(served.url, json=PROMPT, timeout=60)
+        assert reply.status_code == 200 and reply.json() == {"text": answer}, reply.text
+    finally:
+        served.shutdown()
+
+
+@pytest.mark.integration
+def test_asha_searches_the_adapters_rank(ray_session, base):
+    space = {"lora_r": rm.tune.grid_search([2, 8])}
+    settings = rm.TuneSettings(
+        num_samples=1,
+        max_epochs=2,
+        grace_period=1,
+        metric="val_loss",
+        mode="min",
+        train={"resources_per_worker": {"CPU": 0.95}, "batch_size": 8},
+    )
+    model = Bard(config={"base": base, "lr": 3e-2})
+    result = model.tune(space, settings=settings, data={"train": pair_rows(32), "valid": pair_rows(8)})
+    frame = result.dataframe()
+    assert sorted(frame["config/lora_r"]) == [2, 8] and frame["val_loss"].notna().all()
+    assert model.model.peft_config["default"].r == result.best_config["lora_r"]
