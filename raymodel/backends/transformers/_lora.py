@@ -79,7 +79,7 @@ class LoRA:
 
 def _rank(value: Any, name: str) -> int:
     """A whole number >= 1 (numpy's integers too: a searcher's ``randint`` gives them)."""
-    if not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= 1:
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral) and int(value) >= 1:
         return int(value)
     raise SettingsError(f"`{name}={value!r}`: the adapter's rank is a whole number >= 1 (e.g. 8).")
 
