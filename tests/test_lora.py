@@ -172,6 +172,10 @@ def test_prompt_completion_and_chat_data_label_only_the_answers():
     rendered = bard.tokenizer.decode(chat["input_ids"][0])
     assert "u: dessert?" in rendered and "s: réponds" in rendered  # there, but not labelled
 
+    bard.tokenizer.chat_template = "{% for m in messages|reverse %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(DataError, match="does not render a conversation's turns as prefixes"):
+        bard.tokenize({"messages": [two_turns]})
+
 
 def test_an_adapter_saves_for_peft_merges_for_transformers_and_names_its_base_in_the_registry(base, registry, tmp_path):
     """Outside Ray: the adapter folder loads with plain peft and the merged one with plain transformers,

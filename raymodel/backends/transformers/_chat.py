@@ -92,15 +92,15 @@ def _chat_row(tokenizer: Any, messages: list[dict[str, str]], most: int) -> tupl
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = len(_render(tokenizer, messages[:i], generation_prompt=True)) if i else 0
+        asked = _render(tokenizer, messages[:i], generation_prompt=True) if i else ""
         end_text = _render(tokenizer, messages[: i + 1])
-        if not text.startswith(end_text) or start > len(end_text):
+        if not (text.startswith(end_text) and end_text.startswith(asked)):
             raise DataError(
                 "The tokenizer's chat template does not render a conversation's turns as prefixes of the whole "
                 "(the answer's tokens cannot be found in it); pass `prompt`/`completion` columns, or define "
                 "`tokenize(batch)`."
             )
-        spans.append((start, len(end_text)))
+        spans.append((len(asked), len(end_text)))
     if not spans:
         raise DataError(
             "A conversation of the `messages` column has no `assistant` turn: nothing in it would be learned."
