@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import requests
 import torch
-from hf_models import PAIRS, Bard, chat_rows, pair_rows, save_poet_base
+from hf_models import PAIRS, POEMS, Bard, chat_rows, pair_rows, save_poet_base
 
 import raymodel as rm
 from raymodel.backends.transformers import _lora
@@ -154,6 +154,9 @@ def test_prompt_completion_and_chat_data_label_only_the_answers():
             for ids, labels in zip(rows["input_ids"], rows["labels"])
         ]
 
+    short = Bard(config={"max_length": 5})
+    short.ensure_setup()
+    assert [len(ids) for ids in short.tokenize({"text": POEMS[:2]})["input_ids"]] == [5, 5]  # the config's, not 128
     pairs = bard.tokenize(pair_rows(4))
     assert answers(pairs) == [c + eos for _, c in PAIRS]
     assert all(

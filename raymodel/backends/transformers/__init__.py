@@ -204,7 +204,7 @@ class RayTransformersModel(RayModel):
     tokenizer: Any = None
     #: The column the default ``tokenize`` (and ``predict_batch``) reads.
     text_column: str = "text"
-    #: The default ``tokenize``'s truncation length (of a ``text`` column).
+    #: The default ``tokenize``'s truncation length of a ``text`` column (the config's ``max_length`` wins).
     max_length: int = 128
     #: A LoRA adapter to train beside the frozen base (``rm.LoRA(r=8)``); ``None``: every weight trains.
     lora: LoRA | None = None
@@ -213,9 +213,10 @@ class RayTransformersModel(RayModel):
         """A batch of the data's columns (``{"text": [...], "label": [...]}``) -> the model's inputs
         (``input_ids``, ``attention_mask``, ...). Applied once per dataset, on the driver.
 
-        Default: the tokenizer over the ``text`` column; or ``prompt``/``completion`` or chat ``messages``
-        columns with ``labels`` that count the answers' tokens only (truncated to the ``max_length``
-        config key, else the model's positions)."""
+        Default: the tokenizer over the ``text`` column (truncated to the ``max_length`` config key, else
+        the class's ``max_length``); or ``prompt``/``completion`` or chat ``messages`` columns with
+        ``labels`` that count the answers' tokens only (truncated to the ``max_length`` config key, else
+        the model's positions)."""
         if self.tokenizer is None:
             raise ModelDefinitionError(
                 f"`{type(self).__name__}` has no `self.tokenizer`: assign one in `setup`, or define `tokenize(batch)`."
@@ -224,7 +225,8 @@ class RayTransformersModel(RayModel):
             from raymodel.backends.transformers import _chat
 
             return _chat.tokenize(self, batch)
-        return self.tokenizer(batch[self.text_column], truncation=True, max_length=self.max_length)
+        most = self.config.get("max_length") or self.max_length
+        return self.tokenizer(batch[self.text_column], truncation=True, max_length=int(most))
 
     def training_args(self, args: Any) -> Any:
         """Adjust the ``TrainingArguments`` raymodel built (a scheduler, warm-up, weight decay, ...) and
