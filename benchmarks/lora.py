@@ -29,10 +29,11 @@ import argparse
 import json
 import os
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from hf_trainer import _epochs  # the same per-epoch clock as the HF Trainer benchmark's (and its examples path)
 
 import raymodel as rm
 
@@ -50,20 +51,10 @@ def pairs(n: int, seed: int = 0) -> dict[str, list[str]]:
 
 def make_base(folder: Path, embd: int, layers: int) -> int:
     """The base's folder (weights and tokenizer); returns its number of parameters."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from llm_lora import make_tokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([WORDS] * 8, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", model_max_length=64)
+    tokenizer = make_tokenizer([WORDS] * 8, vocab_size=320)  # the example's, on this benchmark's words
     eos = tokenizer.eos_token_id
     config = GPT2Config(
         vocab_size=len(tokenizer),
@@ -184,12 +175,6 @@ def through_raymodel(data, args, base: str, folder: str, name: str) -> dict[str,
     result = Assistant(config={"base": base}).train(settings, data=data)
     total = time.perf_counter() - start
     return {**_epochs(clock, began), "total_s": total, "val_loss": float(result.metrics["val_loss"])}
-
-
-def _epochs(clock: str, began: float) -> dict[str, float]:
-    ends = [float(line) for line in Path(clock).read_text().split()]
-    gaps = [b - a for a, b in zip(ends, ends[1:])]
-    return {"first_epoch_end_s": ends[0] - began, "per_epoch_s": statistics.median(gaps) if gaps else float("nan")}
 
 
 # -------------------------------------------------------------- memory, raymodel against raymodel

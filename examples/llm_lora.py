@@ -26,8 +26,8 @@ LINES = [
 PAIRS = [("dessert?", " crème brûlée 🍰"), ("où?", " la façade du château 🎉"), ("quoi?", " smörgåsbord à Zürich 🌮")]
 
 
-def make_tokenizer():
-    """A byte-level BPE tokenizer (GPT-2's kind) trained in code on ``LINES``."""
+def make_tokenizer(texts=tuple(LINES * 4), vocab_size: int = 300):
+    """A byte-level BPE tokenizer (GPT-2's kind) trained in code on ``texts`` (default: ``LINES``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -35,12 +35,12 @@ def make_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300,
+        vocab_size=vocab_size,
         special_tokens=["<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(LINES * 4, trainer)
+    tok.train_from_iterator(list(texts), trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", model_max_length=64)
 
 
