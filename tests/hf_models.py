@@ -24,6 +24,7 @@ __all__ = [
     "PAIRS",
     "POEMS",
     "Bard",
+    "Chatty",
     "VOCAB",
     "Poet",
     "Sentiment",
@@ -36,6 +37,7 @@ __all__ = [
     "sentiment_data",
     "sentiment_rows",
     "story_rows",
+    "taught",
 ]
 
 
@@ -114,12 +116,11 @@ PAIRS = [
 ]
 
 
-class Bard(Poet):
-    """``Poet`` with a LoRA adapter (rank 4 on GPT-2's ``c_attn``) and a chat template, its base loaded
-    from ``config["base"]`` (a folder ``save_pretrained`` wrote; a seeded random ``Poet`` without one);
-    raymodel's own ``tokenize`` (prompt/completion and chat columns)."""
+class Chatty(Poet):
+    """``Poet`` with a chat template, its weights loaded from ``config["base"]`` (a folder
+    ``save_pretrained`` wrote; a seeded random ``Poet`` without one); raymodel's own ``tokenize``
+    (prompt/completion and chat columns)."""
 
-    lora = rm.LoRA(r=4, target_modules=("c_attn",))
     default_config = {"lr": 2e-2, "seed": 3, "base": None}
     tokenize = rm.RayTransformersModel.tokenize
 
@@ -130,6 +131,12 @@ class Bard(Poet):
             from transformers import GPT2LMHeadModel
 
             self.model = GPT2LMHeadModel.from_pretrained(config["base"])
+
+
+class Bard(Chatty):
+    """``Chatty`` with a LoRA adapter (rank 4 on GPT-2's ``c_attn``)."""
+
+    lora = rm.LoRA(r=4, target_modules=("c_attn",))
 
 
 def save_poet_base(folder, seed: int = 3, steps: int = 150) -> str:
@@ -169,3 +176,24 @@ def chat_rows(n: int = 64) -> dict[str, list]:
             for i in range(n)
         ]
     }
+
+
+def taught(model, pairs=PAIRS, steps: int = 60, lr: float = 3e-2):
+    """``model`` (set up here) taught the answers of ``pairs`` (its trainable weights: a ``Bard``'s
+    adapter, a ``Chatty``'s all), plain torch, in-process."""
+    import torch
+    from transformers import DataCollatorForSeq2Seq
+
+    model.ensure_setup()
+    rows = model.tokenize({"prompt": [p for p, _ in pairs], "completion": [c for _, c in pairs]})
+    batch = DataCollatorForSeq2Seq(model.tokenizer, label_pad_token_id=-100)(
+        [{k: rows[k][i] for k in rows} for i in range(len(pairs))]
+    )
+    optimizer = torch.optim.Adam([p for p in model.model.parameters() if p.requires_grad], lr=lr)
+    model.model.train()
+    for _ in range(steps):
+        model.model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.model.eval()
+    return model

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import requests
 import torch
-from hf_models import PAIRS, POEMS, Bard, chat_rows, pair_rows, save_poet_base
+from hf_models import PAIRS, POEMS, Bard, chat_rows, pair_rows, save_poet_base, taught
 
 import raymodel as rm
 from raymodel.backends.transformers import _lora
@@ -29,22 +29,7 @@ def base(tmp_path_factory) -> str:
 
 def learned(base: str, steps: int = 60) -> Bard:
     """A ``Bard`` whose adapter has learned the answers to ``PAIRS`` (plain torch, in-process)."""
-    from transformers import DataCollatorForSeq2Seq
-
-    bard = Bard(config={"base": base})
-    bard.ensure_setup()
-    rows = bard.tokenize(pair_rows(len(PAIRS)))
-    batch = DataCollatorForSeq2Seq(bard.tokenizer, label_pad_token_id=-100)(
-        [{k: rows[k][i] for k in rows} for i in range(len(PAIRS))]
-    )
-    optimizer = torch.optim.Adam([p for p in bard.model.parameters() if p.requires_grad], lr=3e-2)
-    bard.model.train()
-    for _ in range(steps):
-        bard.model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    bard.model.eval()
-    return bard
+    return taught(Bard(config={"base": base}), PAIRS, steps)
 
 
 def greedy(hf_model, tokenizer, prompt: str = PROMPT["prompt"], n: int = PROMPT["max_new_tokens"]) -> str:

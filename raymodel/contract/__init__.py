@@ -31,6 +31,7 @@ from raymodel.contract._arrays import (
     to_jsonable,
 )
 from raymodel.contract._backend import DATA_KINDS, UNRECORDED_NAN, Backend, Model, Run, WorkerLoop, worker_resources
+from raymodel.contract._generation import TextRequest
 from raymodel.contract._server_port import TrainingServer, provide_training_server, training_server
 from raymodel.contract._table import backends, defined, defined_backends, hook_table, model_classes, register
 from raymodel.contract._training_run import RunEvents, RunOutcome, RunPlan, TrainingRun, failure_text
@@ -55,6 +56,7 @@ __all__ = [
     "split_nested",
     "to_jsonable",
     "worker_resources",
+    "TextRequest",
     "TrainingServer",
     "training_server",
     "provide_training_server",

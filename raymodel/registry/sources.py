@@ -9,10 +9,12 @@ and call these.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
-from raymodel._internal import storage
+from raymodel._internal import storage, tmp
 from raymodel._internal.name_rules import parse_ref
 from raymodel.registry._registry import Registry, default_uri
 
@@ -48,3 +50,12 @@ def load(source: dict[str, Any], version: Any) -> Any:
         model.source = {**model.source, "version": n}
     model.ensure_setup()
     return model
+
+
+@contextlib.contextmanager
+def version_folder(uri: str, key: str, version: int) -> Iterator[Path]:
+    """A local copy of a registry version's checkpoint folder, removed after (a replica reads an
+    adapter's files from it onto a base it holds already)."""
+    registry = Registry(uri)
+    with tmp.tempdir("version") as staging:
+        yield Path(registry.store.fetch(f"{key}/versions/{int(version)}", staging / "v"))

@@ -39,6 +39,8 @@ from raymodel.contract import Backend
 from raymodel.exceptions import DataError
 from raymodel.registry import sources
 from raymodel.serve._batching import BatchRunner, Failed, run_batch
+from raymodel.serve._llm_routes import OpenAIRoutes
+from raymodel.serve._openai import not_found
 from raymodel.serve._traffic import window_figures
 
 logger = logging.getLogger("ray.serve")
@@ -47,9 +49,10 @@ CLIENT_ERRORS = (ValueError, TypeError, KeyError)
 _END = object()  # the end of a streamed answer
 
 
-class ModelServer:
+class ModelServer(OpenAIRoutes):
     """One replica: loads its model from a checkpoint and answers requests (a route of registry
-    versions is a ``RouteServer``, which answers the same way with the version it picks)."""
+    versions is a ``RouteServer``, which answers the same way with the version it picks); with
+    ``api="openai"``, OpenAI's API under the route (``_llm_routes.py``)."""
 
     def __init__(
         self,
@@ -58,7 +61,10 @@ class ModelServer:
         max_batch_size: int,
         batch_wait_timeout_s: float,
         max_body_bytes: int,
+        api: str = "raymodel",
+        keys: tuple[str, ...] | None = None,
     ) -> None:
+        self.api, self.keys, self.max_generation_batch = api, keys, max_batch_size
         self.source = source
         self.model = sources.load(source, source.get("version")) if source else None  # None: per request
         self.info = info
@@ -76,14 +82,21 @@ class ModelServer:
         batched: Any = self._batched  # `@serve.batch`'s wrapper: this replica's sizes are set on it
         batched.set_max_batch_size(max_batch_size)
         batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        if api == "openai" and self.model is not None and not self.model.backend.generates(self.model):
+            self.model.backend.text_engine(self.model, 1)  # raises, naming what OpenAI's API serves
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
+        refused = self.authorized(request)
+        if refused is not None:
+            return refused
         sub, answer = described(request)
         if answer is not None:
             return answer
         if sub == "info":
             return _json({**self.info, "serving": _label(self.model), **self.replica_info()})
+        if self.api == "openai":
+            return await self.openai_call(request, sub)
         if sub == "openapi.json":
             return _json(self.openapi())
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
@@ -93,6 +106,20 @@ class ModelServer:
             return self._stream(payload)
         status, content, size, model = await self._answer(payload)
         return _json(content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
+
+    def model_ids(self) -> list[str]:
+        return [type(self.model).__name__]
+
+    async def choose(self, name: str, request: dict[str, Any]) -> tuple[str, Any, str | None]:
+        if name not in self.model_ids():
+            raise not_found(name, self.model_ids())
+        return name, self.model, None
+
+    def record(self, label: str, latency_s: float, failed: bool) -> None:
+        self.requests.append((time.time(), latency_s))
+
+    def held_models(self) -> list[Any]:
+        return [self.model]
 
     def replica_info(self) -> dict[str, Any]:
         """This replica's part of ``GET <route>/info``: the ingress, its process, threads and batches."""

@@ -179,6 +179,13 @@ class Servable:
             from raymodel._internal.schema import schemas_of
 
             schemas_of(type(model_or_ref))  # a bad input/output schema fails here, before any replica starts
+            if self.settings.api == "openai":
+                model_or_ref.ensure_setup()
+                if not model_or_ref.backend.generates(model_or_ref):
+                    try:
+                        model_or_ref.backend.text_engine(model_or_ref, 1)
+                    except ValueError as exc:
+                        raise ServeError(str(exc) + ".") from None
             self.model = model_or_ref
             self.info = {
                 "class": f"{type(model_or_ref).__module__}.{type(model_or_ref).__qualname__}",
@@ -208,7 +215,7 @@ class Servable:
         return (
             serve.deployment()(ModelServer)
             .options(**options)
-            .bind(source, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes)
+            .bind(source, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s.api, s.api_keys)
         )
 
     def deploy(self) -> ServedModel:
@@ -346,6 +353,9 @@ def _wait_until_answering(url: str, timeout_s: float = 60.0) -> None:
             with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5) as answer:
                 if answer.status == 200 and b'"ok"' in answer.read():
                     return
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401:  # a route with keys: the replica answers (this process holds no key)
+                return
         except (urllib.error.URLError, OSError):
             pass
         if time.monotonic() > deadline:

@@ -26,6 +26,7 @@ from ray import serve
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
+from raymodel.serve import _auth
 from raymodel.serve._deployment import ModelServer, _error, _json, _label, described, read_payload
 from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats, window_figures
 
@@ -89,9 +90,13 @@ class VersionServer(ModelServer):
 class ModelRouter:
     """The HTTP ingress of a multiplexed route (see the module's docstring)."""
 
-    def __init__(self, backend: Any, plan: dict[str, Any], info: dict[str, Any], max_body_bytes: int) -> None:
+    def __init__(
+        self, backend: Any, plan: dict[str, Any], info: dict[str, Any], max_body_bytes: int,
+        keys: tuple[str, ...] | None = None,
+    ) -> None:  # fmt: skip
         from raymodel.registry import Registry
 
+        self.keys = keys
         self.backend, self.plan, self.info = backend, plan, info
         self.max_body_bytes = max_body_bytes
         self.registry = Registry(plan["registry"])
@@ -139,6 +144,8 @@ class ModelRouter:
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
+        if not _auth.allowed(self.keys, request.headers):
+            return _error(401, "unauthorized", _auth.MISSING, headers=_auth.CHALLENGE)
         sub, answer = described(request)
         if answer is not None:
             return answer

@@ -41,6 +41,7 @@ def _plan(
             check_ref(key, "A multiplexed route's key")
             Registry(uri).resolve(key)  # raises, naming the keys that exist
         plan = {"multiplex": key, "registry": uri, "poll_s": settings.registry_poll_s}
+        _check_generates(settings, Registry(uri).show(key).backend if key != "*" else None, what)
         return plan, {"multiplex": what, "registry": uri}
     if isinstance(what, Mapping):
         split = check_split(what)
@@ -65,6 +66,8 @@ def _plan(
         )
     described = {ref: sources.registry_source(ref, uri)[1] for ref in refs}  # raises, naming what exists
     first = described[refs[0]]
+    for ref in refs:
+        _check_generates(settings, described[ref]["backend"], ref)
     plan = {
         "split": split,
         "shadow": shadow,
@@ -80,6 +83,16 @@ def _plan(
         "registry": uri,
     }
     return plan, info
+
+
+def _check_generates(settings: Any, backend: str | None, ref: str) -> None:
+    """OpenAI's API serves a causal LM: a version of another backend is refused before anything starts
+    (whether a transformers version is a causal LM is checked as its replica loads it)."""
+    if settings.api == "openai" and backend is not None and backend != "transformers":
+        raise SettingsError(
+            f"`{ref}` is a {backend} model; OpenAI's API (`ServeSettings(api='openai')`) serves a causal "
+            "language model (a `RayTransformersModel`). Serve it with the default `api='raymodel'`."
+        )
 
 
 def _routed_application(servable: Any) -> Any:
@@ -109,6 +122,11 @@ def _routed_application(servable: Any) -> Any:
             )
             .bind(plan, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s)
         )
+    if s.api == "openai":  # a key's versions (LoRA adapters on one base) chosen by the request's `model`
+        from raymodel.serve._adapter_server import AdapterServer
+
+        options = {"name": f"{servable.name}-model", "version": version, "_internal": True, **replica_options(s)}
+        return serve.deployment()(AdapterServer).options(**options).bind(plan, info, s)
     from raymodel.serve._route_deployments import ModelRouter, VersionServer
 
     options = {"name": f"{servable.name}-versions", "version": version, "_internal": True, **replica_options(s)}
@@ -127,4 +145,4 @@ def _routed_application(servable: Any) -> Any:
         max_ongoing_requests=max(256, s.max_ongoing_requests),
         logging_config={"enable_access_log": s.access_log},
     )
-    return router.bind(backend, plan, info, s.max_body_bytes)
+    return router.bind(backend, plan, info, s.max_body_bytes, s.api_keys)

@@ -27,7 +27,9 @@ import traceback
 from typing import Any, NamedTuple
 
 from raymodel._internal.name_rules import parse_ref
+from raymodel.exceptions import RegistryError
 from raymodel.serve._deployment import ModelServer, _json, _streams, described, read_payload
+from raymodel.serve._openai import not_found
 from raymodel.serve._traffic import (
     KEY_HEADER,
     MODEL_HEADER,
@@ -65,7 +67,8 @@ class RouteServer(ModelServer):
     ) -> None:  # fmt: skip
         from raymodel.registry import Registry
 
-        super().__init__({}, info, max_batch_size, batch_wait_timeout_s, max_body_bytes)
+        api, keys = getattr(settings, "api", "raymodel"), getattr(settings, "api_keys", None)
+        super().__init__({}, info, max_batch_size, batch_wait_timeout_s, max_body_bytes, api, keys)
         self.plan = plan
         self.settings = settings
         self.registry = Registry(plan["registry"])
@@ -134,11 +137,16 @@ class RouteServer(ModelServer):
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
+        refused = self.authorized(request)
+        if refused is not None:
+            return refused
         sub, answer = described(request)
         if answer is not None:
             return answer
         if sub == "info":
             return _json(self.describe())
+        if self.api == "openai":
+            return await self.openai_call(request, sub)
         if sub == "openapi.json":
             return _json(self.openapi())
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
@@ -163,6 +171,33 @@ class RouteServer(ModelServer):
             task.add_done_callback(self.tasks.discard)
         headers = {"x-raymodel-batch-size": str(size), MODEL_HEADER: label, REPLICA_HEADER: str(os.getpid())}
         return _json(content, status, headers)
+
+    # ---------------------------------------------------------- OpenAI's API
+    def model_ids(self) -> list[str]:
+        """The references the route serves as written (``poet@production``), then the versions they name."""
+        route = self.route
+        refs = [ref for ref, _ in route.shares]
+        return list(dict.fromkeys([*refs, *(route.labels[ref] for ref in refs)]))
+
+    async def choose(self, name: str, request: dict[str, Any]) -> tuple[str, Any, str | None]:
+        """A request naming the route's key (any of its ids, or another version or alias of that key:
+        the split's references change during a rollout, the clients' ``model`` does not) is answered by
+        the version the split picks, sticky by the ``x-raymodel-key`` header, else the request's ``user``."""
+        route = self.route
+        try:
+            named = parse_ref(name)[0]
+        except (RegistryError, ValueError):
+            named = None
+        if name not in self.model_ids() and named not in {parse_ref(ref)[0] for ref, _ in route.shares}:
+            raise not_found(name, self.model_ids())
+        label = route.labels[pick(route.shares, point(request.get("key")))]
+        return label, route.models[label], None
+
+    def record(self, label: str, latency_s: float, failed: bool) -> None:
+        self._count(label, latency_s, failed)
+
+    def held_models(self) -> list[Any]:
+        return list(self.route.models.values())
 
     async def predict(self, payload: Any) -> Any:
         """In-cluster calls through a Serve handle (the split's choice, no key: random)."""

@@ -7,6 +7,7 @@ from typing import Any
 from raymodel._internal.settings import (
     SettingsBase,
     check_actor_options,
+    check_choice,
     check_int,
     check_name,
     check_number,
@@ -14,6 +15,7 @@ from raymodel._internal.settings import (
     collect,
     settings_class,
 )
+from raymodel.serve._auth import digests
 
 
 @settings_class
@@ -46,7 +48,15 @@ class ServeSettings(SettingsBase):
             a tenth of a small model's replica CPU).
         max_models_per_replica: Versions one replica holds at once on a route of
             several versions (a split, a shadow, ``"digits@*"``): an LRU, as Ray
-            Serve's model multiplexing keeps it; the least recently used goes first.
+            Serve's model multiplexing keeps it; the least recently used goes first. On an
+            OpenAI route of LoRA versions, the adapters one base holds at once.
+        api: ``"raymodel"`` (the route answers ``POST {route}`` with the model's own
+            payloads) or ``"openai"``: a causal LM answers OpenAI's API under the route
+            (``/completions``, ``/chat/completions``, ``/models``; docs/llm-serving.md).
+        api_keys: Keys every request to the route must carry as ``Authorization: Bearer
+            <key>`` (else a 401): a list, or the name of an environment variable (keys
+            separated by commas) or of a file (one per line) holding them. Only their
+            sha256 digests are kept, from here on: no log, setting or ``/info`` shows a key.
     """
 
     num_replicas: Any = 1
@@ -67,6 +77,8 @@ class ServeSettings(SettingsBase):
     registry_poll_s: float = 2.0
     access_log: bool = False
     max_models_per_replica: int = 3
+    api: str = "raymodel"
+    api_keys: Any = None
 
     def _validate(self) -> list[str]:
         problems = collect(
@@ -88,8 +100,13 @@ class ServeSettings(SettingsBase):
             check_number("registry_poll_s", self.registry_poll_s, minimum=0.05),
             check_type("access_log", self.access_log, (bool,), "True or False"),
             check_int("max_models_per_replica", self.max_models_per_replica, minimum=1),
+            check_choice("api", self.api, ("raymodel", "openai")),
             *check_actor_options("ray_actor_options", self.ray_actor_options),
         )
+        keys, problem = digests(self.api_keys)
+        if problem:
+            problems.append(problem)
+        object.__setattr__(self, "api_keys", keys)  # the digests only, from here on
         replicas = None if self.num_replicas == "auto" else check_int("num_replicas", self.num_replicas, minimum=1)
         if replicas:
             problems.append(replicas.replace(" (got", " or 'auto' (got"))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from raymodel._internal import tmp
+from raymodel._internal.checkpoint import STATE_DIR
 from raymodel.backends._torch.backend import TorchBackend
 from raymodel.backends.transformers._lora import LoRA
 from raymodel.contract import Model
@@ -163,6 +164,26 @@ class TransformersBackend(TorchBackend):
         from raymodel.backends.transformers import _text
 
         return _text.stream(model, payload)
+
+    def generates(self, model: Model) -> bool:
+        from raymodel.backends.transformers._data import task_of
+
+        return task_of(model.model) == "causal_lm"  # type: ignore[attr-defined]
+
+    def text_engine(self, model: Model, max_batch_size: int, on_step: Any = None) -> Any:
+        if not self.generates(model):
+            return super().text_engine(model, max_batch_size, on_step)
+        from raymodel.backends.transformers._engine import Engine
+
+        return Engine(model, max_batch_size, on_step)
+
+    def attach_adapter(self, model: Model, directory: Any, name: str) -> None:
+        from raymodel.backends.transformers import _lora
+
+        _lora.attach(model, Path(directory) / STATE_DIR / HF_FOLDER, name)
+
+    def detach_adapter(self, model: Model, name: str) -> None:
+        model.model.delete_adapter(name)  # type: ignore[attr-defined]
 
     def batch_input(self, model: Model, batch: Mapping[str, Any]) -> Any:
         """``predict_batch``: the text column of each Ray Data batch."""

@@ -210,6 +210,19 @@ def load_adapter(model: Any, folder: Path) -> None:
     set_peft_model_state_dict(model.model, load_file(str(folder / ADAPTER_WEIGHTS)))
 
 
+def attach(model: Any, folder: Path, name: str) -> None:
+    """The adapter of ``folder`` loaded beside ``model``'s own as ``name`` (one base, several adapters:
+    a request picks one by name); refused, as ``load_adapter`` refuses, for another base."""
+    folder = Path(folder)
+    if not is_adapted(model.model) or not (folder / ADAPTER_WEIGHTS).is_file():
+        raise CheckpointError(
+            f"`{folder}` holds no LoRA adapter for `{type(model).__name__}`: a route of adapters on one base "
+            "serves versions of a class that declares `lora`"
+        )
+    check_base(model, folder)
+    model.model.load_adapter(str(folder), adapter_name=name, is_trainable=False)
+
+
 def check_base(model: Any, folder: Path) -> None:
     note = Path(folder) / BASE_FILE
     if not note.is_file():

@@ -1,0 +1,116 @@
+"""What every replica class adds to answer OpenAI's API (``ServeSettings(api="openai")``): the
+endpoints below the route, one text engine per model it holds (requests decode together in it), the
+route's keys. A replica class says which model ids it serves (``model_ids``) and which of its models
+answers a request (``choose``); ``_openai.py`` does the rest."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+import orjson
+
+from raymodel.serve import _auth, _openai
+from raymodel.serve._openai import OpenAIError
+
+ENDPOINTS = ("completions", "chat/completions")
+
+
+class OpenAIRoutes:
+    """A mixin of ``ModelServer`` and its subclasses (their ``max_body_bytes``, ``batch_sizes`` and
+    ``started``)."""
+
+    api: str = "raymodel"
+    keys: tuple[str, ...] | None = None
+    max_body_bytes: int
+    batch_sizes: Any
+    started: float
+
+    def model_ids(self) -> list[str]:
+        raise NotImplementedError
+
+    async def choose(self, name: str, request: dict[str, Any]) -> tuple[str, Any, str | None]:
+        """``(the id answering, its model, its adapter or None)`` for a request naming ``name``."""
+        raise NotImplementedError
+
+    def record(self, label: str, latency_s: float, failed: bool) -> None:
+        """A request's figures (the route's, and per version where the route has several)."""
+        raise NotImplementedError
+
+    def held_models(self) -> list[Any]:
+        """The models this replica holds now (their engines are kept; others' are closed)."""
+        raise NotImplementedError
+
+    def engine_of(self, model: Any) -> Any:
+        """The model's text engine, made on first use (one per model held, its batches counted in
+        ``batch_sizes`` as a step's size)."""
+        engines: dict[int, tuple[Any, Any]] = self.__dict__.setdefault("_engines", {})
+        held = engines.get(id(model))
+        if held is not None and held[0] is model:
+            return held[1]
+        alive = {id(m) for m in self.held_models()}
+        for key in [k for k in engines if k not in alive]:
+            engines.pop(key)[1].close()
+        max_batch = getattr(self, "max_generation_batch", 16)
+        engine = model.backend.text_engine(model, max_batch, self._step)
+        engines[id(model)] = (model, engine)
+        return engine
+
+    def _step(self, size: int) -> None:
+        self.batch_sizes.append((time.time(), size))
+
+    def authorized(self, request: Any) -> Any:
+        """None when the request may go on, else the 401 (OpenAI's shape on an OpenAI route)."""
+        if _auth.allowed(self.keys, request.headers):
+            return None
+        if self.api == "openai":
+            return _openai.unauthorized()
+        from starlette.responses import Response
+
+        body = orjson.dumps({"error": "unauthorized", "detail": _auth.MISSING})  # the route's own error shape
+        return Response(body, 401, _auth.CHALLENGE, media_type="application/json")
+
+    async def openai_call(self, request: Any, sub: str) -> Any:
+        """``GET models``, ``POST completions`` and ``POST chat/completions`` under the route."""
+        try:
+            if sub == "models":
+                if request.method != "GET":
+                    raise OpenAIError(405, "`/models` answers GET.")
+                return _openai.models(self.model_ids(), self.started)
+            if sub not in ENDPOINTS:
+                raise OpenAIError(
+                    404, f"No endpoint `/{sub}` here: POST /completions or /chat/completions, GET /models.",
+                    code="unknown_url",
+                )  # fmt: skip
+            if request.method != "POST":
+                raise OpenAIError(405, f"`/{sub}` answers POST.")
+            body = await request.body()
+            if len(body) > self.max_body_bytes:
+                raise OpenAIError(413, f"The body has {len(body)} bytes; the limit is {self.max_body_bytes} "
+                                  "(`ServeSettings(max_body_bytes=...)`).")  # fmt: skip
+            try:
+                payload = orjson.loads(body)
+            except ValueError as exc:
+                raise OpenAIError(400, f"The body is not valid JSON: {exc}") from None
+            if isinstance(payload, dict):
+                payload = {**payload}
+            return await _openai.answer(self.engine_of, sub, payload, self._choose_keyed(request), self.record)
+        except OpenAIError as exc:
+            return exc.response()
+        except Exception as exc:  # noqa: BLE001 - the replica answers on
+            import logging
+
+            logging.getLogger("ray.serve").error("an OpenAI request failed\n%s", traceback.format_exc())
+            return OpenAIError(500, f"{type(exc).__name__}: {exc}", code="server_error").response()
+
+    def _choose_keyed(self, request: Any) -> Any:
+        from raymodel.serve._traffic import KEY_HEADER
+
+        sticky = request.headers.get(KEY_HEADER)
+
+        async def choose(name: str, parsed: dict[str, Any]) -> tuple[str, Any, str | None]:
+            parsed["key"] = sticky or parsed.get("user")
+            return await self.choose(name, parsed)
+
+        return choose
