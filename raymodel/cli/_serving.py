@@ -23,6 +23,16 @@ def add_commands(sub: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--replicas", default="1", help="a number, or 'auto'")
+    serve.add_argument(
+        "--api", choices=("raymodel", "openai"), default="raymodel",
+        help="openai: a causal LM answers OpenAI's API under the route (/completions, /chat/completions, /models)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--api-keys", metavar="VAR_OR_FILE",
+        help="the environment variable or file holding the route's keys (never keys themselves: a command "
+        "line is seen by every user of the machine); requests need `Authorization: Bearer <key>`",
+    )  # fmt: skip
+    serve.add_argument("--max-models", type=int, default=3, help="versions (adapters) a replica holds at once")
     serve.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     serve.set_defaults(handler=_serve)
     rollout = sub.add_parser(
@@ -80,7 +90,14 @@ def _serve(args: argparse.Namespace) -> None:
         args.ref,
         args.route,
         registry=args.registry,
-        settings={"host": args.host, "port": args.port, "num_replicas": replicas},
+        settings={
+            "host": args.host,
+            "port": args.port,
+            "num_replicas": replicas,
+            "api": args.api,
+            "api_keys": args.api_keys,
+            "max_models_per_replica": args.max_models,
+        },  # fmt: skip
     )
     init(address=args.address)
     signal.signal(signal.SIGTERM, _interrupt)  # after Ray's own handler: `kill` stops serving like Ctrl-C
