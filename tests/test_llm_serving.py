@@ -197,20 +197,6 @@ def test_the_openai_client_completes_chats_and_streams_the_same_text_batched_beh
 
 
 @pytest.mark.integration
-def test_a_routes_keys_guard_raymodels_own_api_too(ray_session, chatty):
-    served = chatty.serve("/poet-keys", settings=rm.ServeSettings(api_keys=[KEY]))
-    try:
-        refused = requests.post(served.url, json={"prompt": "crème"}, timeout=30)
-        assert refused.status_code == 401 and refused.json()["error"] == "unauthorized", refused.text
-        assert refused.headers["www-authenticate"].startswith("Bearer")
-        ok = requests.post(served.url, json={"prompt": "crème", "max_new_tokens": 10},
-                           headers={"Authorization": f"Bearer {KEY}"}, timeout=30)  # fmt: skip
-        assert ok.status_code == 200 and ok.json() == {"text": greedy(chatty, "crème", 10)}
-    finally:
-        served.shutdown()
-
-
-@pytest.mark.integration
 def test_adapters_on_one_base_answer_by_model_the_least_recently_used_goes_and_a_rollout_promotes(
     ray_session, registry, base
 ):

@@ -306,11 +306,18 @@ def test_a_streamed_generation_joins_to_exactly_the_answer_on_a_byte_level_bpe_t
     local = list(poet.stream(request))
     assert "".join(local) == answer and len(local) > 2, local
 
-    served = poet.serve("/poet")
+    key = "sk-raymodel-own-api-0123"  # keys guard raymodel's own API as they guard OpenAI's (test_llm_serving)
+    served = poet.serve("/poet", settings=rm.ServeSettings(api_keys=[key]))
+    bearer = {"Authorization": f"Bearer {key}"}
     try:
-        plain = requests.post(served.url, json=request, timeout=30)
+        refused = requests.post(served.url, json=request, timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"] == "unauthorized", refused.text
+        assert refused.headers["www-authenticate"].startswith("Bearer")
+        plain = requests.post(served.url, json=request, headers=bearer, timeout=30)
         assert plain.status_code == 200 and plain.json() == {"text": answer}, plain.text
-        with requests.post(served.url, json={**request, "stream": True}, stream=True, timeout=30) as streamed:
+        with requests.post(
+            served.url, json={**request, "stream": True}, headers=bearer, stream=True, timeout=30
+        ) as streamed:
             assert streamed.status_code == 200
             events = [line for line in streamed.iter_lines(decode_unicode=True) if line]
         assert events[-1] == "data: [DONE]", events

@@ -161,14 +161,18 @@ async def answer(engine_of: Callable[[Any], Any], endpoint: str, body: Any, choo
     began = time.monotonic()
     request = parse(endpoint, body)
     label, model, adapter = await choose(request["model"], request)
-    engine = engine_of(model)
     try:
+        engine = engine_of(model)
         if endpoint == "completions":
             prompts = [engine.prompt_ids(p) for p in request["prompts"]]
         else:
             prompts = [engine.chat_ids(request["messages"])]
     except ValueError as exc:
+        record(label, time.monotonic() - began, False)  # the client's error: the version is let go
         raise _bad(str(exc), "prompt" if endpoint == "completions" else "messages") from None
+    except BaseException:
+        record(label, time.monotonic() - began, True)
+        raise
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     generations = []
@@ -178,7 +182,7 @@ async def answer(engine_of: Callable[[Any], Any], endpoint: str, body: Any, choo
         generations.append(generation)
     chat = endpoint == "chat/completions"
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
-            "model": request["model"]}  # fmt: skip
+            "model": label}  # fmt: skip
     if request["stream"]:
         return StreamingResponse(
             _events(queue, generations, head, chat, request.get("include_usage", False), label, began, record),
