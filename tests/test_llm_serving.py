@@ -221,6 +221,8 @@ def test_adapters_on_one_base_answer_by_model_the_least_recently_used_goes_and_a
         with ThreadPoolExecutor(4) as pool:  # two adapters in one batch
             both = list(pool.map(ask, ["bard:1", "bard:2", "bard@production", "bard@candidate"]))
         assert both == [texts[0], texts[1], texts[0], texts[1]], both
+        named = client.completions.create(model="bard@candidate", prompt=question, max_tokens=2, temperature=0)
+        assert named.model == "bard:2"  # the version that answered
         assert ask("bard:3") == texts[2]
         info = requests.get(served.url + "/info", timeout=30).json()
         assert info["loaded"] == ["bard:2", "bard:3"] and info["evictions"] == 1, info  # bard:1 went
@@ -243,6 +245,7 @@ def test_adapters_on_one_base_answer_by_model_the_least_recently_used_goes_and_a
             done = client.completions.create(model="bard@production", prompt=question, max_tokens=16, temperature=0)
             answered.append(done.choices[0].text)
 
+    assert [m.id for m in client.models.list()] == ["bard@production", "bard:1"]  # as written, then the version
     worker = threading.Thread(target=load)
     worker.start()
     try:
