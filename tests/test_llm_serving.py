@@ -101,6 +101,22 @@ def test_keys_are_kept_as_digests_from_a_list_a_variable_or_a_file(tmp_path, mon
     assert _auth.allowed(None, {})
 
 
+def test_a_model_that_does_not_generate_text_is_refused_before_anything_starts(no_ray, registry):
+    from hf_models import Sentiment
+    from models import TinyNet
+
+    from raymodel.exceptions import ServeError
+
+    with pytest.raises(ServeError, match="does not generate text.*causal language model"):
+        rm.Servable(Sentiment(), "/v1", settings={"api": "openai"})
+    net = TinyNet()
+    net.ensure_setup()
+    rm.registry.put(net, key="tiny")
+    for ref in ("tiny@*", "tiny:1"):
+        with pytest.raises(SettingsError, match="`tiny.*` is a torch model; OpenAI's API"):
+            rm.Servable(ref, "/v1", settings={"api": "openai"})
+
+
 def test_the_engine_batches_requests_that_arrive_together_and_mid_generation(chatty):
     """Requests decoded together (and joining a running batch) answer as each would alone."""
     chatty.ensure_setup()
