@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -323,5 +324,15 @@ def test_a_streamed_generation_joins_to_exactly_the_answer_on_a_byte_level_bpe_t
         assert events[-1] == "data: [DONE]", events
         pieces = [rm_json(e.removeprefix("data: "))["token"] for e in events[:-1]]
         assert "".join(pieces) == answer and pieces == local, events
+        # prompts that arrive together are decoded together (the replica's engine), each as it is alone
+        prompts = ["crème", "la fa", "smörg", "déjà vu", "garçon", "🙂"]
+        want = [poet.predict({"prompt": p, "max_new_tokens": 30})["text"] for p in prompts]
+        post = lambda p: requests.post(  # noqa: E731
+            served.url, json={"prompt": p, "max_new_tokens": 30}, headers=bearer, timeout=60
+        ).json()["text"]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            assert list(pool.map(post, prompts)) == want
+        info = requests.get(served.url + "/info", headers=bearer, timeout=30).json()
+        assert max(info["batch_sizes_seen"]) > 1, info
     finally:
         served.shutdown()

@@ -21,6 +21,7 @@ class TextRequest:
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: no limit
     stop: tuple[str, ...] = ()
     seed: int | None = None
     adapter: str | None = None

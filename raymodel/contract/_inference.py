@@ -52,6 +52,13 @@ class InferenceDefaults(Generic[M]):
         """Whether the (set up) model generates text, so that ``text_engine`` serves it."""
         return False
 
+    def own_generation(self, model: M, payload: Any) -> Any:
+        """A request of raymodel's own API that the text engine answers, as ``(prompts, options)`` with
+        the engine's option names (``max_tokens``, ``temperature``: 0 is greedy, ``top_k``, ``top_p``),
+        or None where the model's own ``preprocess``/``forward`` answer it. Raises what ``preprocess``
+        raises for a payload it refuses."""
+        return None
+
     def attach_adapter(self, model: M, directory: Any, name: str) -> None:
         """The LoRA adapter of the checkpoint folder ``directory`` loaded beside the model's own, as
         ``name`` (a route of several adapter versions on one base)."""

@@ -102,6 +102,9 @@ class ModelServer(OpenAIRoutes):
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
         if refused is not None:
             return refused
+        generated = await self.own_generation(payload, self.model, _label(self.model))
+        if generated is not None:  # a causal LM's prompt: decoded in the engine's batch
+            return generated
         if isinstance(payload, dict) and payload.get("stream") is True and _streams(self.model):
             return self._stream(payload)
         status, content, size, model = await self._answer(payload)

@@ -104,6 +104,87 @@ class OpenAIRoutes:
             logging.getLogger("ray.serve").error("an OpenAI request failed\n%s", traceback.format_exc())
             return OpenAIError(500, f"{type(exc).__name__}: {exc}", code="server_error").response()
 
+    async def own_generation(self, payload: Any, model: Any, label: str) -> Any:
+        """raymodel's own ``{"prompt": ...}`` to a causal LM, through the model's engine (decoded together
+        with the requests that arrive with it; ``"stream": true``: ``data: {"token": piece}`` events, then
+        ``[DONE]``); None where the model answers it its own way (``Backend.own_generation``)."""
+        import asyncio
+
+        from starlette.responses import Response, StreamingResponse
+
+        from raymodel.contract import TextRequest
+
+        def refused(exc: Exception) -> Response:
+            text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+            body = {"error": "invalid payload", "detail": f"{type(exc).__name__}: {text}"}
+            return Response(orjson.dumps(body), 422, media_type="application/json")
+
+        began = time.monotonic()
+        try:
+            asked = model.backend.own_generation(model, payload)
+            if asked is None:
+                return None
+            prompts, options = asked
+            stream = isinstance(payload, dict) and payload.get("stream") is True
+            if stream and len(prompts) != 1:
+                raise ValueError("`stream` takes one prompt (a string), not a list")
+            engine = self.engine_of(model)
+            ids = [engine.prompt_ids(p) for p in prompts]
+        except (ValueError, TypeError, KeyError) as exc:
+            return refused(exc)
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        requests = [TextRequest(row, _openai.emitter(loop, out, i), **options) for i, row in enumerate(ids)]
+        for r in requests:
+            engine.submit(r)
+        headers = {"x-raymodel-model": label}
+
+        async def pieces() -> Any:  # (index, piece) until every request has finished
+            done = 0
+            try:
+                while done < len(requests):
+                    i, item = await out.get()
+                    if isinstance(item, BaseException):
+                        raise item
+                    if isinstance(item, dict):
+                        done += 1
+                    else:
+                        yield i, item
+            finally:
+                for r in requests:
+                    r.cancelled = True
+
+        if stream:
+
+            async def events() -> Any:
+                failed = True
+                try:
+                    async for _, piece in pieces():
+                        yield b"data: " + orjson.dumps({"token": piece}) + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                    failed = False
+                except Exception as exc:  # noqa: BLE001 - the status line is sent: the error is an event
+                    body = {"error": "model error", "detail": f"{type(exc).__name__}: {exc}"}
+                    yield b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+                finally:
+                    self.record(label, time.monotonic() - began, failed)
+
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})  # fmt: skip
+        texts = [""] * len(requests)
+        failed = True
+        try:
+            async for i, piece in pieces():
+                texts[i] += piece
+            failed = False
+        except Exception as exc:  # noqa: BLE001 - answered as the route's model error
+            body = {"error": "model error", "detail": f"{type(exc).__name__}: {exc}"}
+            return Response(orjson.dumps(body), 500, headers, media_type="application/json")
+        finally:
+            self.record(label, time.monotonic() - began, failed)
+        content = {"text": texts[0] if len(texts) == 1 else texts}
+        return Response(orjson.dumps(content), 200, headers, media_type="application/json")
+
     def _choose_keyed(self, request: Any) -> Any:
         from raymodel.serve._traffic import KEY_HEADER
 

@@ -177,9 +177,7 @@ async def answer(engine_of: Callable[[Any], Any], endpoint: str, body: Any, choo
     loop = asyncio.get_running_loop()
     generations = []
     for i, ids in enumerate(prompts):
-        generation = _submit(engine, ids, request, adapter, lambda item, i=i: loop.call_soon_threadsafe(
-            queue.put_nowait, (i, item)))  # fmt: skip
-        generations.append(generation)
+        generations.append(_submit(engine, ids, request, adapter, emitter(loop, queue, i)))
     chat = endpoint == "chat/completions"
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
             "model": label}  # fmt: skip
@@ -217,12 +215,23 @@ async def answer(engine_of: Callable[[Any], Any], endpoint: str, body: Any, choo
     return Response(orjson.dumps(content), 200, {"x-raymodel-model": label}, media_type="application/json")
 
 
+def emitter(
+    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[int, Any]], index: int
+) -> Callable[[Any], None]:
+    """What a generation's ``emit`` is: its items onto ``queue`` (on the event loop), tagged ``index``."""
+
+    def emit(item: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, (index, item))
+
+    return emit
+
+
 def _submit(engine: Any, ids: list[int], request: dict[str, Any], adapter: str | None, emit: Any) -> Any:
     limit = request["max_tokens"]
     room = engine.room(ids)
     generation = TextRequest(
-        ids, emit, limit if limit is not None else (room or 256), request["temperature"], request["top_p"],
-        request["stop"], request["seed"], adapter,
+        ids, emit, max_tokens=limit if limit is not None else (room or 256), temperature=request["temperature"],
+        top_p=request["top_p"], stop=request["stop"], seed=request["seed"], adapter=adapter,
     )  # fmt: skip
     engine.submit(generation)
     return generation

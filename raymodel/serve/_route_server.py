@@ -155,6 +155,9 @@ class RouteServer(ModelServer):
         route = self.route
         label = route.labels[pick(route.shares, point(request.headers.get(KEY_HEADER)))]
         model = route.models[label]
+        generated = await self.own_generation(payload, model, label)
+        if generated is not None:  # a causal LM's prompt: decoded in the engine's batch
+            return generated
         if isinstance(payload, dict) and payload.get("stream") is True and _streams(model):
             return self._stream(payload, model)
         began = time.monotonic()

@@ -177,6 +177,27 @@ class TransformersBackend(TorchBackend):
 
         return Engine(model, max_batch_size, on_step)
 
+    def own_generation(self, model: Model, payload: Any) -> Any:
+        """A causal LM's ``{"prompt": ...}`` through the replica's engine (batched with the requests
+        that arrive with it), unless the class answers requests its own way (``preprocess``, ``forward``
+        or ``postprocess`` of its own)."""
+        kind = type(model)
+        if not self.generates(model) or any(
+            getattr(kind, name) is not getattr(RayModel, name) for name in ("preprocess", "forward", "postprocess")
+        ):
+            return None
+        from raymodel.backends.transformers import _text
+
+        request = _text.generation(payload)
+        o = request.options
+        sampled = o["do_sample"]
+        return request.prompts, {
+            "max_tokens": o["max_new_tokens"],
+            "temperature": o.get("temperature", 1.0) if sampled else 0.0,
+            "top_k": o.get("top_k", getattr(model.model.generation_config, "top_k", None) or 0) if sampled else 0,  # type: ignore[attr-defined]
+            "top_p": o.get("top_p", 1.0) if sampled else 1.0,
+        }
+
     def attach_adapter(self, model: Model, directory: Any, name: str) -> None:
         from raymodel.backends.transformers import _lora
 

@@ -299,6 +299,9 @@ class _Sequence:
     def sample(self, logits: Any) -> int:
         import torch
 
+        if 0 < self.request.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.request.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits / self.request.temperature, dim=-1)
         if self.request.top_p < 1.0:
             ordered, order = probs.sort(descending=True)
