@@ -5,7 +5,8 @@ downloaded) and learns a few lines of accented text in full: that is the base, s
 transformers folder. An `Assistant` then declares `lora = rm.LoRA(r=8)`, loads that base in
 `setup`, and trains only its adapter on prompt/completion pairs (the loss counts the answers'
 tokens). The adapter is registered (its bytes, and the fingerprint of the base it fits), fetched
-back, saved as peft's folder and merged into a plain model, and answers a prompt.
+back, saved as peft's folder and merged into a plain model, and answers a prompt; then the key's
+versions are served with OpenAI's API and called with the `openai` client, streamed.
 
 python examples/llm_lora.py
 """
@@ -96,6 +97,23 @@ def main() -> None:
         ]
         print(f"the adapter: {kib[0]:.1f} KiB, beside a base of {kib[1]:.1f} KiB")
         assistant.save_pretrained(Path(scratch) / "merged", merged=True)  # a plain transformers model
+
+        # OpenAI's API over the key's versions: a request's `model` names one (its adapter beside the base,
+        # which each replica loads once); `pip install openai` for the client.
+        import openai
+
+        app = rm.Servable("assistant@*", "/v1", settings=rm.ServeSettings(api="openai")).deploy()
+        try:
+            client = openai.OpenAI(base_url=app.url, api_key="unused")
+            print("served models:", [m.id for m in client.models.list()])
+            for prompt, _ in PAIRS:
+                chunks = client.completions.create(
+                    model="assistant@production", prompt=prompt, max_tokens=12, temperature=0, stream=True
+                )
+                text = "".join(c.choices[0].text for c in chunks if c.choices)
+                print(f"{prompt!r} -> {text!r} (streamed over OpenAI's API)")
+        finally:
+            app.shutdown()
 
 
 if __name__ == "__main__":
