@@ -121,6 +121,7 @@ def test_the_engine_batches_requests_that_arrive_together_and_mid_generation(cha
     """Requests decoded together (and joining a running batch) answer as each would alone."""
     chatty.ensure_setup()
     want = {p: greedy(chatty, p, 20) for p in PROMPTS}
+    chatty.model.train()  # as a model built in `setup` is: the engine answers in eval mode (no dropout) anyway
     sizes: list[int] = []
     engine = chatty.backend.text_engine(chatty, 16, sizes.append)
     with ThreadPoolExecutor(len(PROMPTS)) as pool:

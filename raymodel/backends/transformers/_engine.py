@@ -170,8 +170,6 @@ class _Batch:
         self.logits: Any = None
 
     def _forward(self, ids: Any, mask: Any, positions: Any, cache: Any, seqs: list[_Sequence]) -> Any:
-        import torch
-
         kwargs: dict[str, Any] = {}
         hf = self.engine.model.model
         if hasattr(hf, "peft_config"):  # a request without an adapter takes the model's active one
@@ -179,7 +177,7 @@ class _Batch:
             names = [s.request.adapter or active for s in seqs]
             if any(name != active for name in names):
                 kwargs["adapter_names"] = names
-        with torch.inference_mode():
+        with self.engine.model.backend.inference(self.engine.model):  # eval mode (no dropout), no gradients
             out = hf(
                 input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
                 **kwargs,
