@@ -279,3 +279,22 @@ def test_adapters_on_one_base_answer_by_model_the_least_recently_used_goes_and_a
         assert after.choices[0].text == texts[1]
     finally:
         served.shutdown()
+
+
+def test_a_multiplexed_routes_router_asks_for_the_key_before_anything_else(tmp_path):
+    """The keys guard the router of a raymodel-API route of a key's versions too (its own ingress)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from raymodel.serve._route_deployments import ModelRouter
+
+    plan = {"registry": str(tmp_path / "registry"), "multiplex": "digits"}
+    router = ModelRouter(None, plan, {}, 1 << 20, rm.ServeSettings(api_keys=[KEY]).api_keys)
+    request = SimpleNamespace(headers={}, method="GET", scope={"path": "/digits/info", "root_path": "/digits"})
+    refused = asyncio.run(router(request))
+    assert refused.status_code == 401 and json.loads(refused.body)["error"] == "unauthorized"
+    request.headers = {"authorization": f"Bearer {KEY}"}
+    health = SimpleNamespace(
+        headers=request.headers, method="GET", scope={"path": "/digits/health", "root_path": "/digits"}
+    )
+    assert asyncio.run(router(health)).status_code == 200
