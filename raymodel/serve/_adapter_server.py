@@ -96,7 +96,9 @@ class AdapterServer(ModelServer):
         self.requests.append((time.time(), latency_s))
 
     def held_models(self) -> list[Any]:
-        return [*{id(m): m for m, _ in self.resident.values()}.values(), *self.bases.values()]
+        """(Also read from the loading thread: the dicts are copied whole first, under the GIL.)"""
+        resident, bases = list(self.resident.values()), list(self.bases.values())
+        return [*{id(m): m for m, _ in resident}.values(), *bases]
 
     async def _resident(self, label: str) -> tuple[Any, str | None]:
         if label in self.resident:
