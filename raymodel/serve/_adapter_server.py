@@ -22,9 +22,9 @@ from typing import Any
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
-from raymodel.serve._deployment import ModelServer, _json, described
+from raymodel.serve._deployment import ModelServer
 from raymodel.serve._openai import not_found
-from raymodel.serve._traffic import VersionStats, window_figures
+from raymodel.serve._traffic import VersionStats, multiplexed_stats
 
 
 class AdapterServer(ModelServer):
@@ -178,25 +178,5 @@ class AdapterServer(ModelServer):
             "window_s": figures["window_s"],
         }
 
-    async def __call__(self, request: Any) -> Any:
-        refused = self.authorized(request)
-        if refused is not None:
-            return refused
-        sub, answer = described(request)
-        if answer is not None:
-            return answer
-        if sub == "info":
-            return _json(self.describe())
-        return await self.openai_call(request, sub)
-
     def stats(self, window_s: float = 60.0) -> dict[str, Any]:
-        versions = self.figures.summary(window_s)["versions"]
-        return {
-            "route": self.info.get("route"),
-            "serving": ", ".join(sorted(versions)) or self.info.get("multiplex"),
-            **window_figures(self.figures.answered(), list(self.batch_sizes), window_s, self.figures.started),
-            "versions": versions,
-            "shadows": {},
-            "split": None,
-            "refs": {},
-        }
+        return multiplexed_stats(self.info, self.figures, list(self.batch_sizes), window_s)

@@ -87,16 +87,9 @@ class ModelServer(OpenAIRoutes):
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
-        refused = self.authorized(request)
-        if refused is not None:
-            return refused
-        sub, answer = described(request)
+        sub, answer = await self.front(request)
         if answer is not None:
             return answer
-        if sub == "info":
-            return _json({**self.info, "serving": _label(self.model), **self.replica_info()})
-        if self.api == "openai":
-            return await self.openai_call(request, sub)
         if sub == "openapi.json":
             return _json(self.openapi())
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
@@ -109,6 +102,23 @@ class ModelServer(OpenAIRoutes):
             return self._stream(payload)
         status, content, size, model = await self._answer(payload)
         return _json(content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
+
+    async def front(self, request: Any) -> tuple[str, Any]:
+        """``(the path below the route, an answer or None)``: what every replica answers before its own
+        requests: the key, ``health`` and the methods, ``info``, and on an OpenAI route all the rest."""
+        refused = self.authorized(request)
+        if refused is not None:
+            return "", refused
+        sub, answer = described(request)
+        if answer is None and sub == "info":
+            answer = _json(self.describe())
+        if answer is None and self.api == "openai":
+            answer = await self.openai_call(request, sub)
+        return sub, answer
+
+    def describe(self) -> dict[str, Any]:
+        """``GET <route>/info``."""
+        return {**self.info, "serving": _label(self.model), **self.replica_info()}
 
     def model_ids(self) -> list[str]:
         return [type(self.model).__name__]

@@ -28,7 +28,7 @@ from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
 from raymodel.serve import _auth
 from raymodel.serve._deployment import ModelServer, _error, _json, _label, described, read_payload
-from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats, window_figures
+from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats, multiplexed_stats
 
 logger = logging.getLogger("ray.serve")
 
@@ -211,13 +211,4 @@ class ModelRouter:
     async def stats(self, window_s: float = 60.0) -> dict[str, Any]:
         """The dashboard's figures over the last ``window_s`` seconds: the whole route's, from the
         requests it answered (and the batch each was answered in), and per version."""
-        versions = self.figures.summary(window_s)["versions"]
-        return {
-            "route": self.info.get("route"),
-            "serving": ", ".join(sorted(versions)) or self.info.get("multiplex"),
-            **window_figures(self.figures.answered(), list(self.batches), window_s, self.figures.started),
-            "versions": versions,
-            "shadows": {},
-            "split": None,
-            "refs": {},
-        }
+        return multiplexed_stats(self.info, self.figures, list(self.batches), window_s)

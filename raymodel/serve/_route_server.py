@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
-from raymodel.serve._deployment import ModelServer, _json, _streams, described, read_payload
+from raymodel.serve._deployment import ModelServer, _json, _streams, read_payload
 from raymodel.serve._openai import not_found
 from raymodel.serve._traffic import (
     KEY_HEADER,
@@ -137,16 +137,9 @@ class RouteServer(ModelServer):
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
-        refused = self.authorized(request)
-        if refused is not None:
-            return refused
-        sub, answer = described(request)
+        sub, answer = await self.front(request)
         if answer is not None:
             return answer
-        if sub == "info":
-            return _json(self.describe())
-        if self.api == "openai":
-            return await self.openai_call(request, sub)
         if sub == "openapi.json":
             return _json(self.openapi())
         payload, refused = await read_payload(request, sub, self.max_body_bytes)

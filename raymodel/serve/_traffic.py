@@ -212,3 +212,20 @@ def _quantile(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
     return round(1000 * sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))], 3)
+
+
+def multiplexed_stats(
+    info: dict[str, Any], figures: VersionStats, batches: list[Any], window_s: float
+) -> dict[str, Any]:
+    """The dashboard's figures of a route of a key's versions (any chosen per request) over the last
+    ``window_s`` seconds: the whole route's, from the requests it answered and their batches, and per version."""
+    versions = figures.summary(window_s)["versions"]
+    return {
+        "route": info.get("route"),
+        "serving": ", ".join(sorted(versions)) or info.get("multiplex"),
+        **window_figures(figures.answered(), batches, window_s, figures.started),
+        "versions": versions,
+        "shadows": {},
+        "split": None,
+        "refs": {},
+    }
