@@ -67,6 +67,7 @@ def test_a_selection_starts_only_its_lane_jobs_and_the_session_leaves_no_process
     probe = uuid.uuid4().hex  # inherited by everything the inner session starts
     env = {**os.environ, "PYTHONPATH": TESTS, "LANE_TOUCHED": str(touched), "LANE_PROBE": probe}
     env.pop("RM_TEST_SESSION", None)  # the inner session marks its own
+    env.pop("PYTEST_ADDOPTS", None)  # and takes no option given to the outer one (a plugin, a report)
     began = time.monotonic()
     ran = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not never", str(tmp_path)],
