@@ -14,6 +14,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 #: No warm pools (``rm.init``'s default warms torch:2): each test starts what it uses, and the tests of
 #: warm pools ask for them (its processes, ``raymodel server start`` included, inherit this).
 os.environ["RAYMODEL_WARM"] = "none"
+#: The Ray instances of the session, its own and the lane's clusters (set before any of them starts; each
+#: inherits it): the log monitor looks for new worker log files once a second, not ten times (it does so
+#: while there are fewer than 1,000: a session makes hundreds, and the looking took 3% of a core).
+os.environ.update(LOG_NAME_UPDATE_INTERVAL_S="1", RAY_LOG_MONITOR_MANY_FILES_THRESHOLD="0")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,30 +29,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-#: Modules whose tests spend much of their time waiting on the clock (a rollout's steps, a load's seconds,
-#: an idle pool's timeout, replicas and routes starting): they run first, while the background lane's
-#: clusters (tests/lane.py, about 15 minutes of them) compute beside them. On a clean clone of a 2-core
-#: machine, with the lane over, these kept the machine 45-70% busy; the rest of the suite (the
-#: conformance suite first of all) kept it 75-100% busy, and run beside the lane, it went at half speed.
-WAITING_FIRST = (
-    "test_rollouts.py",
-    "test_model_server.py",
-    "test_pools.py",
-    "test_serve.py",
-    "test_wrappers.py",
-    "test_transformers.py",
-    "test_llm_serving.py",
-    "test_rllib.py",
-    "test_output.py",
-    "test_scheduling.py",
-)
-
-
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules of ``WAITING_FIRST`` go first, in its order (the others keep theirs); tests marked
-    ``after(name)`` move next to that test (the lane's tests go last: ``tests/lane.py``)."""
-    rank = {name: i for i, name in enumerate(WAITING_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's own order is kept
+    """Tests marked ``after(name)`` move next to that test (the lane's tests go last: ``tests/lane.py``)."""
     for item in [item for item in items if item.get_closest_marker("after")]:
         name = item.get_closest_marker("after").args[0]
         anchor = next((i for i in items if i.name == name and i.path == item.path), None)
@@ -120,15 +102,11 @@ def raymodel_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session(raymodel_home: Path):
-    """The one local Ray instance of the test session (2 CPUs, dashboard on).
-
-    Its log monitor looks for new worker log files once a second, not ten times (it does so while
-    there are fewer than 1,000: this session makes hundreds, and the looking took 3% of a core)."""
+    """The one local Ray instance of the test session (2 CPUs, dashboard on)."""
     import ray
 
     import raymodel as rm
 
-    os.environ.update(LOG_NAME_UPDATE_INTERVAL_S="1", RAY_LOG_MONITOR_MANY_FILES_THRESHOLD="0")  # before Ray starts
     rm.init(num_cpus=2)
     yield ray
     try:

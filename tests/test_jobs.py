@@ -250,6 +250,14 @@ job = TinyNet().train({{"num_workers": 1, "num_epochs": 3, "progress": False}},
 print(job.id)
 """
 
+#: The class names of the head's live actors (a process that attaches to `raymodel server start`).
+ACTORS = """
+import raymodel as rm
+from ray.util.state import list_actors
+rm.init()
+print(sorted({a.class_name for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)}))
+"""
+
 
 SUBMIT_SLOW = """
 import sys
@@ -294,6 +302,7 @@ def _server_start(scratch: Path) -> dict[str, Any]:
         steps["late"] = run("jobs", "update", job_id, "--set", "lr=0.1", "--set", "num_epochs=5")
         steps["nothing"] = run("jobs", "update", job_id)
         steps["status"] = run("server", "status")  # the job's pool stays, idle, for the next job
+        steps["actors"] = subprocess.run([PYTHON, "-c", ACTORS], env=env, capture_output=True, text=True, timeout=300)
         steps["logs"] = run("jobs", "logs", job_id)
         steps["missing"] = run("jobs", "show", "no-such-job")
         steps["record"] = (scratch / "home" / "jobs" / f"{job_id}.json").exists()  # it outlives everyone
@@ -347,6 +356,10 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
     assert "jobs: 1 SUCCEEDED" in status and "pools: 1" in status, status
     assert re.search(r"torch/1x\[CPU=1\]\s+holds 1 CPU\s+idle \d+ s\s+jobs run 1", status), status
     assert "epoch 3" in steps["logs"].stdout
+    # The head runs no autoscaler, so nothing drains it: its pool's worker group has no preemption watcher.
+    actors = steps["actors"]
+    assert actors.returncode == 0 and "RayTrainWorker" in actors.stdout, (actors.stdout, actors.stderr[-2000:])
+    assert "PreemptionWatcher" not in actors.stdout, actors.stdout
     missing = steps["missing"]
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "No job `no-such-job`" in missing.stderr
     assert steps["record"]

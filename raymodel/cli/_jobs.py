@@ -138,6 +138,10 @@ def _server_start(args: argparse.Namespace) -> None:
     end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
     env = with_serve_env(os.environ, resolve_ingress(None))  # the head's Serve: HAProxy unless told otherwise
     own_api_server(env, args.dashboard_port)  # the head's state API queries go to its own dashboard
+    # Train V2 starts a preemption watcher actor with every worker group, to notice a node that an
+    # autoscaler drains. This head runs no autoscaler: the watcher would only cost a process start per
+    # pool and per restart (as on `rm.init`'s local instance; set the variable to have it).
+    env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     haproxy = os.path.dirname(env.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", ""))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
