@@ -252,10 +252,11 @@ print(job.id)
 
 #: The class names of the head's live actors (a process that attaches to `raymodel server start`).
 ACTORS = """
-import raymodel as rm
+import ray, raymodel as rm
 from ray.util.state import list_actors
 rm.init()
-print(sorted({a.class_name for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)}))
+address = ray.get_runtime_context().gcs_address  # this head's, with the test session's Ray beside it
+print(sorted({a.class_name for a in list_actors(address, filters=[("state", "=", "ALIVE")], limit=10_000)}))
 """
 
 

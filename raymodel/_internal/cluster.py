@@ -109,6 +109,13 @@ def init(
         kwargs["dashboard_port"] = own_api_server(os.environ, ray_init_kwargs.get("dashboard_port"))
     elif address is not None:
         kwargs["address"] = address
+        if "RAY_AUTH_MODE" not in os.environ and _has_token():
+            # Ray was imported before raymodel (the mode is read once, at import) and, given an address,
+            # does not turn token mode on by itself: it would be refused by the cluster (a raw
+            # ConnectionError). Ray's own step for an address it finds (without its log line), done here.
+            from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+            _enable_token_auth()
 
     kwargs.update(ray_init_kwargs)
     ray.init(**kwargs)
