@@ -250,7 +250,8 @@ job = TinyNet().train({{"num_workers": 1, "num_epochs": 3, "progress": False}},
 print(job.id)
 """
 
-#: The class names of the head's live actors (a process that attaches to `raymodel server start`).
+#: The class names of the head's live actors, from a process that attaches to `raymodel server start`
+#: having imported Ray before raymodel, as a user may (`rm.init` must still join in token mode).
 ACTORS = """
 import ray, raymodel as rm
 from ray.util.state import list_actors
