@@ -181,6 +181,8 @@ def main() -> None:
             "rows": len(job.history()),
             "restarts": record.get("restarts", 0),
         }
+        if record["status"] not in ("SUCCEEDED", "STOPPED"):  # the test's failure says why
+            outcome[job_id].update(error=record.get("error"), log=job.logs()[-4000:])
     listed = [r["id"] for r in rm.jobs.records()]
     rm.jobs.release_pools()
     free = until(lambda: ray.available_resources().get("CPU", 0.0) == 2.0 and 2.0, 120)

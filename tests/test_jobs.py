@@ -236,6 +236,35 @@ def test_the_server_removes_the_placement_groups_whose_maker_died_and_keeps_the_
             ray_session.util.remove_placement_group(PlacementGroup(ray_session.PlacementGroupID.from_hex(group)))
 
 
+def test_a_group_whose_maker_died_is_removed_even_where_ray_did_not_mark_its_maker_dead():
+    """Ray's mark on a group whose maker died (``creator_actor_dead``) can be missing: a pool's Train
+    controller that died with its pool left its group CREATED and unmarked, holding both CPUs, and the
+    next job waited for ever. The sweep asks the actor table about a group's maker too (Ray's own rows
+    here, in-process: the case cannot be made on demand)."""
+    from ray.core.generated.gcs_pb2 import PlacementGroupTableData as Group
+
+    from raymodel.jobs._server.recovery import orphans
+
+    job, other = bytes.fromhex("01000000"), bytes.fromhex("02000000")
+    live, dead = bytes(range(12)) + job, bytes(range(1, 13)) + job
+    groups = {
+        "unmarked, maker dead": Group(creator_actor_id=dead, creator_actor_dead=False),
+        "marked dead": Group(creator_actor_id=live, creator_actor_dead=True),
+        "maker alive": Group(creator_actor_id=live),
+        "the driver's (no maker)": Group(creator_actor_id=b"\xff" * 16, creator_actor_dead=True),
+        "another job's": Group(creator_actor_id=dead, creator_job_id=other),
+        "removed": Group(creator_actor_id=dead, state=Group.REMOVED),
+        "detached": Group(creator_actor_id=dead, is_detached=True),
+    }
+    for i, (name, group) in enumerate(groups.items()):
+        group.placement_group_id = bytes([i]) * 18
+        group.state = group.state if name == "removed" else Group.CREATED
+        if not group.creator_job_id:
+            group.creator_job_id = job
+    found = orphans(list(groups.values()), job.hex(), lambda actor: actor == dead)
+    assert sorted(found) == sorted(groups[n].placement_group_id.hex() for n in ("unmarked, maker dead", "marked dead"))
+
+
 SUBMIT = """
 import sys
 sys.path.insert(0, {tests!r})

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ray
 
@@ -141,21 +141,37 @@ def orphaned_groups(job_id: str) -> list[str]:
     use such a group; a waiting one takes its resources the moment they return. (A group the job's
     driver made has no creator actor, and Ray calls that one dead too: it is kept.)"""
     from ray._private.state import state
-    from ray.core.generated.gcs_pb2 import PlacementGroupTableData as Group  # type: ignore[attr-defined]
+    from ray.core.generated import gcs_pb2
+
+    ActorTableData, Group = gcs_pb2.ActorTableData, gcs_pb2.PlacementGroupTableData  # type: ignore[attr-defined]
 
     try:
-        rows = state._connect_and_get_accessor().get_placement_group_table()
+        accessor = state._connect_and_get_accessor()
+        rows = [Group.FromString(row) for row in accessor.get_placement_group_table()]
     except Exception:  # noqa: BLE001 - no table, nothing removed
         return []
+
+    def dead(actor_id: bytes) -> bool:
+        info = accessor.get_actor_info(ray.ActorID(actor_id))
+        return info is not None and ActorTableData.FromString(info).state == ActorTableData.DEAD
+
+    return orphans(rows, job_id, dead)
+
+
+def orphans(groups: list[Any], job_id: str, dead: Callable[[bytes], bool]) -> list[str]:
+    """Of Ray's placement group rows (``PlacementGroupTableData``), the ids of those ``job_id``'s
+    actors made whose maker is dead. Ray's own mark (``creator_actor_dead``) is missing on some: a
+    pool's Train controller that died with its pool (its owner) left a group CREATED, unmarked,
+    holding both CPUs of a 2-CPU machine, and every job after it waited for ever. So a group whose
+    maker Ray has not marked is kept only if the actor table (``dead``) says its maker lives."""
     found = []
-    for row in rows:
-        group = Group.FromString(row)
+    for group in groups:
         if (
-            group.state != Group.REMOVED
+            group.state != type(group).REMOVED
             and not group.is_detached
-            and group.creator_actor_dead
             and not ray.ActorID(group.creator_actor_id).is_nil()
             and group.creator_job_id.hex() == job_id
+            and (group.creator_actor_dead or dead(group.creator_actor_id))
         ):
             found.append(group.placement_group_id.hex())
     return found
