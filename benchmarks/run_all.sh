@@ -31,4 +31,5 @@ run fsdp_memory_default_malloc benchmarks/fsdp_memory.py --default-malloc
 run rl_ppo benchmarks/rl_ppo.py
 run hf_trainer benchmarks/hf_trainer.py
 run lora benchmarks/lora.py --epochs 5
+run llm_serving benchmarks/llm_serving.py
 run first_contact benchmarks/first_contact.py --reps 3
