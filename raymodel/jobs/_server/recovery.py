@@ -152,7 +152,10 @@ def orphaned_groups(job_id: str) -> list[str]:
         return []
 
     def dead(actor_id: bytes) -> bool:
-        info = accessor.get_actor_info(ray.ActorID(actor_id))
+        try:
+            info = accessor.get_actor_info(ray.ActorID(actor_id))
+        except Exception:  # noqa: BLE001 - not known to be dead: kept
+            return False
         return info is not None and ActorTableData.FromString(info).state == ActorTableData.DEAD
 
     return orphans(rows, job_id, dead)
