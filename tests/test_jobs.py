@@ -280,13 +280,15 @@ print(job.id)
 """
 
 #: The class names of the head's live actors, from a process that attaches to `raymodel server start`
-#: having imported Ray before raymodel, as a user may (`rm.init` must still join in token mode).
+#: having imported Ray before raymodel, as a user may (`rm.init` must still join in token mode); then
+#: Train's report poll interval in the head's processes (a task's: they inherit the head's environment).
 ACTORS = """
-import ray, raymodel as rm
+import os, ray, raymodel as rm
 from ray.util.state import list_actors
 rm.init()
 address = ray.get_runtime_context().gcs_address  # this head's, with the test session's Ray beside it
 print(sorted({a.class_name for a in list_actors(address, filters=[("state", "=", "ALIVE")], limit=10_000)}))
+print(ray.get(ray.remote(num_cpus=0)(lambda: os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")).remote()))
 """
 
 
@@ -391,6 +393,8 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
     actors = steps["actors"]
     assert actors.returncode == 0 and "RayTrainWorker" in actors.stdout, (actors.stdout, actors.stderr[-2000:])
     assert "PreemptionWatcher" not in actors.stdout, actors.stdout
+    # Its pools poll their workers' reports every 0.2 s, not Train's 2 s (which adds 2 s to every epoch).
+    assert actors.stdout.strip().splitlines()[-1] == "0.2", actors.stdout
     missing = steps["missing"]
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "No job `no-such-job`" in missing.stderr
     assert steps["record"]
