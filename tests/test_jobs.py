@@ -393,7 +393,7 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
     actors = steps["actors"]
     assert actors.returncode == 0 and "RayTrainWorker" in actors.stdout, (actors.stdout, actors.stderr[-2000:])
     assert "PreemptionWatcher" not in actors.stdout, actors.stdout
-    # Its pools poll their workers' reports every 0.2 s, not Train's 2 s (which adds 2 s to every epoch).
+    # Its runs poll their workers' reports every 0.2 s, not Train's 2 s (a report can wait for a poll).
     assert actors.stdout.strip().splitlines()[-1] == "0.2", actors.stdout
     missing = steps["missing"]
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "No job `no-such-job`" in missing.stderr

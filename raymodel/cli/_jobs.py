@@ -143,8 +143,8 @@ def _server_start(args: argparse.Namespace) -> None:
     # pool and per restart (as on `rm.init`'s local instance; set the variable to have it).
     env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # Train V2's controller collects each worker's report when it polls (every 2 s by default), and a
-    # worker's next report waits for that: 2 s an epoch. The head's pools poll every 0.2 s, as on
-    # `rm.init`'s local instance (`rm.init` sets it for its own Ray; here the head's processes need it).
+    # worker's next report can wait for that. The head's runs poll every 0.2 s, as on `rm.init`'s local
+    # instance (`rm.init` sets it for its own Ray; here the head's processes need it).
     env.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     haproxy = os.path.dirname(env.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", ""))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
