@@ -11,7 +11,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, MutableMapping
 
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
 
@@ -83,11 +83,9 @@ def init(
     ingress = resolve_ingress(serve_ingress)  # a bad name fails before Ray starts
     if ray.is_initialized():
         return False
-    # Train V2's controller collects each `ray.train.report` when it polls the
-    # workers (every 2 s by default), and a worker's next report waits for
-    # that: 2 s per epoch. A local instance started here polls every 0.2 s;
-    # set the variable yourself to choose another interval.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    # Train's report poll (``_TRAIN_DEFAULTS``) in this process too, whatever the cluster: Train passes it
+    # from the process that calls ``fit`` to the run's controller.
+    os.environ.setdefault(*_TRAIN_DEFAULTS[0])
     kwargs: dict[str, Any] = {
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,
@@ -102,10 +100,7 @@ def init(
         kwargs["address"] = "local"
         end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
         os.environ.update(with_serve_env(os.environ, ingress))  # a new local instance: its Serve reads them
-        # Train V2 starts a preemption watcher actor with every worker group, to notice a node that the
-        # autoscaler drains. A local instance is one machine that nothing drains: the watcher would only
-        # cost a process start (about 3 s of CPU on 2 cores) per run and per restart.
-        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+        train_defaults(os.environ)  # a new local instance: its processes inherit them
         kwargs["dashboard_port"] = own_api_server(os.environ, ray_init_kwargs.get("dashboard_port"))
     elif address is not None:
         kwargs["address"] = address
@@ -190,6 +185,22 @@ def set_threads(cpus: float) -> int:
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
     return threads
+
+
+#: Ray Train V2's settings on a Ray instance that raymodel starts (``rm.init``'s local one,
+#: ``raymodel server start``'s head), each unless set:
+#: - its controller collects each worker's report when it polls (every 2 s by default), and a worker's
+#:   next report can wait for that: the runs poll every 0.2 s;
+#: - it starts a preemption watcher actor with every worker group, to notice a node that an autoscaler
+#:   drains; such an instance runs no autoscaler, so the watcher would only cost a process start (about
+#:   3 s of CPU on 2 cores) per run and per restart.
+_TRAIN_DEFAULTS = (("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2"), ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"))
+
+
+def train_defaults(env: MutableMapping[str, str]) -> None:
+    """Put ``_TRAIN_DEFAULTS`` into ``env`` (the environment a new Ray instance starts with), each unless set."""
+    for name, value in _TRAIN_DEFAULTS:
+        env.setdefault(name, value)
 
 
 #: Ray Train reads how long a worker group may take to start from the environment of the process that

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from raymodel import jobs
-from raymodel._internal.cluster import own_api_server, running_server, server_file
+from raymodel._internal.cluster import own_api_server, running_server, server_file, train_defaults
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
 from raymodel.cli._stop import TERM_WAIT_S, drain, terminate
 from raymodel.exceptions import RayModelError
@@ -138,14 +138,7 @@ def _server_start(args: argparse.Namespace) -> None:
     end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
     env = with_serve_env(os.environ, resolve_ingress(None))  # the head's Serve: HAProxy unless told otherwise
     own_api_server(env, args.dashboard_port)  # the head's state API queries go to its own dashboard
-    # Train V2 starts a preemption watcher actor with every worker group, to notice a node that an
-    # autoscaler drains. This head runs no autoscaler: the watcher would only cost a process start per
-    # pool and per restart (as on `rm.init`'s local instance; set the variable to have it).
-    env.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    # Train V2's controller collects each worker's report when it polls (every 2 s by default), and a
-    # worker's next report can wait for that. The head's runs poll every 0.2 s, as on `rm.init`'s local
-    # instance (`rm.init` sets it for its own Ray; here the head's processes need it).
-    env.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    train_defaults(env)  # Train's report poll and no preemption watcher, as on `rm.init`'s local instance
     haproxy = os.path.dirname(env.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", ""))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
