@@ -89,6 +89,47 @@ def test_a_record_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     assert os.listdir(target.parent) == ["train-1.json"]  # and nothing half-written beside it
 
 
+def test_a_server_killed_as_a_job_ends_leaves_it_ended_and_the_next_removes_its_folder(tmp_path, monkeypatch):
+    """A job's record says it ended before its payload goes: a server killed in between (seen under load in
+    the chaos test: a job resumed as RUNNING without its payload, and failed) leaves an ended job and a
+    folder, which the next server removes. In-process: the server's own methods on its state."""
+    import threading
+
+    from raymodel.jobs import _store
+    from raymodel.jobs._server.actor import JobServer
+
+    monkeypatch.setenv("RAYMODEL_HOME", str(tmp_path))
+    job_id = "train-20261128-120000-abcdef"
+    record = {"id": job_id, "kind": "train", "status": "RUNNING", "submitted": 1.0, "history": [], "log": []}
+    record["durable"] = True
+    _store.save_payload(job_id, b"the job", None)
+    _store.save_record(record)
+
+    def server() -> JobServer:
+        made = object.__new__(JobServer)  # its state, without its actor's threads and runners
+        made.records, made.payloads, made.extras = {}, {}, {}
+        made.changed = threading.Condition(threading.RLock())
+        return made
+
+    first = server()
+    first.records[job_id], first.payloads[job_id] = record, b"the job"
+
+    def killed(job_id: str) -> None:  # the server dies as it removes the job's folder
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as kill:
+        kill.setattr(_store, "remove", killed)
+        with pytest.raises(KeyboardInterrupt):
+            first._finish(job_id, "SUCCEEDED")
+    (stored,) = _store.load_records()
+    assert stored["status"] == "SUCCEEDED"  # ended, not a RUNNING job whose payload is gone
+    assert _store.folders() == {job_id}
+
+    server()._recover()
+    (stored,) = _store.load_records()
+    assert stored["status"] == "SUCCEEDED" and _store.folders() == set()  # the next server removed the folder
+
+
 def test_pruning_keeps_what_is_in_use_and_bounds_the_rest(tmp_path, monkeypatch):
     from raymodel._internal import tmp
     from raymodel.jobs._prune import limits_from_env, prune

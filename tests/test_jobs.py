@@ -308,6 +308,40 @@ print(job.id)
 """
 
 
+def test_server_stop_ends_what_the_heads_processes_started_whose_command_lines_do_not_name_it():
+    """``raymodel server stop`` finds a head's processes by its folder in their command lines; Ray's workers
+    (retitled ``ray::...``) and the dashboard's module processes do not name it, and under load one can
+    outlive its parent's end for a while, then reach a head started again on the same port. The stop ends
+    what the head's processes started too (``with_descendants``), found before any ends."""
+    from raymodel.cli._stop import _running, start_times, terminate, with_descendants
+
+    tree = subprocess.Popen(["sh", "-c", "sleep 60 & (sleep 60; true) & wait"])  # a child; a grandchild
+
+    def parents() -> dict[int, int]:
+        out = subprocess.run(["ps", "-eo", "pid=,ppid=,comm="], capture_output=True, text=True).stdout
+        return {int(p): (int(pp), name) for p, pp, name in (line.split(None, 2) for line in out.splitlines())}
+
+    try:
+        found = until(lambda: (lambda f: len(f) >= 4 and f)(with_descendants([tree.pid])), 10)
+        table = parents()
+        assert found[0] == tree.pid and os.getpid() not in found
+        sleeps = [pid for pid in found if table[pid][1].strip() == "sleep"]
+        assert len(sleeps) == 2 and {table[pid][0] for pid in sleeps} - {tree.pid}, table  # one is a grandchild
+        began = start_times(found)
+        assert sorted(began) == sorted(found)
+        assert terminate(found, wait_s=5) == []  # all ended at SIGTERM
+        assert not [pid for pid in found if _running(pid)]
+        tree.wait(timeout=5)
+        assert start_times([tree.pid]) == {}  # ended and collected: no start time to match a new process by
+        deaf = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 60"])  # what outlived a head: killed
+        time.sleep(0.3)
+        assert [pid for pid, _ in terminate([deaf.pid], wait_s=0.0, gently=False)] == [deaf.pid]
+        assert deaf.wait(timeout=5) == -9
+    finally:
+        tree.kill()
+        tree.wait()
+
+
 @lane.job("server_start", expected_s=180)
 def _server_start(scratch: Path) -> dict[str, Any]:
     """`raymodel server start`, a job submitted by a process that then exits, and the CLI and the

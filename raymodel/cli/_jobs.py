@@ -20,7 +20,7 @@ from typing import Any
 from raymodel import jobs
 from raymodel._internal.cluster import own_api_server, running_server, server_file, train_defaults
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
-from raymodel.cli._stop import TERM_WAIT_S, drain, terminate
+from raymodel.cli._stop import TERM_WAIT_S, drain, start_times, terminate, with_descendants
 from raymodel.exceptions import RayModelError
 from raymodel.jobs import UPDATABLE, init, parse_warm, shown_warm
 
@@ -178,24 +178,33 @@ def _server_stop(args: argparse.Namespace) -> int:
         raise RayModelError(f"`--grace-s` must be >= 0; got {args.grace_s:g}")
     if args.grace_s > 0:
         drain(info["address"], args.grace_s)
-    pids = [pid for pid in _processes(info["temp_dir"]) if pid != os.getpid()]  # this head's, not others'
-    gcs = set(_processes("gcs_server")) & set(pids)
-    # The GCS last: a raylet whose GCS went first waits for it, and had to be killed.
-    killed = terminate([p for p in pids if p not in gcs], wait_s=TERM_WAIT_S)
+    # This head's processes (not another head's) and what they started, found before any ends.
+    head = [pid for pid in _processes(info["temp_dir"]) if pid != os.getpid()]
+    pids = [pid for pid in with_descendants(head) if pid != os.getpid()]
+    gcs, began = set(_processes("gcs_server")) & set(head), start_times(pids)
+    # Its daemons first (its raylet ends its workers, as at any stop), then its GCS (a raylet whose GCS
+    # went first waits for it, and had to be killed), then what of theirs still runs, killed: told to
+    # end gently, a job server that outlived its node took its runners' deaths in its shutdown for the
+    # jobs' own, and ended them FAILED (seen under load in the chaos test).
+    killed = terminate([p for p in head if p not in gcs], wait_s=TERM_WAIT_S)
     killed += terminate(sorted(gcs), wait_s=TERM_WAIT_S)
+    rest = start_times([p for p in pids if p not in gcs and p not in head])
+    left = terminate([p for p, t in rest.items() if began.get(p) == t], wait_s=0.0, gently=False)
     if info.get("haproxy_dir"):  # the head's HTTP ingress ends with it (Ray leaves HAProxy running)
         end_haproxy(info["haproxy_dir"], orphans_only=False)
     server_file().unlink(missing_ok=True)
     shutil.rmtree(info["temp_dir"], ignore_errors=True)
     if info.get("haproxy_dir"):
         shutil.rmtree(info["haproxy_dir"], ignore_errors=True)
-    ended = len(pids) - len(killed)
+    ended = len(pids) - len(killed) - len(left)
     print(f"stopped the raymodel server at {info['address']}: {ended} process(es) ended", end="")
     if killed:
         names = ", ".join(f"{name} ({pid})" for pid, name in killed)
-        print(f"; {len(killed)} still running after {TERM_WAIT_S:g} s were killed: {names}")
-    else:
-        print()
+        print(f"; {len(killed)} still running after {TERM_WAIT_S:g} s were killed: {names}", end="")
+    if left:
+        names = ", ".join(f"{name} ({pid})" for pid, name in left)
+        print(f"; {len(left)} that outlived the head were killed: {names}", end="")
+    print()
     return 0
 
 

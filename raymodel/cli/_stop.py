@@ -61,18 +61,19 @@ def drain(address: str, grace_s: float) -> None:
         ray.shutdown()
 
 
-def terminate(pids: list[int], wait_s: float) -> list[tuple[int, str]]:
-    """SIGTERM ``pids``, wait up to ``wait_s`` for them to end, SIGKILL the rest: ``[(pid, name)]`` killed."""
+def terminate(pids: list[int], wait_s: float, gently: bool = True) -> list[tuple[int, str]]:
+    """SIGTERM ``pids`` (unless not ``gently``), wait up to ``wait_s`` for them to end, SIGKILL the rest:
+    ``[(pid, name)]`` killed."""
     import signal
 
     names = _names(pids)
-    for pid in pids:
+    for pid in pids if gently else ():
         try:
             os.kill(pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             pass
-    deadline = time.monotonic() + wait_s
-    left = list(pids)
+    deadline = time.monotonic() + (wait_s if gently else 0.0)
+    left = [pid for pid in pids if _running(pid)]
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = [pid for pid in left if _running(pid)]
@@ -82,6 +83,35 @@ def terminate(pids: list[int], wait_s: float) -> list[tuple[int, str]]:
         except (ProcessLookupError, PermissionError):
             pass
     return [(pid, names.get(pid, "?")) for pid in left]
+
+
+def with_descendants(pids: list[int]) -> list[int]:
+    """``pids`` and every process they started, on down (``ps``: Linux and macOS). A head's raylet starts
+    its workers and its dashboard a process server for its modules: their command lines do not name the
+    head's folder (Ray's workers retitle themselves), and such a process can outlive its parent for a while
+    under load. One of an old head that is still running when a new head starts on the same port reaches
+    the new head's GCS at that address."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(fields[0]))
+    found, todo = list(dict.fromkeys(pids)), list(pids)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def start_times(pids: list[int]) -> dict[int, str]:
+    """When each of ``pids`` that runs started (``ps``): a process id that Ray's many short processes
+    freed can be taken again, by a process of another start."""
+    listed = ",".join(map(str, pids)) or "0"
+    out = subprocess.run(["ps", "-o", "pid=,lstart=", "-p", listed], capture_output=True, text=True)
+    return {int(p): t.strip() for p, t in (line.split(None, 1) for line in out.stdout.splitlines() if line.strip())}
 
 
 def _names(pids: list[int]) -> dict[int, str]:

@@ -75,6 +75,14 @@ def load_payload(job_id: str) -> tuple[bytes, dict[str, Any] | None] | None:
     return kept["payload"], kept["pool"]
 
 
+def folders() -> set[str]:
+    """The ids of the jobs that have a folder (a payload, data) in storage: one listing."""
+    try:
+        return {n for n in storage.listdir(root()) if not n.endswith(".json") and not n.startswith(".")}
+    except OSError:
+        return set()
+
+
 def remove(job_id: str) -> None:
     """A finished job's payload and data (its record stays)."""
     with contextlib.suppress(OSError):

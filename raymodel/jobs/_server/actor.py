@@ -326,7 +326,6 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
     ) -> None:
         record = self.records[job_id]
         self.payloads.pop(job_id, None)
-        _store.remove(job_id)  # its payload and data; the record stays
         for change in record.get("changes") or ():
             if change.get("epoch") is None:
                 change["epoch"] = None
@@ -339,6 +338,9 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
             for line in detail.rstrip().splitlines()[-20:]:
                 self._log(job_id, line)
         self._save(job_id)
+        # Its payload and data go after its record says it ended (the record stays): a server killed in
+        # between leaves a folder that the next one removes, never a running job without its payload.
+        _store.remove(job_id)
         self.changed.notify_all()
 
     def _log(self, job_id: str, line: str) -> None:

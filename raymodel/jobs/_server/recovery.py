@@ -61,11 +61,14 @@ class Recovery(ServerState):
         same storage) left: PENDING jobs keep their place, RUNNING ones wait again and resume from their
         newest checkpoint, a stopping one ends STOPPED; a job that cannot be run again fails, saying why."""
         held: set[str] = set()
+        with_folder = _store.folders()
         for record in sorted(_store.load_records(), key=lambda r: r["submitted"]):
             job_id = record["id"]
             self.records[job_id] = record
             held.update(record.get("placement_groups") or ())
             if record["status"] not in ACTIVE:
+                if job_id in with_folder:  # a server killed as it finished the job left it (``_finish``)
+                    _store.remove(job_id)
                 continue
             was = record["status"]
             record.pop("pool_id", None)
