@@ -317,7 +317,7 @@ def test_server_stop_ends_what_the_heads_processes_started_whose_command_lines_d
 
     tree = subprocess.Popen(["sh", "-c", "sleep 60 & (sleep 60; true) & wait"])  # a child; a grandchild
 
-    def parents() -> dict[int, int]:
+    def parents() -> dict[int, tuple[int, str]]:
         out = subprocess.run(["ps", "-eo", "pid=,ppid=,comm="], capture_output=True, text=True).stdout
         return {int(p): (int(pp), name) for p, pp, name in (line.split(None, 2) for line in out.splitlines())}
 
@@ -338,8 +338,9 @@ def test_server_stop_ends_what_the_heads_processes_started_whose_command_lines_d
         assert [pid for pid, _ in terminate([deaf.pid], wait_s=0.0, gently=False)] == [deaf.pid]
         assert deaf.wait(timeout=5) == -9
     finally:
-        tree.kill()
-        tree.wait()
+        for process in (tree, *([deaf] if "deaf" in locals() else [])):
+            process.kill()
+            process.wait()
 
 
 @lane.job("server_start", expected_s=180)

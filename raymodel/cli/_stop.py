@@ -107,18 +107,20 @@ def with_descendants(pids: list[int]) -> list[int]:
 
 
 def start_times(pids: list[int]) -> dict[int, str]:
-    """When each of ``pids`` that runs started (``ps``): a process id that Ray's many short processes
-    freed can be taken again, by a process of another start."""
-    listed = ",".join(map(str, pids)) or "0"
-    out = subprocess.run(["ps", "-o", "pid=,lstart=", "-p", listed], capture_output=True, text=True)
-    return {int(p): t.strip() for p, t in (line.split(None, 1) for line in out.stdout.splitlines() if line.strip())}
+    """When each of ``pids`` that runs started: a process id that Ray's many short processes freed can be
+    taken again, by a process of another start."""
+    return _ps(pids, "lstart")
 
 
 def _names(pids: list[int]) -> dict[int, str]:
-    out = subprocess.run(
-        ["ps", "-o", "pid=,comm=", "-p", ",".join(map(str, pids)) or "0"], capture_output=True, text=True
-    )
-    return {int(p): n for p, n in (line.split(None, 1) for line in out.stdout.splitlines() if line.strip())}
+    return _ps(pids, "comm")
+
+
+def _ps(pids: list[int], field: str) -> dict[int, str]:
+    """``ps``'s ``field`` of each of ``pids`` that runs (Linux and macOS)."""
+    listed = ",".join(map(str, pids)) or "0"
+    out = subprocess.run(["ps", "-o", f"pid=,{field}=", "-p", listed], capture_output=True, text=True)
+    return {int(p): v.strip() for p, v in (line.split(None, 1) for line in out.stdout.splitlines() if line.strip())}
 
 
 def _running(pid: int) -> bool:
