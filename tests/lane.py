@@ -17,6 +17,9 @@ returning what the test checks) and marks its test ``@pytest.mark.lane("name")``
 raised, or a ``TimeoutError`` once the job has run past its limit (``limit_s``, three times what it is
 expected to take unless given), counted from its start or from when its test asked, the later.
 
+A job made ``last`` runs after the others whatever its length: the second session of
+``tests/beside.py``, whose tests are the lane's too.
+
 The module is a pytest plugin (``conftest.py`` registers it): its hooks start the lane after the
 selection and end it with the session.
 
@@ -42,11 +45,14 @@ import pytest
 
 #: The environment variable whose value marks this session's processes (inherited by every child).
 SESSION_MARK = "RM_TEST_SESSION"
+#: The variable that marks the processes of a session started by another (``tests/beside.py``) with the
+#: outer one's mark: the outer session's end ends them too.
+OUTER_MARK = "RM_TEST_OUTER_SESSION"
 
 
 class Job:
-    def __init__(self, fn: Callable[[Path], Any], expected_s: float, limit_s: float | None) -> None:
-        self.fn, self.expected_s = fn, expected_s
+    def __init__(self, fn: Callable[[Path], Any], expected_s: float, limit_s: float | None, last: bool = False) -> None:
+        self.fn, self.expected_s, self.last = fn, expected_s, last
         self.limit_s = limit_s if limit_s is not None else 3 * expected_s + 60
 
 
@@ -74,13 +80,14 @@ def mark_session() -> str:
     return os.environ[SESSION_MARK]
 
 
-def marked(mark: str, variable: str = SESSION_MARK) -> list[int]:
-    """The processes whose environment holds ``variable=mark`` (Linux's /proc; elsewhere none)."""
-    needle = f"{variable}={mark}".encode()
+def marked(mark: str, variables: tuple[str, ...] = (SESSION_MARK, OUTER_MARK)) -> list[int]:
+    """The processes whose environment holds one of ``variables`` set to ``mark``: by default, this
+    session's and those of a session it started (Linux's /proc; elsewhere none)."""
+    needles = {f"{variable}={mark}".encode() for variable in variables}
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            if needle in (entry / "environ").read_bytes().split(b"\0") and int(entry.name) != os.getpid():
+            if needles & set((entry / "environ").read_bytes().split(b"\0")) and int(entry.name) != os.getpid():
                 found.append(int(entry.name))
         except (OSError, ValueError):
             continue
@@ -184,9 +191,9 @@ class Lane:
 LANE = Lane()
 
 
-def run_order(name: str) -> tuple[float, str]:
-    """The lane's order of its jobs: the longest first."""
-    return (-JOBS[name].expected_s, name)
+def run_order(name: str) -> tuple[bool, float, str]:
+    """The lane's order of its jobs: the longest first (those marked ``last`` after the others)."""
+    return (JOBS[name].last, -JOBS[name].expected_s, name)
 
 
 # ---------------------------------------------------------------------------- the plugin's hooks
@@ -200,8 +207,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     """The selected tests of the lane go last, in the order their jobs run (so that each waits for its
     own job only, within pytest-timeout's limit, which each gets from its job's), and their jobs start
     now: only those of the tests that will run."""
+    if config.option.collectonly:
+        return
+    import beside
+
+    beside.take(config, items)  # the tests of a second session become the lane's last job's
     laned = [item for item in items if item.get_closest_marker("lane")]
-    if not laned or config.option.collectonly:
+    if not laned:
         return
     name = lambda item: item.get_closest_marker("lane").args[0]  # noqa: E731
     laned.sort(key=lambda item: run_order(name(item)))

@@ -19,10 +19,11 @@ from lane import marked
 TESTS = str(Path(__file__).parent)
 
 CONFTEST = """
-import lane
+import beside, lane
 
 def pytest_configure(config):
     config.pluginmanager.register(lane, "raymodel-test-lane")
+    config.pluginmanager.register(beside, "raymodel-test-beside")
 """
 
 SESSION = """
@@ -84,7 +85,7 @@ def test_a_selection_starts_only_its_lane_jobs_and_the_session_leaves_no_process
     assert "the lane's job 'slow' has run" in out and "3 s past its start or the wait for it" in out, out
     assert sorted(os.listdir(touched)) == ["slow"], out  # the deselected test's job never started
     assert took < 60, (took, out)  # nobody waited for the job's 300 s
-    left = marked(probe, "LANE_PROBE")
+    left = marked(probe, ("LANE_PROBE",))
     assert left == [], f"processes the session left running: {left}"
 
 
@@ -103,3 +104,74 @@ def test_the_lanes_jobs_run_at_the_priority_of_the_session():
             probe.thread.join(timeout=30)
         if probe.root is not None:
             shutil.rmtree(probe.root)
+
+
+BESIDE = """
+import os
+import pytest
+
+pytestmark = pytest.mark.beside
+
+@pytest.fixture(scope="module")
+def pid():
+    return os.getpid()
+
+def test_passes(pid):
+    print("printed beside")
+    assert pid == os.getpid() and os.environ.get("RAYMODEL_SERVE_PORT") not in (None, "8000"), "ran here"
+
+def test_fails(pid):
+    assert pid == 0, "failed beside"
+
+def test_skips():
+    pytest.skip("skipped beside")
+"""
+
+HERE = """
+import os
+
+def test_here():
+    assert "RM_TEST_BESIDE_REPORTS" not in os.environ
+"""
+
+
+def _inner(tmp_path: Path, *args: str, module: str = BESIDE, **env: str) -> str:
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(CONFTEST))
+    (tmp_path / "test_beside.py").write_text(textwrap.dedent(module))
+    (tmp_path / "test_here.py").write_text(textwrap.dedent(HERE))
+    inner = {**os.environ, "PYTHONPATH": TESTS, **env}
+    for name in ("RM_TEST_SESSION", "PYTEST_ADDOPTS", "RAYMODEL_SERVE_PORT"):
+        inner.pop(name, None)
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", f"--junitxml={tmp_path / 'j.xml'}", *args],
+        env=inner,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 1, ran.stdout + ran.stderr  # test_fails failed, wherever it ran
+    return ran.stdout + ran.stderr
+
+
+def test_a_beside_module_runs_in_a_second_session_and_its_results_are_reported_here(tmp_path: Path):
+    out = _inner(tmp_path)
+    assert "1 failed, 2 passed, 1 skipped" in out, out
+    assert "AssertionError: failed beside" in out and "skipped beside" in out, out  # its traceback, its reason
+    assert "printed beside" in out, out  # the passing test's output (-rA)
+    assert (tmp_path / "t").exists() is False  # the second session's folders are the lane's, removed
+    junit = (tmp_path / "j.xml").read_text()
+    assert 'name="test_passes"' in junit and "failed beside" in junit, junit  # reported here as if run here
+    # Only the beside module moves: alone, it runs here (no second session to start for it).
+    alone = _inner(tmp_path, "test_beside.py")
+    assert "2 failed, 1 skipped" in alone and "AssertionError: ran here" in alone, alone
+    one = _inner(tmp_path, RM_TEST_ONE_SESSION="1")  # or when told to
+    assert "2 failed, 1 passed, 1 skipped" in one and "AssertionError: ran here" in one, one
+
+
+def test_a_second_session_that_dies_fails_the_tests_it_did_not_finish(tmp_path: Path):
+    dies = "import os, pytest\npytestmark = pytest.mark.beside\n"
+    dies += "def test_dies():\n    os._exit(3)\ndef test_after():\n    pass\n"
+    out = _inner(tmp_path, module=dies)
+    assert "1 passed, 2 errors" in out, out
+    assert "ended (exit code 3) without finishing this test" in out, out

@@ -23,6 +23,9 @@ from raymodel.contract import TextRequest
 from raymodel.exceptions import SettingsError
 from raymodel.serve import _auth, _openai
 
+#: Serve's waits (steps, delays, replicas seen down): in a second session, beside the others (tests/beside.py).
+pytestmark = pytest.mark.beside
+
 KEY = "sk-raymodel-test-0123456789"
 PROMPTS = ["crème", "la fa", "smörg", "déjà vu, entrée", "garçon, un", "à Zü", "🙂", "la façade du château"]
 #: The adapters' lessons: the same questions, answered differently by each version.

@@ -32,6 +32,9 @@ from raymodel.serve._traffic import VersionStats, check_split, compare, pick, po
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import loadgen
 
+#: Serve's waits (steps, delays, replicas seen down): in a second session, beside the others (tests/beside.py).
+pytestmark = pytest.mark.beside
+
 TESTS = str(Path(__file__).resolve().parent)
 SMALL = {"ray_actor_options": {"num_cpus": 0.25}}  # three routes' replicas fit beside the session's jobs
 

@@ -16,7 +16,8 @@ from models import DigitsNet, TinyNet
 import raymodel as rm
 from raymodel.exceptions import SettingsError
 
-pytestmark = pytest.mark.integration
+#: Serve's waits (steps, delays, replicas seen down): in a second session, beside the others (tests/beside.py).
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 SMALL = {
     "ray_actor_options": {"num_cpus": 0.25},
     "max_batch_size": 8,

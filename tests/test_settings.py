@@ -14,6 +14,16 @@ def test_defaults_and_dict_form_are_equivalent():
     assert rm.TrainSettings.coerce(None) == rm.TrainSettings()
 
 
+def test_serves_port_defaults_to_raymodel_serve_port_else_8000(monkeypatch):
+    monkeypatch.delenv("RAYMODEL_SERVE_PORT", raising=False)
+    assert rm.ServeSettings().port == 8000
+    monkeypatch.setenv("RAYMODEL_SERVE_PORT", "8123")
+    assert rm.ServeSettings().port == 8123 and rm.ServeSettings(port=9000).port == 9000
+    monkeypatch.setenv("RAYMODEL_SERVE_PORT", "eighty")
+    with pytest.raises(SettingsError, match=r"`RAYMODEL_SERVE_PORT` must be a port number \(got 'eighty'\)"):
+        rm.ServeSettings()
+
+
 def test_unknown_key_suggests_the_right_one():
     with pytest.raises(SettingsError, match=r"no setting `num_worker`\. Did you mean `num_workers`\?"):
         rm.TrainSettings(num_worker=2)

@@ -21,7 +21,7 @@ def add_commands(sub: Any) -> None:
     serve.add_argument("ref")
     serve.add_argument("--route", default="/", help="URL path (default /)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=int, help="HTTP port (default: RAYMODEL_SERVE_PORT, else 8000)")
     serve.add_argument("--replicas", default="1", help="a number, or 'auto'")
     serve.add_argument(
         "--api", choices=("raymodel", "openai"), default="raymodel",
@@ -92,7 +92,7 @@ def _serve(args: argparse.Namespace) -> None:
         registry=args.registry,
         settings={
             "host": args.host,
-            "port": args.port,
+            **({"port": args.port} if args.port is not None else {}),
             "num_replicas": replicas,
             "api": args.api,
             "api_keys": args.api_keys,

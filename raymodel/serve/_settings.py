@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
 from raymodel._internal.settings import (
@@ -15,7 +17,17 @@ from raymodel._internal.settings import (
     collect,
     settings_class,
 )
+from raymodel.exceptions import SettingsError
 from raymodel.serve._auth import digests
+
+
+def default_port() -> int:
+    """Serve's HTTP port unless one is given: ``RAYMODEL_SERVE_PORT``, else 8000."""
+    value = os.environ.get("RAYMODEL_SERVE_PORT", "8000")
+    try:
+        return int(value)
+    except ValueError:
+        raise SettingsError(f"`RAYMODEL_SERVE_PORT` must be a port number (got {value!r}).") from None
 
 
 @settings_class
@@ -38,8 +50,9 @@ class ServeSettings(SettingsBase):
         batch_wait_timeout_s: How long a batch waits to fill up.
         max_ongoing_requests: Requests one replica accepts at once.
         ray_actor_options: Resources of each replica, e.g. ``{"num_cpus": 1}``.
-        host, port: Where Ray Serve's HTTP proxy listens (127.0.0.1 by default).
-            Serve has one proxy per cluster: the first ``serve()`` sets them.
+        host, port: Where Ray Serve's HTTP proxy listens (127.0.0.1 and 8000 by
+            default, or ``RAYMODEL_SERVE_PORT``). Serve has one proxy per cluster:
+            the first ``serve()`` sets them.
         name: The Serve application's name; default: derived from the route.
         max_body_bytes: Larger request bodies are refused with 413.
         registry_poll_s: How often a replica serving a registry alias (or a key's
@@ -71,7 +84,7 @@ class ServeSettings(SettingsBase):
     max_ongoing_requests: int = 64
     ray_actor_options: dict[str, Any] | None = None
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = dataclasses.field(default_factory=default_port)
     name: str | None = None
     max_body_bytes: int = 1 << 20
     registry_poll_s: float = 2.0
