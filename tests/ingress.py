@@ -84,6 +84,8 @@ def serve_once(port: int) -> dict:
         "haproxy": sorted(pids),
         "listening": sockets,
         "stats_socket": [line.strip() for line in config.splitlines() if "stats socket" in line],
+        # Serve's fallback proxy: where HAProxy sends the requests of a replica it marked down
+        "fallback": [line.strip() for line in config.splitlines() if line.strip().endswith(" check backup")],
     }
 
 

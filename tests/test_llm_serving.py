@@ -260,22 +260,31 @@ def test_adapters_on_one_base_answer_by_model_the_least_recently_used_goes_and_a
     answered: list[str] = []
     client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0)
 
-    def load() -> None:
-        while not stop.is_set():
-            done = client.completions.create(model="bard@production", prompt=question, max_tokens=16, temperature=0)
-            answered.append(done.choices[0].text)
+    failed: list[Exception] = []
 
-    assert [m.id for m in client.models.list()] == ["bard@production", "bard:1"]  # as written, then the version
-    worker = threading.Thread(target=load)
-    worker.start()
+    def load() -> None:
+        try:
+            while not stop.is_set():
+                done = client.completions.create(model="bard@production", prompt=question, max_tokens=16, temperature=0)
+                answered.append(done.choices[0].text)
+        except Exception as exc:  # noqa: BLE001 - said by the test's assertions
+            failed.append(exc)
+
     try:
-        rollout = served.rollout("bard@candidate", steps=(0.5, 1.0), step_s=1,
-                                 guard=rm.Guard(max_error_rate=0.0, min_requests=3))  # fmt: skip
-        assert rollout.wait(timeout=120) == "promoted", rollout.reason
-    finally:
-        stop.set()
-        worker.join()
-    try:
+        assert [m.id for m in client.models.list()] == ["bard@production", "bard:1"]  # as written, then the version
+        worker = threading.Thread(target=load)
+        worker.start()
+        rollout = None
+        try:
+            rollout = served.rollout("bard@candidate", steps=(0.5, 1.0), step_s=1,
+                                     guard=rm.Guard(max_error_rate=0.0, min_requests=3))  # fmt: skip
+            assert rollout.wait(timeout=120) == "promoted", (rollout.reason, failed)
+        finally:
+            stop.set()
+            worker.join()
+            if rollout is not None and rollout.status == "running":  # a failed wait sets the route back
+                rollout.stop()
+        assert not failed, failed
         assert set(answered) == {texts[0], texts[1]}, set(answered)  # both versions answered, nothing else
         assert rm.registry.show("bard", "production").version == 2
         after = client.completions.create(model="bard@production", prompt=question, max_tokens=16, temperature=0)

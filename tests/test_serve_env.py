@@ -32,8 +32,9 @@ def test_the_serve_environment_of_each_ingress():
     assert float(haproxy["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"]) < 30
     assert haproxy["RAY_SERVE_HAPROXY_METRICS_ENABLED"] == "0"  # replicas count their requests themselves
     assert 1 <= int(haproxy["RAY_SERVE_HAPROXY_NBTHREAD"]) <= max(1, min(4, os.cpu_count() or 1))
-    ports = {haproxy["RAY_SERVE_HAPROXY_STATS_PORT"], haproxy["RAY_SERVE_HAPROXY_METRICS_PORT"]}
-    assert len(ports) == 2 and "8404" not in ports  # free ports of its own, not Ray's fixed ones
+    names = ("HAPROXY_STATS", "HAPROXY_METRICS", "FALLBACK_PROXY_HTTP", "FALLBACK_PROXY_GRPC")
+    ports = {haproxy[f"RAY_SERVE_{name}_PORT"] for name in names}
+    assert len(ports) == 4 and not ports & {"8404", "9101", "8500", "9500"}  # free ports of its own, not Ray's
     proxy = ingress.with_serve_env({}, "proxy")
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in proxy and proxy["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     for env in (haproxy, proxy):  # a proxy that starts slowly on a busy machine is not killed at Serve's 5 s
@@ -115,4 +116,6 @@ def test_the_ingress_listens_where_the_routes_do_and_ends_with_the_server(lane):
     assert all(address.startswith("127.0.0.1:") for address in first["listening"]), first["listening"]
     assert f"127.0.0.1:{result['http']}" in first["listening"]
     assert first["folder_mode"] == "0o700" and all("mode 600 level admin" in s for s in first["stats_socket"])
+    # its own fallback proxy, not Ray's fixed 8500 (another instance's, on a machine of two)
+    assert first["fallback"] and not any(line.endswith(":8500 check backup") for line in first["fallback"]), first
     assert after == {"haproxy": [], "port": ""}, after  # no HAProxy outlives the server, the port is free

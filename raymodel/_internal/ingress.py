@@ -53,8 +53,10 @@ def serve_env(ingress: str, private: Mapping[str, str] | None = None) -> dict[st
     }
     if ingress != "haproxy":
         return env
-    # HAProxy's stats and metrics ports are per instance, so that two Ray instances on one machine (a
-    # test session and a demo it runs) do not fight over Ray's fixed defaults (its files are per node).
+    # HAProxy's stats and metrics ports, and the Python proxy Serve keeps as HAProxy's fallback (a
+    # replica marked down sends its requests there), are per instance, so that two Ray instances on one
+    # machine (a test session and a demo it runs) do not fight over Ray's fixed defaults: on Ray's 8500,
+    # one instance's HAProxy sent requests to the other's proxy, which answered 404 (its files are per node).
     env.update(
         {
             "RAY_SERVE_ENABLE_HA_PROXY": "1",
@@ -75,6 +77,8 @@ def serve_env(ingress: str, private: Mapping[str, str] | None = None) -> dict[st
             "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
             "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
+            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port()),
         }
     )
     if private is not None:
