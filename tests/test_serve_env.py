@@ -119,3 +119,25 @@ def test_the_ingress_listens_where_the_routes_do_and_ends_with_the_server(lane):
     # its own fallback proxy, not Ray's fixed 8500 (another instance's, on a machine of two)
     assert first["fallback"] and not any(line.endswith(":8500 check backup") for line in first["fallback"]), first
     assert after == {"haproxy": [], "port": ""}, after  # no HAProxy outlives the server, the port is free
+
+
+def test_serve_joins_its_controller_when_the_proxy_it_waited_for_was_replaced(monkeypatch):
+    """Serve's controller kills a proxy that misses three health checks (seen at a busy suite's first
+    `serve.start`: the start failed with the killed proxy's ActorDiedError) and starts another: raymodel
+    then joins the controller, where the route's deploy waits for the new proxy."""
+    import ray
+    from ray import serve
+
+    import raymodel as rm
+    from raymodel.serve import _driver
+
+    calls = []
+
+    def start(http_options):
+        calls.append(http_options)
+        if len(calls) == 1:
+            raise ray.exceptions.ActorDiedError()
+
+    monkeypatch.setattr(serve, "start", start)
+    _driver._start_http(rm.ServeSettings(port=8123))
+    assert calls == [{"host": "127.0.0.1", "port": 8123}] * 2

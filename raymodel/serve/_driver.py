@@ -367,10 +367,19 @@ def _wait_until_answering(url: str, timeout_s: float = 60.0) -> None:
 
 
 def _start_http(settings: ServeSettings) -> None:
+    import ray
     from ray import serve
 
+    options = {"host": settings.host, "port": settings.port}
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.port})
+        try:
+            serve.start(http_options=options)
+        except ray.exceptions.RayActorError:
+            # Serve's controller replaces a proxy that misses three health checks in a row (a proxy
+            # starting on a busy machine can), and `serve.start`, waiting for the one it killed, fails.
+            # The controller runs and starts the new one: join it (a route's deploy waits until it answers).
+            logger.info("Serve's proxy was replaced while Serve started; joining its controller")
+            serve.start(http_options=options)
     except Exception as exc:
         if "Address already in use" not in str(exc):
             raise
