@@ -16,6 +16,7 @@ Everything runs here as usual when the selection holds only such modules, or wit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -31,8 +32,9 @@ from _pytest.reports import TestReport
 
 #: Set in the second session: the file its reports go to (one JSON line each).
 REPORTS = "RM_TEST_BESIDE_REPORTS"
-#: The name of the lane's job that runs the second session.
+#: The name of the lane's job that runs the second session, and how long it may run.
 JOB = "beside"
+LIMIT_S = 840
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -54,11 +56,19 @@ def take(config: pytest.Config, items: list[pytest.Item]) -> None:
     ids = [item.nodeid for item in moved]
     for item in moved:
         item.add_marker(pytest.mark.lane(JOB))
-    lane.JOBS[JOB] = lane.Job(lambda scratch: run(scratch, ids, config.rootpath), 40.0 * len(moved) ** 0.5, 900, True)
+    lane.JOBS[JOB] = lane.Job(lambda scratch: run(scratch, ids, config.rootpath), 300, LIMIT_S + 60, True)
     REPLAY.path, REPLAY.ids = None, set(ids)
 
 
-def run(scratch: Path, ids: list[str], root: Path) -> subprocess.CompletedProcess:
+@dataclasses.dataclass
+class Ended:
+    """How the second session ended (``"exit code 1"``, ``"killed after its 840 s"``), and its output."""
+
+    how: str
+    output: str
+
+
+def run(scratch: Path, ids: list[str], root: Path) -> Ended:
     """The second session: ``pytest ids`` in a fresh process whose Ray, home and ports are its own."""
     from s3server import free_port
 
@@ -82,9 +92,12 @@ def run(scratch: Path, ids: list[str], root: Path) -> subprocess.CompletedProces
     REPLAY.path = scratch / "reports.jsonl"
     command = [sys.executable, "-m", "pytest", *ids, "-q", "-p", "no:cacheprovider", "--basetemp", str(scratch / "t")]
     with open(scratch / "output.txt", "w") as output:
-        done = subprocess.run(command, env=env, cwd=root, stdout=output, stderr=subprocess.STDOUT, timeout=840)
-    done.stdout = (scratch / "output.txt").read_text(errors="replace")
-    return done
+        try:
+            done = subprocess.run(command, env=env, cwd=root, stdout=output, stderr=subprocess.STDOUT, timeout=LIMIT_S)
+            how = f"exit code {done.returncode}"
+        except subprocess.TimeoutExpired:  # killed: its tests not reported yet fail, saying so
+            how = f"killed after its {LIMIT_S} s"
+    return Ended(how, (scratch / "output.txt").read_text(errors="replace"))
 
 
 class Writer:
@@ -148,8 +161,8 @@ def _why(future: Any) -> str:
     except BaseException as exc:  # noqa: BLE001 - said in the report
         return f"the second session (tests/beside.py) failed: {exc!r}"
     return (
-        f"the second session (tests/beside.py) ended (exit code {done.returncode}) without finishing this "
-        f"test; the end of its output:\n{done.stdout[-4000:]}"
+        f"the second session (tests/beside.py) ended ({done.how}) without finishing this test; the end of its "
+        f"output:\n{done.output[-4000:]}"
     )
 
 
