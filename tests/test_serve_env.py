@@ -128,9 +128,6 @@ def test_serve_joins_its_controller_when_the_proxy_it_waited_for_was_replaced(mo
     import ray
     from ray import serve
 
-    import raymodel as rm
-    from raymodel.serve import _driver
-
     calls = []
 
     def start(http_options):
@@ -139,5 +136,5 @@ def test_serve_joins_its_controller_when_the_proxy_it_waited_for_was_replaced(mo
             raise ray.exceptions.ActorDiedError()
 
     monkeypatch.setattr(serve, "start", start)
-    _driver._start_http(rm.ServeSettings(port=8123))
+    ingress.start_http("127.0.0.1", 8123)
     assert calls == [{"host": "127.0.0.1", "port": 8123}] * 2

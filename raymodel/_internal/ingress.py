@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
-from raymodel.exceptions import SettingsError
+from raymodel.exceptions import ServeError, SettingsError
 
 SERVE_INGRESSES = ("haproxy", "proxy")
 
@@ -261,3 +261,28 @@ def who_listens(port: int) -> str:
         except OSError:
             continue
     return ""
+
+
+def start_http(host: str, port: int) -> None:
+    """``serve.start`` on ``host:port``; a port something else holds is a ``ServeError`` naming it."""
+    import ray
+    from ray import serve
+
+    options = {"host": host, "port": port}
+    try:
+        try:
+            serve.start(http_options=options)
+        except ray.exceptions.RayActorError:
+            # Serve's controller replaces a proxy that misses three health checks in a row (a proxy
+            # starting on a busy machine can), and `serve.start`, waiting for the one it killed, fails.
+            # The controller runs and starts the new one: join it (a route's deploy waits until it answers).
+            serve.start(http_options=options)
+    except Exception as exc:
+        if "Address already in use" not in str(exc):
+            raise
+        who = who_listens(port)
+        raise ServeError(
+            f"Serve could not listen on {host}:{port}: it is taken"
+            + (f" by {who}" if who else " by another process")
+            + ". Stop that, or serve on another port: `ServeSettings(port=...)` (`--port`)."
+        ) from None

@@ -226,7 +226,8 @@ class Servable:
         from ray import serve
 
         app = self.as_application()
-        _start_http(self.settings)
+        ingress.start_http(self.settings.host, self.settings.port)
+        cluster.quiet(False)  # Serve sets up its own driver logger when it starts: quiet it again
         new = self.name not in serve.status().applications
         try:
             handle = serve.run(app, name=self.name, route_prefix=self.route, blocking=False)
@@ -364,32 +365,6 @@ def _wait_until_answering(url: str, timeout_s: float = 60.0) -> None:
                 "logs say why (`ray/session_latest/logs/serve/` under Ray's temp folder)."
             )
         time.sleep(0.1)
-
-
-def _start_http(settings: ServeSettings) -> None:
-    import ray
-    from ray import serve
-
-    options = {"host": settings.host, "port": settings.port}
-    try:
-        try:
-            serve.start(http_options=options)
-        except ray.exceptions.RayActorError:
-            # Serve's controller replaces a proxy that misses three health checks in a row (a proxy
-            # starting on a busy machine can), and `serve.start`, waiting for the one it killed, fails.
-            # The controller runs and starts the new one: join it (a route's deploy waits until it answers).
-            logger.info("Serve's proxy was replaced while Serve started; joining its controller")
-            serve.start(http_options=options)
-    except Exception as exc:
-        if "Address already in use" not in str(exc):
-            raise
-        who = ingress.who_listens(settings.port)
-        raise ServeError(
-            f"Serve could not listen on {settings.host}:{settings.port}: it is taken"
-            + (f" by {who}" if who else " by another process")
-            + ". Stop that, or serve on another port: `ServeSettings(port=...)` (`--port`)."
-        ) from None
-    cluster.quiet(False)  # Serve sets up its own driver logger when it starts: quiet it again
 
 
 def _http_address(settings: ServeSettings) -> tuple[str, int]:
