@@ -2,9 +2,10 @@
 
 Serve's tests mostly wait: a rollout's steps, autoscaling's delays, a replica seen down, a route
 taken down; so do pools that give way and RLlib's actors. One after another, they leave a core of a
-2-core machine idle for minutes (the modules marked here kept the machine 36-59% busy in a suite run). A module marked ``beside`` (in its
-``pytestmark``) runs instead in a second pytest process with a Ray instance, a ``RAYMODEL_HOME``, a
-Serve port (``RAYMODEL_SERVE_PORT``) and replica ports of its own. That process is the last job of
+2-core machine idle for minutes (the modules marked here kept the machine 36-59% busy in a suite
+run). A module marked ``beside`` (in its ``pytestmark``) runs instead in a second pytest process
+with a Ray instance, a ``RAYMODEL_HOME``, a Serve port (``RAYMODEL_SERVE_PORT``) and replica ports
+of its own. That process is the last job of
 the background lane (``tests/lane.py``): it starts once the lane's clusters are done, while this
 session runs its other tests. This session reports each of its tests in its place at the end, as
 the second session ran it: setup, call and teardown, with their output, tracebacks, skips and
