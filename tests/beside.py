@@ -1,15 +1,17 @@
 """A second pytest session beside this one, for the modules that wait on Ray more than they compute.
 
 Serve's tests mostly wait: a rollout's steps, autoscaling's delays, a replica seen down, a route
-taken down; so do pools that give way and RLlib's actors. One after another, they leave a core of a
-2-core machine idle for minutes (the modules marked here kept the machine 36-59% busy in a suite
-run). A module marked ``beside`` (in its ``pytestmark``) runs instead in a second pytest process
-with a Ray instance, a ``RAYMODEL_HOME``, a Serve port (``RAYMODEL_SERVE_PORT``) and replica ports
-of its own. That process is the last job of
-the background lane (``tests/lane.py``): it starts once the lane's clusters are done, while this
-session runs its other tests. This session reports each of its tests in its place at the end, as
-the second session ran it: setup, call and teardown, with their output, tracebacks, skips and
-durations (pytest's own serialized reports, as pytest-xdist sends them between its processes).
+taken down. One after another, they leave a core of a 2-core machine idle for minutes (the modules
+marked here kept the machine 36-49% busy in a suite run; moving pools', RLlib's and transformers'
+too made both sessions slower: more computing at once, and the second session past its limit).
+
+A module marked ``beside`` (in its ``pytestmark``) runs instead in a second pytest process with a
+Ray instance, a ``RAYMODEL_HOME``, a Serve port (``RAYMODEL_SERVE_PORT``) and replica ports of its
+own. That process is the last job of the background lane (``tests/lane.py``): it starts once the
+lane's clusters are done, while this session runs its other tests. This session reports each of
+its tests in its place at the end, as the second session ran it: setup, call and teardown, with
+their output, tracebacks, skips and durations (pytest's own serialized reports, as pytest-xdist
+sends them between its processes).
 
 Everything runs here as usual when the selection holds only such modules, or with
 ``RM_TEST_ONE_SESSION=1`` (for ``--pdb``, say).

@@ -18,9 +18,6 @@ from waiting import until
 import raymodel as rm
 from raymodel.exceptions import TrainingError
 
-#: In a second session, beside the others (pools that give way and idle out wait on Ray; tests/beside.py).
-pytestmark = pytest.mark.beside
-
 TWO = {"num_workers": 2, "num_epochs": 3, "batch_size": 4, "progress": False, "seed": 7}
 
 #: Set by a job on a worker (a module global of the user's code): the next job must not see it.

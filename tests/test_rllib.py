@@ -20,9 +20,6 @@ from waiting import until
 import raymodel as rm
 from raymodel.exceptions import DataError, MissingDependencyError, ModelDefinitionError, SettingsError
 
-#: In a second session, beside the others (RLlib's Algorithm actors wait on Ray; tests/beside.py).
-pytestmark = pytest.mark.beside
-
 OBS = [[0.0, 0.1, 0.02, -0.1], [0.01, -0.2, 0.15, 0.4], [0.0, 0.0, -0.2, -0.5]]
 
 

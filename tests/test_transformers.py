@@ -25,9 +25,6 @@ from waiting import until
 import raymodel as rm
 from raymodel.exceptions import DataError, MissingDependencyError, ModelDefinitionError
 
-#: In a second session, beside the others (half of its time waits on Ray; tests/beside.py).
-pytestmark = pytest.mark.beside
-
 TWO = {"num_workers": 2, "num_epochs": 3, "batch_size": 16, "progress": False}
 TEXTS = ["a good day and a great film", "the food was awful and sad", "it is very nice", "we saw a grim dark film"]
 EXPECTED = [1, 0, 1, 0]
