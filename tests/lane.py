@@ -225,8 +225,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down (its Ray shut down)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if LANE.thread is not None:  # the second session (tests/beside.py) may still be ending its Ray
-        LANE.thread.join(timeout=60)
+    running = [name for name in LANE.started if name not in LANE.took]
+    if LANE.thread is not None and running and all(JOBS[name].last for name in running):
+        LANE.thread.join(timeout=60)  # the second session (tests/beside.py), its tests reported, ends its Ray
     if LANE.took:
         print("\nbackground lane: " + ", ".join(f"{name} {s:.0f} s" for name, s in LANE.took.items()))
     left = LANE.close()  # what the session left running ends here
