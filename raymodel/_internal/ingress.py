@@ -56,7 +56,7 @@ def serve_env(ingress: str, private: Mapping[str, str] | None = None) -> dict[st
     # HAProxy's stats and metrics ports, and the Python proxy Serve keeps as HAProxy's fallback (a
     # replica marked down sends its requests there), are per instance, so that two Ray instances on one
     # machine (a test session and a demo it runs) do not fight over Ray's fixed defaults: on Ray's 8500,
-    # one instance's HAProxy sent requests to the other's proxy, which answered 404 (its files are per node).
+    # one instance's HAProxy falls back to the other's proxy, which lacks its routes (its files are per node).
     env.update(
         {
             "RAY_SERVE_ENABLE_HA_PROXY": "1",
