@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the names `__getattr__` gives on first use, as a type check
     from raymodel.backends.torch import RayTorchModel as RayTorchModel
     from raymodel.backends.transformers import LoRA as LoRA, RayTransformersModel as RayTransformersModel
     from raymodel.backends.xgboost import RayXGBoostModel as RayXGBoostModel
-    from raymodel.jobs import Job as Job
+    from raymodel.jobs import Gate as Gate, Job as Job, ReleaseResult as ReleaseResult, RolloutPlan as RolloutPlan
     from raymodel.predict import Predictions as Predictions, predict_batch as predict_batch
     from raymodel.registry import ModelRef as ModelRef
     from raymodel.serve import (
@@ -84,6 +84,9 @@ _LAZY = {
     "ServeSettings": ("raymodel.serve", "ServeSettings"),
     "ServedModel": ("raymodel.serve", "ServedModel"),
     "Guard": ("raymodel.serve", "Guard"),
+    "Gate": ("raymodel.jobs", "Gate"),
+    "RolloutPlan": ("raymodel.jobs", "RolloutPlan"),
+    "ReleaseResult": ("raymodel.jobs", "ReleaseResult"),
     "ModelRef": ("raymodel.registry", "ModelRef"),
     "LoRA": ("raymodel.backends.transformers", "LoRA"),
 }
@@ -129,6 +132,9 @@ __all__ = [
     "ServeSettings",
     "ServedModel",
     "Guard",
+    "Gate",
+    "RolloutPlan",
+    "ReleaseResult",
     "ModelRef",
     "LoRA",
     "tune",

@@ -17,6 +17,7 @@ from raymodel.exceptions import (
     SettingsError,
 )
 from raymodel.hooks import ModelHooks, call_sync, is_default
+from raymodel.jobs import Releases
 
 if TYPE_CHECKING:
     from raymodel.contract import Backend
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 M = TypeVar("M", bound="RayModel")
 
 
-class RayModel(ModelHooks):
+class RayModel(ModelHooks, Releases):
     """Base of every raymodel model. Subclass a backend's class, not this one.
 
     A subclass says *what* the model is (``setup``, ``forward``, the steps, the

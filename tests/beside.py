@@ -13,6 +13,11 @@ its tests in its place at the end, as the second session ran it: setup, call and
 their output, tracebacks, skips and durations (pytest's own serialized reports, as pytest-xdist
 sends them between its processes).
 
+A test marked ``beside`` alone (on its function) goes too, after the marked modules' tests: one of
+a module that computes, which itself mostly waits (a pool's idle timeout, a user's own Tuner, a
+command line's server). The second session runs it once the Serve modules are done, while this
+session's last modules leave a core idle.
+
 Everything runs here as usual when the selection holds only such modules, or with
 ``RM_TEST_ONE_SESSION=1`` (for ``--pdb``, say).
 """
@@ -35,9 +40,10 @@ from _pytest.reports import TestReport
 
 #: Set in the second session: the file its reports go to (one JSON line each).
 REPORTS = "RM_TEST_BESIDE_REPORTS"
-#: The name of the lane's job that runs the second session, and how long it may run.
+#: The name of the lane's job that runs the second session, and how long it may run: it took 881-1053 s
+#: in clean-clone runs on a 2-core machine (a limit of 1080 s was one slow run from failing all its tests).
 JOB = "beside"
-LIMIT_S = 840
+LIMIT_S = 1500
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -56,6 +62,7 @@ def take(config: pytest.Config, items: list[pytest.Item]) -> None:
     moved = [item for item in items if item.get_closest_marker("beside")]
     if not moved or len(moved) == len(items):
         return
+    moved.sort(key=_marked_alone)  # the marked modules first, then the tests marked alone
     ids = [item.nodeid for item in moved]
     for item in moved:
         item.add_marker(pytest.mark.lane(JOB))
@@ -63,9 +70,14 @@ def take(config: pytest.Config, items: list[pytest.Item]) -> None:
     REPLAY.path, REPLAY.ids = None, set(ids)
 
 
+def _marked_alone(item: pytest.Item) -> bool:
+    module = item.getparent(pytest.Module)
+    return module is None or module.get_closest_marker("beside") is None
+
+
 @dataclasses.dataclass
 class Ended:
-    """How the second session ended (``"exit code 1"``, ``"killed after its 840 s"``), and its output."""
+    """How the second session ended (``"exit code 1"``, ``"killed after its 1080 s"``), and its output."""
 
     how: str
     output: str

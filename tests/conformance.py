@@ -87,6 +87,9 @@ class Case:
     #: The backend sets the instance up on the driver (transformers: its tokenizer tokenizes the data),
     #: so every run starts from the instance's weights: `on_load_checkpoint` follows `after_setup`.
     set_up_on_driver: bool = False
+    #: How far the figures the final checkpoint is scored with (one worker, the whole validation split)
+    #: may be from its last epoch's.
+    scored_abs: float = 1e-5
     #: The trials' training settings.
     tune_train: dict[str, Any] = dataclasses.field(default_factory=lambda: {**TRIAL, "batch_size": 32})
     #: Checks of `CHECKS` that do not apply to this backend: name -> why.
@@ -308,6 +311,21 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         close(case, loaded.predict(payload), tuned_model.predict(payload))
 
     @pytest.mark.integration
+    def test_the_runs_checkpoint_is_scored_as_its_last_epoch_validated_it(trained, tmp_path):
+        """``WorkerLoop.score`` (a release's gate), in this process: the final checkpoint's figures on
+        the validation split are its last epoch's (RLlib's: evaluation episodes' mean return)."""
+        case, model, result, data, _ = trained
+        scored = score_here(type(model)(config=model.config), result.checkpoint, data, tmp_path)
+        expected = {k: v for k, v in result.history[-1].items() if k.startswith("val_")}
+        if model.backend.needs_data:
+            assert expected and scored == pytest.approx(expected, rel=1e-4, abs=case.scored_abs), (scored, expected)
+            if "val_acc" in scored:  # over the whole split, as `accuracy` counts it
+                assert scored["val_acc"] == pytest.approx(case.accuracy(model, data), abs=1e-6)
+        else:
+            assert sorted(scored) == ["val_episode_len_mean", "val_episode_return_mean"], scored
+            assert np.isfinite(scored["val_episode_return_mean"]) and scored["val_episode_len_mean"] >= 1
+
+    @pytest.mark.integration
     def test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row(trained):
         case, model, result, data, _ = trained
         rows = case.rows(data, 96)
@@ -334,4 +352,20 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
             test_the_runs_checkpoint_predicts_the_same_in_fresh_actors_row_by_row
         ),
         test_tune_serve_and_registry=test_tune_serve_and_registry,
+        test_the_runs_checkpoint_is_scored_as_its_last_epoch_validated_it=(
+            test_the_runs_checkpoint_is_scored_as_its_last_epoch_validated_it
+        ),
     )
+
+
+def score_here(model: Any, checkpoint: str, data: Any, folder: Path) -> dict[str, float]:
+    """The figures ``WorkerRun``'s scoring mode gives ``checkpoint``, run in this process as one worker
+    (every validation row in one batch; no env runner of its own for RLlib)."""
+    from raymodel.train import LocalSession, WorkerRun, prepare
+    from raymodel.train._driver import worker_payload
+
+    settings, spec = prepare(model, {"batch_size": 100_000, "num_workers": 0, "progress": False}, data)
+    blob = worker_payload(model, settings, {"name": "score", "path": str(folder / "score"), "evaluate": checkpoint})
+    scored = WorkerRun({"payload": blob, "data": spec, "hub": None}, session=LocalSession(str(folder / "score"))).run()
+    assert scored["history"] == [] and scored["evaluated"] == checkpoint
+    return scored["metrics"]

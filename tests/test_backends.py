@@ -31,7 +31,9 @@ CASES = [
         batch_numbers=lambda columns: columns["prediction"].argmax(1),
         bad_payload=lambda rows: {"pixels": np.asarray(rows)[:, :-1].tolist()},  # 63 pixels of 64
     ),
-    Case.example("lightning", "lightning_digits"),
+    # Lightning's `sync_dist` averages the 2 workers' means of their unequal halves of the validation
+    # split (180 and 179 rows): 1 row's weight off the whole split's mean that scoring reports.
+    Case.example("lightning", "lightning_digits", scored_abs=0.005),
     Case.example("tensorflow", "keras_iris"),
     Case.example("xgboost", "xgboost_breast_cancer"),
     Case.example("lightgbm", "lightgbm_breast_cancer"),

@@ -175,6 +175,10 @@ def _chaos(scratch: Path) -> list[dict]:
         "RAYMODEL_HOME": str(scratch / "home"),
         "RAYMODEL_SERVER_FILE": str(scratch / "server.json"),
         "HOME": str(scratch),
+        # Under load a clean-clone run's script died 60 s into a head restart, of Ray's limit on reaching
+        # the GCS ("Failed to connect to GCS within 60 seconds"): Ray waits as long as the test lets the
+        # head take to come back (300 s, asserted below).
+        "RAY_gcs_rpc_server_reconnect_timeout_s": "300",
     }
     return run_script("chaos.py", ["0", "3"], env, timeout=1500)
 

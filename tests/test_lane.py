@@ -118,6 +118,7 @@ def pid():
 
 def test_passes(pid):
     print("printed beside")
+    open("beside-ran", "w").close()
     assert pid == os.getpid() and os.environ.get("RAYMODEL_SERVE_PORT") not in (None, "8000"), "ran here"
 
 def test_fails(pid):
@@ -134,11 +135,26 @@ def test_here():
     assert "RM_TEST_BESIDE_REPORTS" not in os.environ
 """
 
+#: A test marked alone, in a module that runs here (collected first): it runs beside, after the
+#: marked module's tests.
+ALONE = """
+import os
+import pytest
 
-def _inner(tmp_path: Path, *args: str, module: str = BESIDE, **env: str) -> str:
+@pytest.mark.beside
+def test_alone():
+    assert "RM_TEST_BESIDE_REPORTS" in os.environ, "ran here"
+    assert os.path.exists("beside-ran"), "ran before the marked module's tests"
+"""
+
+
+def _inner(tmp_path: Path, *args: str, module: str = BESIDE, alone: bool = False, **env: str) -> str:
     (tmp_path / "conftest.py").write_text(textwrap.dedent(CONFTEST))
     (tmp_path / "test_beside.py").write_text(textwrap.dedent(module))
     (tmp_path / "test_here.py").write_text(textwrap.dedent(HERE))
+    (tmp_path / "test_alone.py").unlink(missing_ok=True)
+    if alone:
+        (tmp_path / "test_alone.py").write_text(textwrap.dedent(ALONE))
     inner = {**os.environ, "PYTHONPATH": TESTS, **env}
     for name in ("RM_TEST_SESSION", "PYTEST_ADDOPTS", "RAYMODEL_SERVE_PORT"):
         inner.pop(name, None)
@@ -155,8 +171,8 @@ def _inner(tmp_path: Path, *args: str, module: str = BESIDE, **env: str) -> str:
 
 
 def test_a_beside_module_runs_in_a_second_session_and_its_results_are_reported_here(tmp_path: Path):
-    out = _inner(tmp_path)
-    assert "1 failed, 2 passed, 1 skipped" in out, out
+    out = _inner(tmp_path, alone=True)
+    assert "1 failed, 3 passed, 1 skipped" in out, out  # test_alone too: beside, after test_passes
     assert "AssertionError: failed beside" in out and "skipped beside" in out, out  # its traceback, its reason
     assert "printed beside" in out, out  # the passing test's output (-rA)
     assert (tmp_path / "t").exists() is False  # the second session's folders are the lane's, removed

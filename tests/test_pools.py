@@ -217,6 +217,7 @@ def test_every_kind_of_data_is_sharded_equally_on_a_pool(ray_session, tiny, tmp_
 
 
 @pytest.mark.integration
+@pytest.mark.beside  # mostly waits: in the second session, while this one computes (tests/beside.py)
 def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_session, tiny_data):
     import ray
 

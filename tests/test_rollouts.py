@@ -306,7 +306,12 @@ def test_a_split_route_scales_up_under_load_and_back_down_without_a_failed_reque
         load.start()
         try:
             until(lambda: replicas() == 2, timeout=60)
-            pids = {requests.get(served.url + "/info", timeout=10).json()["replica_pid"] for _ in range(20)}
+            # Serve counts the new replica RUNNING before HAProxy's reloaded backend sends it requests (a
+            # clean-clone run's 20 requests right then all went to the first): ask until both answered.
+            pids: set[int] = set()
+            deadline = time.monotonic() + 30
+            while len(pids) < 2 and time.monotonic() < deadline:
+                pids.add(requests.get(served.url + "/info", timeout=10).json()["replica_pid"])
         finally:
             stop.set()
             load.join()

@@ -93,6 +93,8 @@ def test_eta_plays_the_queue_forward_from_epoch_times():
     assert out["r"] == pytest.approx(10.0) and out["p1"] == pytest.approx(10.0)
     assert out["p2"] is None  # behind a job whose own end is not known yet
     assert etas([first], {"CPU": 2.0}, lambda i: [], now)["p1"] == 0.0
+    times["r"] = [82.0, 84.0, 89.0, 91.0]  # one slow epoch (5 s) among 2 s ones: the median is 2 s
+    assert etas([running], {"CPU": 0.0}, lambda i: times.get(i, []), 91.0)["r"] == pytest.approx(12.0)
 
 
 def test_an_update_is_checked_before_it_is_recorded():
@@ -170,20 +172,21 @@ def _epochs(job):
 
 
 @pytest.mark.integration
+@pytest.mark.beside  # mostly waits: in the second session, while this one computes (tests/beside.py)
 def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_with_each_epoch_once(ray_session, tiny_data):
     rm.jobs.release_pools()
     low = TinyNet().train({**BASE, "num_epochs": 6, "callbacks": [Paced()]}, data=tiny_data, wait=False)
     until(lambda: len(low.history()) >= 2)
     high = TinyNet().train({**BASE, "num_epochs": 2, "priority": 5}, data=tiny_data, wait=False)
-    # Two of equal priority queue behind; neither preempts `low`. The first of them runs 10 epochs,
-    # the second waits for it: its ETA is read once the first has an epoch time.
-    first = TinyNet().train({**BASE, "num_epochs": 10, "callbacks": [Paced(0.5)]}, data=tiny_data, wait=False)
+    # Two of equal priority queue behind; neither preempts `low`. The first of them runs 12 epochs,
+    # the second waits for it: its ETA is read once the first has three epoch times (their median).
+    first = TinyNet().train({**BASE, "num_epochs": 12, "callbacks": [Paced(0.5)]}, data=tiny_data, wait=False)
     second = TinyNet().train({**BASE, "num_epochs": 1}, data=tiny_data, wait=False)
     reason = until(lambda: _pending_reason(low), 60, every=0.05)
     assert reason.startswith(f"preempted by {high.id}"), reason
     high.wait(timeout=120)
     low.wait(timeout=120)
-    until(lambda: len(first.history()) >= 2 and first.status == "RUNNING", 120)
+    until(lambda: len(first.history()) >= 4 and first.status == "RUNNING", 120)
     predicted, asked = second.eta, time.time()
     second.wait(timeout=180)
     records = {r["id"]: r for r in rm.jobs.records()}

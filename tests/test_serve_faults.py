@@ -22,7 +22,8 @@ from models import DigitsNet
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import loadgen
 
-pytestmark = pytest.mark.integration
+#: Serve's waits (a replica seen down, its replacement): in a second session (tests/beside.py).
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 CONNECTIONS, PROBES = 16, 4
 
 

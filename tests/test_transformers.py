@@ -244,6 +244,7 @@ def test_a_tiny_bert_learns_on_two_workers_and_its_weights_travel_everywhere(ray
 
 
 @pytest.mark.integration
+@pytest.mark.beside  # mostly waits: in the second session, while this one computes (tests/beside.py)
 def test_a_tiny_gpt2_generates_and_streams_its_tokens_as_server_sent_events(ray_session):
     writer = Writer()
     result = writer.train({**TWO, "pool": False}, data=story_rows(400))  # a one-off Ray Train run

@@ -141,6 +141,7 @@ def _controllers() -> set[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.beside  # mostly waits: in the second session, while this one computes (tests/beside.py)
 def test_single_worker_trials_train_in_the_trial_and_match_a_worker_group(ray_session, tmp_path, tiny):
     X, y = tiny
     data = rm.data.from_numpy(X, y, valid_fraction=0.25)

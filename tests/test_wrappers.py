@@ -196,6 +196,7 @@ def test_population_based_training_exploits_from_the_donors_checkpoint(ray_sessi
     _check_exploits(log)
 
 
+@pytest.mark.beside  # mostly waits: in the second session, while this one computes (tests/beside.py)
 def test_as_trainable_runs_under_a_users_own_tuner(ray_session, tmp_path, tiny, digits):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining

@@ -78,3 +78,9 @@ def parse_ref(ref: Any) -> tuple[str, int | str | None]:
             raise RegistryError(f"In {ref!r}, what follows ':' must be a version number; use 'KEY@ALIAS' for an alias.")
         return key(k), version(v)
     return key(ref), None
+
+
+def route_app_name(route: str) -> str:
+    """The Serve application's name a route gets unless its settings name one: ``/digits/v2`` ->
+    ``digits_v2``, ``/`` -> ``root``."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", route.strip("/")) or "root"

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Sequence
 
-from raymodel.cli import _jobs, _models, _serving, _train_tune
+from raymodel.cli import _jobs, _models, _release, _serving, _train_tune
 from raymodel.exceptions import RayModelError
 
 
@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     _serving.add_commands(sub)
     _jobs.add_commands(sub)
     _train_tune.add_commands(sub)
+    _release.add_commands(sub)
     dash = sub.add_parser(
         "dashboard",
         help="the web dashboard: jobs and their curves, trials, models, routes, "

@@ -321,8 +321,13 @@ def _error_of(record: dict[str, Any]) -> str:
 def _jobs_show(args: argparse.Namespace) -> None:
     attach()
     job = jobs.get(args.id)
-    record = {**job._record(), "history_rows": len(job.history())}
+    rows = job.history()
+    record = {**job._record(), "history_rows": len(rows)}
     record.pop("log", None)
+    if record["kind"] == "release":  # its stages, a line each, before the record
+        print(f"{job.id}: release, {record['status']}, stage {jobs.current_stage(rows, record['status'])}")
+        for row in (r for r in rows if "end" in r):
+            print(f"  {jobs.describe_stage(row)}")
     print(json.dumps(record, indent=2, default=str))
 
 
@@ -349,6 +354,6 @@ def _jobs_logs(args: argparse.Namespace) -> None:
         for line in lines[shown:]:
             print(line, flush=True)
         shown = len(lines)
-        if not args.follow or job.status in ("SUCCEEDED", "FAILED", "STOPPED"):
+        if not args.follow or job.status in jobs.DONE:
             return
         time.sleep(0.5)

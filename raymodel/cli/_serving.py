@@ -43,11 +43,7 @@ def add_commands(sub: Any) -> None:
     )
     rollout.add_argument("route", help="a served route of registry versions, e.g. /digits")
     rollout.add_argument("ref", help="the candidate: KEY@ALIAS or KEY:VERSION of the route's key")
-    rollout.add_argument("--steps", default="0.05,0.25,1", help="the candidate's shares (default 0.05,0.25,1)")
-    rollout.add_argument("--step-s", type=float, default=60.0, help="the least seconds a step lasts (default 60)")
-    rollout.add_argument("--max-error-rate", type=float, default=0.01, help="the candidate's limit (default 0.01)")
-    rollout.add_argument("--max-p99-ms", type=float, help="the candidate's p99 latency limit (default: none)")
-    rollout.add_argument("--min-requests", type=int, default=100, help="a step's least requests (default 100)")
+    add_rollout_options(rollout, "0.05,0.25,1", 60.0)
     rollout.add_argument("--wait", action="store_true", help="follow it to its end (it goes on without you)")
     rollout.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else the running one)")
     rollout.set_defaults(handler=_rollout)
@@ -113,15 +109,29 @@ def _serve(args: argparse.Namespace) -> None:
         print(f"stopped serving {args.ref}", flush=True)
 
 
+def add_rollout_options(cmd: argparse.ArgumentParser, steps: str, step_s: float) -> None:
+    """A rollout's steps and its guard's limits, as ``serve rollout`` and ``release`` take them."""
+    cmd.add_argument("--steps", default=steps, help=f"the candidate's shares (default {steps})")
+    cmd.add_argument(
+        "--step-s", type=float, default=step_s, help=f"the least seconds a step lasts (default {step_s:g})"
+    )
+    cmd.add_argument("--max-error-rate", type=float, default=0.01, help="the candidate's limit (default 0.01)")
+    cmd.add_argument("--max-p99-ms", type=float, help="the candidate's p99 latency limit (default: none)")
+    cmd.add_argument("--min-requests", type=int, default=100, help="a step's least requests (default 100)")
+
+
+def rollout_steps(text: str) -> tuple[float, ...]:
+    """``--steps 0.1,0.5,1`` as shares (whether they make a plan is the plan's check)."""
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise SettingsError(f"--steps takes shares separated by commas, like 0.05,0.25,1 (got {text!r}).") from None
+
+
 def _rollout(args: argparse.Namespace) -> int:
     from raymodel.serve import Guard, Rollout, rollout
 
-    try:
-        steps = tuple(float(x) for x in args.steps.split(","))
-    except ValueError:
-        raise SettingsError(
-            f"--steps takes shares separated by commas, like 0.05,0.25,1 (got {args.steps!r})."
-        ) from None
+    steps = rollout_steps(args.steps)
     guard = Guard(max_error_rate=args.max_error_rate, max_p99_ms=args.max_p99_ms, min_requests=args.min_requests)
     init(address=args.address)
     started: Rollout = rollout(args.route, args.ref, steps, args.step_s, guard)

@@ -8,9 +8,8 @@ A backend is two small classes:
 * ``WorkerLoop`` (train worker): build what training needs, run one
   epoch, evaluate, and get/set the training state.
 
-Beside them, the two protocols (PEP 544) that the layers below the plug-ins
-type against: ``Model`` (a model, as the drivers use it) and ``Run``
-(a training run, as a worker loop sees it).
+Beside them, the two protocols (PEP 544) that the layers below the plug-ins type against:
+``Model`` (a model, as the drivers use it) and ``Run`` (a training run, as a worker loop sees it).
 
 ``WorkerRun`` (``train/_worker_run.py``) owns the lifecycle around them for every
 backend: setup hooks, resuming, the epoch loop, validation hooks, reporting,
@@ -199,12 +198,11 @@ def worker_resources(resources_per_worker: Mapping[str, float] | None, use_gpu: 
 class WorkerLoop:
     """What a backend does on a train worker; ``WorkerRun`` calls it and owns everything around it.
 
-    A loop never calls the epoch-level hooks itself: ``WorkerRun`` does, in
-    the one documented order. A loop calls only the batch hooks, through
-    ``run.before_batch`` / ``run.after_batch``. A framework with its own fit
-    loop (Lightning) overrides ``run_epochs`` and calls ``run.begin_epoch``,
-    ``run.begin_validation``, ``run.end_validation`` and ``run.end_epoch`` from
-    that framework's callback points instead.
+    A loop never calls the epoch-level hooks itself: ``WorkerRun`` does, in the one documented
+    order. A loop calls only the batch hooks, through ``run.before_batch`` / ``run.after_batch``.
+    A framework with its own fit loop (Lightning) overrides ``run_epochs`` and calls
+    ``run.begin_epoch``, ``run.begin_validation``, ``run.end_validation`` and ``run.end_epoch``
+    from that framework's callback points instead.
     """
 
     def __init__(self, run: Run) -> None:
@@ -235,6 +233,11 @@ class WorkerLoop:
     async def validate(self, epoch: int) -> dict[str, float]:
         """Evaluate on the validation split; metrics over the whole split, the same on every worker."""
         raise NotImplementedError("The 'validate' method must be implemented.")
+
+    async def score(self) -> dict[str, float]:
+        """``validate``'s figures for the restored model, untrained (a release's gate); a framework
+        with its own loop runs its own evaluation (Lightning's ``Trainer.validate``)."""
+        return await self.validate(0)
 
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         """After ``after_epoch``, before the checkpoint: per-epoch bookkeeping (e.g. LR schedulers)."""
@@ -290,19 +293,16 @@ class WorkerLoop:
 
 
 # ---------------------------------------------------------------- protocols
-# What the drivers and the worker loops see of the objects above them (PEP 544): the drivers
-# (train/, tune/, serve/, predict/, registry/, jobs/) type a model as `Model`, never by importing
-# `RayModel` (model.py sits above them and calls them); a backend's `WorkerLoop` sees its run as
-# `Run`, never by importing `WorkerRun` (train/ sits above this contract).
+# What the drivers and the worker loops see of the objects above them (PEP 544): the drivers (train/,
+# tune/, serve/, predict/, registry/, jobs/) type a model as `Model`, never importing `RayModel` (model.py
+# sits above them); a backend's `WorkerLoop` sees its run as `Run`, never importing `WorkerRun`.
 
 T = TypeVar("T")
 
 
 class Model(Protocol):
-    """A raymodel model, as the drivers use it: ``RayModel`` and every backend's subclass.
-
-    It also has every hook of ``raymodel.hooks.ModelHooks`` (``before_fit``, ...).
-    """
+    """A raymodel model, as the drivers use it: ``RayModel`` and every backend's subclass (with
+    every hook of ``raymodel.hooks.ModelHooks`` too: ``before_fit``, ...)."""
 
     @property
     def backend(self) -> Backend:

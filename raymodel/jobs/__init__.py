@@ -26,12 +26,22 @@ from raymodel.jobs._listing import (
     release_pools,
 )
 from raymodel.jobs._port import ServerClient
+from raymodel.jobs._release import follow as follow_release
+from raymodel.jobs._release_plan import Gate, ReleaseResult, RolloutPlan, current_stage, describe as describe_stage
 from raymodel.jobs._submit import submit, submit_train, submit_tune, train_and_wait
+from raymodel.jobs._verb import Releases
 from raymodel.jobs._views import Stream, held
 from raymodel.jobs._warm import parse_warm, shown as shown_warm
 
 __all__ = [
     "Job",
+    "Gate",
+    "RolloutPlan",
+    "ReleaseResult",
+    "Releases",
+    "follow_release",
+    "current_stage",
+    "describe_stage",
     "list",
     "records",
     "get",

@@ -5,8 +5,8 @@ __all__ = ["ACTIVE", "DONE", "UPDATABLE", "DEFAULT_POOL_IDLE_S"]
 
 #: A job that is not done.
 ACTIVE = ("PENDING", "RUNNING")
-#: The states a job ends in.
-DONE = ("SUCCEEDED", "FAILED", "STOPPED")
+#: The states a job ends in (a release's gate rejects its candidate; its rollout's guard rolls it back).
+DONE = ("SUCCEEDED", "FAILED", "STOPPED", "REJECTED", "ROLLED_BACK")
 #: The settings ``job.update`` may change mid-run.
 UPDATABLE = ("num_epochs", "checkpoint_every", "keep_checkpoints")
 #: An idle pool ends after this many seconds unless ``rm.init(pool_idle_s=...)`` says otherwise.

@@ -13,7 +13,7 @@ from raymodel import data as data_forms
 from raymodel._internal import name_rules
 from raymodel.exceptions import DataError, SettingsError
 
-KINDS = ("train", "tune")
+KINDS = ("train", "tune", "release")
 
 
 def resolve(
@@ -25,7 +25,7 @@ def resolve(
     from raymodel.registry import Registry, default_uri
 
     if kind not in KINDS:
-        raise SettingsError(f"`kind` must be 'train' or 'tune' (got {kind!r}).")
+        raise SettingsError(f"`kind` must be 'train', 'tune' or 'release' (got {kind!r}).")
     key, version = name_rules.parse_ref(ref)
     registry_uri = registry or default_uri()
     reg = Registry(registry_uri)

@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Any
 
+from raymodel._internal import serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
 from raymodel.jobs._client import server_handle
 from raymodel.jobs._constants import DONE
@@ -60,8 +61,20 @@ class Job:
 
     @property
     def status(self) -> str:
-        """``PENDING`` | ``RUNNING`` | ``SUCCEEDED`` | ``FAILED`` | ``STOPPED``."""
+        """``PENDING`` | ``RUNNING`` | ``SUCCEEDED`` | ``FAILED`` | ``STOPPED``; a release also ``REJECTED``
+        (its gate) | ``ROLLED_BACK`` (its rollout's guard)."""
         return self._record()["status"]
+
+    @property
+    def stage(self) -> str | None:
+        """A release's stage: ``"train"`` | ``"evaluate"`` | ``"register"`` | ``"rollout"`` | ``"promote"``
+        (the one under way, or the last when it ended); ``None`` for other jobs."""
+        if self.kind != "release":
+            return None
+        from raymodel.jobs._release_plan import current_stage
+
+        rows, status = self._call("rows", self.id, 0)
+        return current_stage(rows, status)
 
     @property
     def durable(self) -> bool:
@@ -86,7 +99,7 @@ class Job:
     @property
     def eta(self) -> float | None:
         """Seconds until a PENDING job is expected to start, or a RUNNING job to end (from the running
-        jobs' epochs left and their mean epoch time); ``None`` when not known yet or done."""
+        jobs' epochs left and their median epoch time); ``None`` when not known yet or done."""
         return self._record().get("eta")
 
     @property
@@ -178,9 +191,15 @@ class Job:
 
 def _outcome(record: dict[str, Any]) -> Any:
     if record["status"] == "FAILED":
-        raise (TrainingError if record["kind"] == "train" else TuneError)(
+        raise (TuneError if record["kind"] == "tune" else TrainingError)(
             f"Job `{record['id']}` failed: {record['error']}"
         )
+    if record["kind"] == "release":
+        from raymodel.jobs._release_plan import ReleaseResult
+
+        result = dict(record.get("result") or {})
+        fields = {k: result[k] for k in ("version", "stages", "train") if k in result}
+        return ReleaseResult(record["status"], result.get("reason", "stopped before it started"), **fields)
     if record.get("result") is None:
         return None  # stopped before it started
     if record["kind"] == "train":
@@ -215,3 +234,23 @@ def submit_request(kind: str, blob: bytes, info: dict[str, Any]) -> Job:
     if info.get("not_durable") and not info.get("trial_id"):
         logger.warning("raymodel: job %s is not durable (a server restart fails it): %s.", job.id, info["not_durable"])
     return job
+
+
+def submit_payload(
+    kind: str, model: Any, payload: dict[str, Any], needs: dict[str, float], settings: Any, epochs: int, **more: Any
+) -> Job:
+    """Hand the server a job of a payload (pickled here, with the classes of its settings' callbacks by
+    value) that needs ``needs``; ``more``: what the server reads of it besides."""
+    callbacks = [
+        *(getattr(settings, "callbacks", ()) or ()),
+        *(getattr(getattr(settings, "train", None), "callbacks", ()) or ()),
+    ]
+    blob = serialization.dumps(payload, type(model), *callbacks)
+    info = {
+        "needs": needs,
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "settings": repr(settings),
+        "epochs": epochs,
+        **more,
+    }
+    return submit_request(kind, blob, info)

@@ -32,6 +32,8 @@ def train_request(
     deliver: bool = False,
     info: dict[str, Any] | None = None,
     resume_from: str | None = None,
+    kind: str = "train",
+    more: dict[str, Any] | None = None,
 ) -> tuple[bytes, dict[str, Any]]:
     """``(payload, info)`` for ``server.submit("train", ...)`` of a checked model, settings and data.
 
@@ -40,9 +42,10 @@ def train_request(
     Ray objects (``ray.data`` Datasets, arrays already in the object store) go in ``info["datasets"]``
     and ``info["refs"]``, Ray arguments (Ray tracks their owner), not in the pickled payload; they
     make the job non-durable (``info["not_durable"]`` says why). Large arrays are written once to
-    the job's storage (``.npy``) and the payload holds where (``_store.StoredArray``).
+    the job's storage (``.npy``) and the payload holds where (``_store.StoredArray``). ``kind`` and
+    ``more`` (payload entries): a job that trains first (``"release"``).
     """
-    job_id = _store.new_id("train")
+    job_id = _store.new_id(kind)
     datasets = spec.ray_datasets
     not_durable = None if (info or {}).get("trial_id") else why_not_durable(spec)
     spec, refs = _refs_apart(spec)
@@ -61,6 +64,7 @@ def train_request(
         "deliver": deliver,
         "info": info,
         "resume_from": resume_from,
+        **(more or {}),
     }
     request: dict[str, Any] = {
         "id": job_id,
@@ -79,7 +83,8 @@ def train_request(
         "resource_wait_s": settings.resource_wait_s,
     }
     backend = model.backend
-    if settings.on_pool and backend.on_ray_train:  # else the job's runner runs it (RLlib: in an actor of its own)
+    # Else the job's runner runs it (RLlib: in an actor of its own; a release: one-off runs, then its scoring).
+    if settings.on_pool and backend.on_ray_train and kind == "train":
         request["pool"] = {
             "key": pool_key(backend.name, settings.max_workers, per_worker),
             "backend": serialization.dumps(backend, type(backend)),
@@ -168,3 +173,16 @@ def restore_refs(spec: Any, datasets: dict[str, Any] | None, refs: list[Any] | N
                     setattr(split, part, refs[value.index])
                 elif isinstance(value, _store.StoredArray):
                     setattr(split, part, _store.put_array(value) if into_store else _store.load_array(value))
+
+
+def tune_payload(model: Any, tunable: Any, settings: Any, job_id: str, resume: bool) -> dict[str, Any]:
+    """What a job that tunes carries to the server: the model's class and config, the settings, the
+    data written as files under the job's id, the search space."""
+    return {
+        "class": type(model),
+        "config": dict(model.config),
+        "settings": settings,
+        "data": arrays_to_files(tunable.spec, job_id),
+        "space": tunable.space,
+        "resume": resume,
+    }

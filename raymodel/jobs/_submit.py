@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from raymodel._internal import serialization
+from raymodel.exceptions import SettingsError
 from raymodel.jobs import _store
-from raymodel.jobs._job import Job, _submit_checked, submit_request
+from raymodel.jobs._job import Job, _submit_checked, submit_payload
 
 
 def submit(
@@ -22,11 +22,15 @@ def submit(
     space: dict[str, Any] | None = None,
     register: str | None = None,
     registry: str | None = None,
+    gate: Any = None,
+    route: str | None = None,
+    rollout: Any = None,
 ) -> Job:
     """Train (or tune) the registry version ``ref`` names (``"digits@production"``, ``"digits:3"``,
     ``"digits"``) as a job of the server, from its weights and config (``config`` merged over).
 
-    ``kind``: ``"train"`` (further) or ``"tune"`` (over ``space`` or ``hyperparameter_space``);
+    ``kind``: ``"train"`` (further), ``"tune"`` (over ``space`` or ``hyperparameter_space``) or
+    ``"release"`` (trained further, then ``gate``, ``route`` and ``rollout`` as ``model.release``);
     ``settings``: ``TrainSettings`` (``TuneSettings``) or a dict; ``data``: what ``train`` takes, or
     ``"package.module:OBJECT"`` (a function there is called for it). ``register="KEY[@ALIAS]"``: when
     the job succeeds, its final (a tune job's best) checkpoint becomes the next version of ``KEY``,
@@ -36,6 +40,17 @@ def submit(
     from raymodel.jobs._from_registry import resolve
 
     model, data, extra = resolve(ref, kind, data, config, register, registry)
+    if kind == "release":
+        from raymodel.jobs._release import submit_release
+
+        if register is None:
+            raise SettingsError("A release registers its candidate: give `register='KEY@ALIAS'`.")
+        return submit_release(
+            model, data=data, settings=settings, register=register, gate=gate, route=route, rollout=rollout,
+            registry=registry, parent=extra["register"]["parent"],
+        )  # fmt: skip
+    if gate is not None or route is not None or rollout is not None:
+        raise SettingsError(f"`gate`, `route` and `rollout` are a release's (`kind='release'`), not a {kind} job's.")
     if kind == "train":
         from raymodel.train import prepare
 
@@ -64,22 +79,15 @@ def submit_tune(
     model: Any, space: Any, settings: Any, data: Any, resume: bool, extra: dict[str, Any] | None = None
 ) -> Job:
     """``model.tune(..., wait=False)``: checked as ``tune()`` checks, then queued."""
-    from raymodel.jobs._request import arrays_to_files, why_not_durable
+    from raymodel.jobs._request import tune_payload, why_not_durable
     from raymodel.tune import Tunable
 
     tunable = Tunable(model, space, settings=settings, data=data, resume=resume)  # every check, no Ray yet
     trial = tunable.trial_needs  # a trial's worker group on a pool is a job of its own
     settings = dataclasses.replace(tunable.settings, name=tunable.name)
     job_id = _store.new_id("tune")
-    payload = {
-        "class": type(model),
-        "config": dict(model.config),
-        "settings": settings,
-        "data": arrays_to_files(tunable.spec, job_id),
-        "space": tunable.space,
-        "resume": resume,
-    }
-    return _submit(
+    payload = tune_payload(model, tunable, settings, job_id, resume)
+    return submit_payload(
         "tune",
         model,
         payload,
@@ -94,21 +102,3 @@ def submit_tune(
         not_durable=why_not_durable(tunable.spec),
         **(extra or {}),
     )
-
-
-def _submit(
-    kind: str, model: Any, payload: dict[str, Any], needs: dict[str, float], settings: Any, epochs: int, **more: Any
-) -> Job:
-    callbacks = [
-        *(getattr(settings, "callbacks", ()) or ()),
-        *(getattr(getattr(settings, "train", None), "callbacks", ()) or ()),
-    ]
-    blob = serialization.dumps(payload, type(model), *callbacks)
-    info = {
-        "needs": needs,
-        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "settings": repr(settings),
-        "epochs": epochs,
-        **more,
-    }
-    return submit_request(kind, blob, info)

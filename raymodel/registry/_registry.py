@@ -162,6 +162,14 @@ class Registry:
         return model
 
     @os_errors
+    def location(self, key: str | ModelRef, version: int | str | None = None) -> str:
+        """Where a version's checkpoint folder is (a local path, or a URI under the registry's): what a
+        run reads it from (``raymodel.train``'s scoring of a release's ``against``)."""
+        key, version = _named(key, version)
+        rel = f"{key}/versions/{self.resolve(key, version)}"
+        return str(self.store.path(rel)) if self.store.local else f"{self.uri.rstrip('/')}/{rel}"
+
+    @os_errors
     def resolve(self, key: str | ModelRef, version: int | str | None = None) -> int:
         """The version number that ``version`` (None, int or alias) names; ``key`` may be a whole
         reference, as for ``get``."""

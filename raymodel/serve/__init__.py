@@ -13,7 +13,20 @@ serving).
 """
 
 from raymodel.serve._driver import Servable, ServedModel, rollout
-from raymodel.serve._rollout import Guard, Rollout, rollouts
+from raymodel.serve._restore import restore
+from raymodel.serve._rollout import Guard, Rollout, check_steps, rollouts
+from raymodel.serve._rollout_controller import served_spec
 from raymodel.serve._settings import ServeSettings
 
-__all__ = ["Guard", "Rollout", "Servable", "ServeSettings", "ServedModel", "rollout", "rollouts"]
+__all__ = [
+    "Guard",
+    "Rollout",
+    "Servable",
+    "ServeSettings",
+    "ServedModel",
+    "check_steps",
+    "rollout",
+    "rollouts",
+    "served_spec",
+    "restore",
+]

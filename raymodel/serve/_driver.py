@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from raymodel._internal import cluster, ingress, locations, storage
+from raymodel._internal.name_rules import route_app_name
 from raymodel.contract import training_server
 from raymodel.exceptions import ServeError, SettingsError
+from raymodel.serve._declared import declare, forget
 from raymodel.serve._rollout import Guard, Rollout, running_on, start_rollout
 from raymodel.serve._route_plan import _is_multiplexed, _plan, _routed_application
 from raymodel.serve._settings import ServeSettings, replica_options
@@ -96,6 +97,7 @@ class ServedModel:
 
         serve.delete(self.name, _blocking=True)
         storage.delete(serve_folder(self.name))
+        forget(self.name)  # a route of registry versions is not served again after a restart
 
     def __repr__(self) -> str:
         return f"ServedModel(name={self.name!r}, url={self.url!r})"
@@ -161,7 +163,7 @@ class Servable:
     ) -> None:
         self.settings = ServeSettings.coerce(settings)
         self.route = _check_route(route)
-        self.name = self.settings.name or (re.sub(r"[^A-Za-z0-9_-]", "_", self.route.strip("/")) or "root")
+        self.name = self.settings.name or route_app_name(self.route)
         self.model: Any = None
         self.plan: dict[str, Any] | None = None  # a route of registry versions (one, a split, a shadow, multiplexed)
         self.rollout_id: str | None = None  # the rollout this route is in (set by the rollout controller)
@@ -249,6 +251,8 @@ class Servable:
                 serve.delete(self.name)
                 self._discard_written()
             raise
+        if self.plan is not None:
+            declare(self)  # served again when a head starts on the same storage (``_declared.py``)
         return ServedModel(self.name, self.route, url, handle, self.info, self)
 
     def _set_split(self, split: Mapping[str, float]) -> None:
@@ -277,6 +281,8 @@ class Servable:
             seen = [(now["plan"]["split"], now["rollout"]) for now in handle.broadcast("spec").results(timeout_s=10)]
             behind = [s for s in seen if s != wanted]
             if seen and not behind:
+                if self.rollout_id is None:  # a rollout's steps are its own: it sets them again after a restart
+                    declare(self)
                 return
             waited = time.monotonic() - began
             if behind and not pushed and waited > PUSH_AFTER_S:

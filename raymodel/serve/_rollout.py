@@ -146,10 +146,11 @@ def running_on(route: str) -> str | None:
     return ray.get(handle.running.remote(route))
 
 
-def rollouts() -> list[Rollout]:
-    """Every rollout the cluster's controller knows (running and ended), oldest first."""
+def rollouts(start: bool = False) -> list[Rollout]:
+    """Every rollout the cluster's controller knows (running and ended), oldest first. ``start``: start
+    the controller if it is not running (after a head restart it takes up the rollouts kept in storage)."""
     try:
-        handle = controller()
+        handle = controller(create=start)
     except ValueError:
         return []
     import ray

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import builtins  # `list` in the class is the clients' call
+import json
 import threading
 import time
 import traceback
 import uuid
 from typing import Any
 
-from raymodel._internal.name_rules import parse_ref
+from raymodel._internal import locations, storage
+from raymodel._internal.name_rules import parse_ref, route_app_name
 from raymodel.exceptions import ServeError, SettingsError
 
 #: How many of the candidate's latencies a rollout keeps for its p99 (the newest).
@@ -60,6 +63,8 @@ class RolloutController:
         # at once (a rollout's step and a request to start another) fail with "... is not registered
         # for pickle by value". The controller's threads call Serve one at a time.
         self.serve_calls = threading.RLock()
+        self.waiting: set[str] = set()  # rollouts kept running by an earlier controller, not driven yet
+        self._resume()
 
     # ------------------------------------------------------------ the API
     def start(
@@ -96,6 +101,7 @@ class RolloutController:
         with self.lock:
             self.rollouts[rollout_id] = state
             self.figures[rollout_id] = {"candidate": _Figures(), "baseline": _Figures(), "step": _Figures()}
+        self._save(rollout_id)
         threading.Thread(target=self._drive, args=(rollout_id, servable), daemon=True).start()
         return self._view(rollout_id)
 
@@ -136,24 +142,13 @@ class RolloutController:
             state["figures"] = {name: f.summary() for name, f in figures.items()}
         return state
 
-    # ------------------------------------------------------------ driving
     def _prepare(self, route: str, ref: str, servable_class: type) -> tuple[Any, str, str, str | None]:
         """``(the route's Servable, its version "key:N", the candidate's "key:N", the alias to move)``."""
-        from ray import serve
-
         from raymodel.registry import Registry
         from raymodel.serve._traffic import check_ref
 
         key, version = check_ref(ref, "The rollout's candidate")
-        spec = None
-        for name in serve.status().applications:
-            try:
-                handle = serve.get_app_handle(name)
-                if handle.stats.remote().result(timeout_s=10).get("route") == route:
-                    spec = handle.spec.remote().result(timeout_s=10)
-                    break
-            except Exception:  # noqa: BLE001 - another application (not a route of registry versions)
-                continue
+        spec = served_spec(route)
         if spec is None:
             raise ServeError(
                 f"No route of registry versions at `{route}`; serve one first: "
@@ -191,18 +186,66 @@ class RolloutController:
     def _set(self, rollout_id: str, **changes: Any) -> None:
         with self.lock:
             self.rollouts[rollout_id].update(changes)
+        if {"status", "step", "split"} & set(changes):
+            self._save(rollout_id)
 
-    def _drive(self, rollout_id: str, servable: Any) -> None:
+    # ------------------------------------------------------- kept in storage
+    def _save(self, rollout_id: str) -> None:
+        """The rollout's state, where a controller started after a head restart finds it (``_resume``)."""
+        with self.lock:
+            state = json.dumps(self.rollouts[rollout_id])
+        storage.write_bytes(storage.join(_folder(), f"{rollout_id}.json"), state.encode())
+
+    def _resume(self) -> None:
+        """The rollouts an earlier controller kept: ended ones are listed; each running one goes on from its
+        step, with its shares, once its route is served again (``_declared.py``; its figures start anew)."""
+        for state in _kept():
+            self.rollouts[state["id"]] = state
+            self.figures[state["id"]] = {"candidate": _Figures(), "baseline": _Figures(), "step": _Figures()}
+            if state["status"] == "running":
+                state["reason"] = f"resuming at step {max(state['step'], 1)} after a restart: waiting for the route"
+                self.waiting.add(state["id"])
+
+    def take_up(self, servable: Any) -> builtins.list[str]:
+        """Drive each rollout ``_resume`` found running (``servable``: the ``Servable`` class, with which it
+        sets the route's split); the ids."""
+        with self.lock:
+            ids, self.waiting = sorted(self.waiting), set()
+        for rollout_id in ids:
+            threading.Thread(target=self._go_on, args=(rollout_id, servable), daemon=True).start()
+        return ids
+
+    def _go_on(self, rollout_id: str, servable_class: Any, wait_s: float = 300.0) -> None:
+        state = self.rollouts[rollout_id]
+        deadline = time.monotonic() + wait_s
+        while (spec := served_spec(state["route"])) is None:
+            if time.monotonic() > deadline:
+                reason = f"stopped: `{state['route']}` was not served again within {wait_s:.0f} s of a restart"
+                self._set(rollout_id, status="stopped", reason=reason, ended=time.time())
+                return
+            time.sleep(1.0)
+        plan = spec["plan"]
+        servable = servable_class(
+            state["baseline_split"], state["route"], settings=spec["settings"], registry=plan["registry"],
+            shadow=plan.get("shadow"), shadow_fraction=plan.get("shadow_fraction", 1.0),
+        )  # fmt: skip
+        self._drive(rollout_id, servable, first=max(int(state["step"]), 1))
+
+    # ------------------------------------------------------------ driving
+    def _drive(self, rollout_id: str, servable: Any, first: int = 1) -> None:
         state = self.rollouts[rollout_id]
         base_ref = next(iter(state["baseline_split"]))
         candidate, guard = state["candidate"], state["guard"]
         try:
             for i, share in enumerate(state["steps"], start=1):
+                if i < first:  # passed before a restart
+                    continue
                 split = {candidate: 1.0} if share >= 1.0 else {base_ref: 1.0 - share, candidate: share}
                 self._route(servable, split, rollout_id)
                 with self.lock:
                     self.figures[rollout_id]["step"] = _Figures()
                     state.update(step=i, split=split, step_started=time.time(), reason=f"step {i}: {share:.0%}")
+                self._save(rollout_id)
                 ended = self._watch(rollout_id, i, share, guard, state["step_s"])
                 if ended is not None:
                     status, reason = ended
@@ -281,6 +324,50 @@ class RolloutController:
             reason=f"promoted after {len(state['steps'])} steps ({c['requests']} requests, "
             f"{c['errors']} failed, p99 {c['p99_ms']} ms): {moved}",
         )
+
+
+def served_spec(route: str) -> dict[str, Any] | None:
+    """What serves ``route`` when it is a route of registry versions (its ``plan``, ``settings``); else
+    ``None`` (nothing there, another application, or no Serve running)."""
+    from ray import serve
+
+    try:
+        names = list(serve.status().applications)
+    except Exception:  # noqa: BLE001 - Serve is not running: nothing is served
+        return None
+    # The application named after the route first (most are); a new driver's first call to a replica
+    # waits for Serve to tell it the replicas, seconds on a busy machine.
+    names.sort(key=lambda name: name != route_app_name(route))
+    for name in names:
+        try:
+            handle = serve.get_app_handle(name)
+            if handle.stats.remote().result(timeout_s=60).get("route") == route:
+                spec: dict[str, Any] = handle.spec.remote().result(timeout_s=60)
+                return spec
+        except Exception:  # noqa: BLE001 - another application (not a route of registry versions)
+            continue
+    return None
+
+
+def running_kept() -> list[str]:
+    """The ids of the rollouts kept in storage as running (a controller started now resumes them)."""
+    return [state["id"] for state in _kept() if state.get("status") == "running"]
+
+
+def _kept() -> list[dict[str, Any]]:
+    """Every rollout's state kept in storage (a file that cannot be read is left out)."""
+    found = []
+    for name in storage.listdir(_folder()):
+        try:
+            found.append(json.loads(storage.read_bytes(storage.join(_folder(), name))))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _folder() -> str:
+    """Where each rollout's state is kept: beside the declared routes (no application's name has a dot)."""
+    return locations.home_path("serve", "rollouts.state")
 
 
 def _breach(figures: _Figures, guard: dict[str, Any], over: str) -> str | None:

@@ -189,6 +189,24 @@ class Trainable:
                 stop_hub(hub)
         return _collect(self.model, self.settings, outcome, self.name, load_result)
 
+    def evaluate(self, location: str) -> dict[str, float]:
+        """The figures of the checkpoint at ``location`` (a run's, or a registry version's) on the data's
+        validation split, scored in the cluster by a run of these settings' workers that does not train
+        (``train/_evaluate.py``): ``{"val_acc": ..., ...}``. A release's gate scores both sides so."""
+        cluster.ensure_ray(self.settings.verbose)
+        training_server().make_room(self.needs)
+        self._info["evaluate"] = location
+        try:
+            plan, hub = self._plan(printer=None)
+            try:
+                outcome = self._run(plan).fit()
+            finally:
+                if hub is not self._hub:
+                    stop_hub(hub)
+        finally:
+            del self._info["evaluate"]
+        return {k: float(v) for k, v in outcome.returned.get("metrics", {}).items()}
+
     def _run(self, plan: RunPlan) -> TrainingRun:
         """The backend's run type for ``plan``: a Ray Train run, or the backend's own (``make_run``)."""
         from raymodel.train._ray_train_run import RayTrainRun  # imports ray.train (a second), which only a run needs

@@ -32,6 +32,7 @@ from raymodel._internal.hub import Collective
 from raymodel.exceptions import CheckpointError
 from raymodel.hooks import HookRunner, RunContext, maybe_await
 from raymodel.train._changes import JobChanges
+from raymodel.train._evaluate import evaluate
 from raymodel.train._progress import BatchProgress
 from raymodel.train._session import TrainSession
 
@@ -40,8 +41,9 @@ _NEXT = {
     "fit": ("epoch", "done"),  # "done" at once: resumed from the last epoch's checkpoint
     "epoch": ("validation", "epoch_end"),
     "validation": ("validated",),
-    "validated": ("epoch_end",),
+    "validated": ("epoch_end", "evaluated"),  # "evaluated": a run that only scores (train/_evaluate.py)
     "epoch_end": ("epoch", "done"),
+    "evaluate": ("validation",),
 }
 
 
@@ -126,6 +128,8 @@ class WorkerRun(JobChanges):
         if self.data.module is not None or self.data.module_blob is not None:
             self.backend.validate_data(type(self.data)(self.splits))  # what a data module returned
         self.worker.build()
+        if self.info.get("evaluate"):  # a release's gate: score a checkpoint, no training
+            return await evaluate(self, self.info["evaluate"])
         await self._restore()
         self.worker.ready()
         if self.control is not None:  # changes made while the job waited (queued, or preempted)

@@ -41,7 +41,11 @@ def job(job_id: str) -> dict[str, Any] | None:
     record = None if server is None else ray.get(server.get.remote(job_id))
     if record is None:
         return None
-    record["history"] = ray.get(server.rows.remote(job_id, 0))[0]
+    rows = ray.get(server.rows.remote(job_id, 0))[0]
+    record["history"] = [row for row in rows if "end" not in row]  # epochs; a release's stage rows apart:
+    record["stages"] = [{**row, "text": jobs_module.describe_stage(row)} for row in rows if "end" in row]
+    if record["kind"] == "release":  # its stages' timeline
+        record["stage"] = jobs_module.current_stage(rows, record["status"])
     record["resources"] = jobs_module.held([record])[job_id]
     record["metrics"] = sorted(
         {

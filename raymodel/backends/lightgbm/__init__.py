@@ -125,6 +125,14 @@ class LightGBMLoop(TreeLoop):
         )
         return self.booster
 
+    async def score(self) -> dict[str, float]:
+        """LightGBM evaluates a booster only on data it trains with: one round from the restored booster
+        with the validation set attached, taken back (``rollback_one_iter``), then its validation."""
+        self.booster = None
+        self.boost(0)
+        self.booster.rollback_one_iter()
+        return await self.validate(0)
+
     def evaluate(self, name: str, epoch: int) -> list[tuple[str, float]]:
         results = self.booster.eval_train() if name == "train" else self.booster.eval_valid()
         return [(r[1], float(r[2])) for r in results if name == "train" or r[0] == name]

@@ -70,6 +70,26 @@ class LightningLoop(TorchLoop):
             return {"lightning": torch.load(path, map_location="cpu", weights_only=False)}
 
     async def run_epochs(self, first: int, last: int) -> None:
+        trainer = self._trainer(last)
+        train = self._loader("train")
+        valid = self._loader("valid") if self.has_validation else None
+        with tmp.tempdir("lightning") as staging:
+            ckpt_path = None
+            if self.resume is not None and "loops" in self.resume:
+                ckpt_path = os.path.join(staging, "resume.ckpt")
+                torch.save(self.resume, ckpt_path)
+            await asyncio.to_thread(
+                trainer.fit, self.model.module, train_dataloaders=train, val_dataloaders=valid, ckpt_path=ckpt_path
+            )
+
+    async def score(self) -> dict[str, float]:
+        """``Trainer.validate`` over the validation split (its callback runs the run's validation phase)."""
+        trainer = self._trainer(1)
+        await asyncio.to_thread(trainer.validate, self.model.module, dataloaders=self._loader("valid"), verbose=False)
+        return {k: v for k, v in _scalars(self.trainer).items() if k.startswith("val")}
+
+    def _trainer(self, last: int) -> Any:
+        """The ``Trainer`` (kept as ``self.trainer``), prepared for Ray Train on a worker group's worker."""
         run, settings = self.run, self.run.settings
         # On a Ray Train worker: Ray's DDP (or FSDP) strategy; in a Tune trial: one process, Lightning's default.
         placement = (
@@ -90,17 +110,7 @@ class LightningLoop(TorchLoop):
             **placement,
             **_step_arguments(settings),
         )
-        trainer = prepare_trainer(self.trainer) if run.session.in_worker_group else self.trainer
-        train = self._loader("train")
-        valid = self._loader("valid") if self.has_validation else None
-        with tmp.tempdir("lightning") as staging:
-            ckpt_path = None
-            if self.resume is not None and "loops" in self.resume:
-                ckpt_path = os.path.join(staging, "resume.ckpt")
-                torch.save(self.resume, ckpt_path)
-            await asyncio.to_thread(
-                trainer.fit, self.model.module, train_dataloaders=train, val_dataloaders=valid, ckpt_path=ckpt_path
-            )
+        return prepare_trainer(self.trainer) if run.session.in_worker_group else self.trainer
 
     def _strategy(self) -> Any:
         """Ray's DDP strategy, or with ``strategy="fsdp"`` its FSDP one: each class of the modules

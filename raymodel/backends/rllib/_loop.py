@@ -102,6 +102,9 @@ class RLlibLoop(WorkerLoop):
         self.algo: Any = None
         self.restored = False  # from RLlib's own checkpoint of the Algorithm (not just the networks)
 
+    #: Scored on evaluation episodes of its env (``score``), not on a validation split.
+    evaluates_without_data = True
+
     @property
     def has_validation(self) -> bool:
         return False
@@ -125,6 +128,15 @@ class RLlibLoop(WorkerLoop):
         result = self.algo.train()
         self._copy_out()
         return iteration_row(result, time.perf_counter() - started, module_id(self.algo))
+
+    async def score(self) -> dict[str, float]:
+        """RLlib's own evaluation (``Algorithm.evaluate``): episodes of the env with exploration off,
+        ``evaluation_duration`` of them (10, unless the model's ``rllib_config`` sets it); their mean
+        return and length (``val_episode_return_mean``, ``val_episode_len_mean``)."""
+        result = self.algo.evaluate()
+        runners = result.get("env_runners") or (result.get("evaluation") or {}).get("env_runners") or {}
+        keys = ("episode_return_mean", "episode_len_mean")
+        return {k: float(runners[k]) for k in keys if isinstance(runners.get(k), (int, float))}
 
     def apply_config(self, changes: dict[str, Any]) -> None:
         if "lr" in changes:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from raymodel.contract import Run
 
 #: Entries of the Trainer's evaluation that are not metrics of the model.
-_EVAL_NOISE = ("runtime", "samples_per_second", "steps_per_second", "epoch")
+_EVAL_NOISE = ("runtime", "samples_per_second", "steps_per_second", "epoch", "model_preparation_time")
 
 
 class TrainerLoop(TorchLoop):
@@ -125,6 +125,27 @@ class TrainerLoop(TorchLoop):
             shared = self._shared_checkpoint()  # num_epochs grew: go on from here
             self._forget_resume()
             self.resume = shared
+
+    async def score(self) -> dict[str, float]:
+        """The ``Trainer``'s ``evaluate`` over the validation split (its ``compute_metrics`` too)."""
+        trainer = transformers.Trainer(
+            model=self.model.model,
+            args=self.arguments(1, validate=True),
+            eval_dataset=_dataset(self.run.splits["valid"]),
+            processing_class=self.model.tokenizer,
+            data_collator=self.collator(),
+            compute_metrics=self.metrics_function(),
+        )
+        trainer.remove_callback(transformers.PrinterCallback)  # the figures are the run's to report
+        if self.run.session.in_worker_group:
+            from ray.train.huggingface.transformers import prepare_trainer
+
+            trainer = prepare_trainer(trainer)
+        from raymodel.backends.transformers._data import quiet
+
+        with quiet():
+            figures = await asyncio.to_thread(trainer.evaluate)
+        return _figures(figures)
 
     def _shared_checkpoint(self) -> str:
         """The newest ``Trainer`` checkpoint on every worker: rank 0 wrote the model, optimizer and state
@@ -304,15 +325,19 @@ class _TrainerPhases(transformers.TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         metrics: dict[str, Any] = {} if self.loss is None else {"loss": self.loss}
         if self.loop.has_validation:
-            evaluated = {
-                k.removeprefix("eval_"): v
-                for k, v in self.metrics.items()
-                if isinstance(v, (int, float)) and k.removeprefix("eval_") not in _EVAL_NOISE
-            }
-            metrics.update(self.run.sync(self.run.end_validation(evaluated)))
+            metrics.update(self.run.sync(self.run.end_validation(_figures(self.metrics))))
         self.stopped = self.run.sync(self.run.end_epoch(self.epoch, metrics))
         if self.stopped or self.epoch >= self.run.num_epochs:
             control.should_training_stop = True
+
+
+def _figures(evaluated: dict[str, Any]) -> dict[str, Any]:
+    """The model's figures of a ``Trainer`` evaluation, without its ``eval_`` prefix and its timings."""
+    return {
+        k.removeprefix("eval_"): v
+        for k, v in evaluated.items()
+        if isinstance(v, (int, float)) and k.removeprefix("eval_") not in _EVAL_NOISE
+    }
 
 
 def _keep_rng_state(folder: str, rank: int, world: int) -> None:

@@ -37,11 +37,13 @@ from raymodel.jobs import _store
 from raymodel.jobs._constants import ACTIVE, DEFAULT_POOL_IDLE_S
 from raymodel.jobs._from_registry import register_result
 from raymodel.jobs._pools.keeper import PoolKeeper
+from raymodel.jobs._release_plan import describe
 from raymodel.jobs._server.control import JobControl
 from raymodel.jobs._server.queue import fits
 from raymodel.jobs._server.recovery import Recovery, stored_result
 from raymodel.jobs._server.runner import new_runner
 from raymodel.jobs._server.scheduler import Scheduler
+from raymodel.jobs._server.state import tagged
 
 _LOG_LINES = 200
 
@@ -225,12 +227,15 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         with self.lock:
             record = self.records[job_id]
             for row in rows:
-                _add_row(record["history"], row)  # an epoch run again (after a restart) replaces its row
+                _add_row(record["history"], tagged(record, row))  # an epoch run again replaces its row
             times = self.row_times.setdefault(job_id, [])
             times.extend(time.time() for _ in rows)
             del times[: max(len(times) - len(record["history"]), 0)]
             self.changed.notify_all()
             for row in rows:
+                if "end" in row:  # a release's stage ended
+                    self._log(job_id, describe(row))
+                    continue
                 shown = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "epoch"}
                 where = f"trial {row['trial_id']} " if "trial_id" in row else ""
                 self._log(
@@ -303,8 +308,9 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
                     registered, error = register_result(record, outcome["result"])
                     record["registered"] = registered
                     self._finish(job_id, "FAILED" if error else "SUCCEEDED", result=outcome["result"], error=error)
-                else:
-                    self._finish(job_id, "STOPPED" if stopped else "SUCCEEDED", result=outcome["result"])
+                else:  # a release's outcome may say how it ended: REJECTED, ROLLED_BACK
+                    status = "STOPPED" if stopped else outcome.get("status", "SUCCEEDED")
+                    self._finish(job_id, status, result=outcome["result"])
                 pool = self.pools.get(record.get("pool_id") or "")
                 if pool is not None and pool["state"] == "busy":
                     if outcome.get("pool_ok", True):

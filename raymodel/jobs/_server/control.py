@@ -21,7 +21,7 @@ import ray
 from raymodel.jobs._constants import ACTIVE, UPDATABLE
 from raymodel.jobs._pools.keeper import pending_groups
 from raymodel.jobs._server.queue import fits
-from raymodel.jobs._server.state import ServerState
+from raymodel.jobs._server.state import ServerState, tagged
 
 #: How long after a failure the server starts to look for a worker group Ray cannot place.
 _PLACE_GRACE_S = 2.0
@@ -83,11 +83,21 @@ class JobControl(ServerState):
             if record is None:
                 return
             if [r.get("epoch") for r in record["history"]] != [r.get("epoch") for r in history]:
-                record["history"] = [dict(r) for r in history]
+                record["history"] = [tagged(record, dict(r)) for r in history]
                 times = self.row_times.get(job_id, [])
                 self.row_times[job_id] = times[: len(history)]
                 self._save(job_id)
                 self.changed.notify_all()
+
+    def done_computing(self, job_id: str) -> None:
+        """A release passed its gate: what is left (registering, its rollout) holds no workers, so the
+        resources it was scheduled with go to the queue's next jobs."""
+        with self.lock:
+            record = self.records.get(job_id)
+            if record is not None and record["needs"]:
+                record["needs"] = {}
+                self._log(job_id, "trained and scored: it holds no workers from here")
+                self._save(job_id)
 
     def worker_lost(self, job_id: str, errors: dict[int, str]) -> None:
         """Ray Train saw the job's workers fail and restarts them (a pool's or a one-off run's)."""

@@ -37,10 +37,15 @@ def run_job(
         ) from exc
     from raymodel.jobs._request import restore_refs
 
-    restore_refs(job["data"], datasets, refs, into_store=kind == "train")  # Ray arguments, files
+    tunes = kind == "tune" or "space" in job  # (a tuned release too): Tune puts its data in the store itself
+    restore_refs(job["data"], datasets, refs, into_store=not tunes)  # Ray arguments, files
     server = running_handle()
     model = job["class"](config=job["config"])
     _restore_state(model, job.get("state"))
+    if kind == "release":
+        from raymodel.jobs._server.release import run_release
+
+        return run_release(runner, job, model, server, resume, train_stage, tune_stage)
     if kind == "train":
         from raymodel.train import Trainable
 
@@ -71,22 +76,46 @@ def run_job(
 
             trainable.add_events(HubRows(hub, wait=job.get("deliver", False)))
         return {"result": dataclasses.asdict(trainable.fit(load_result=False))}
-    else:
-        from raymodel.tune import Tunable
+    return {"result": tune_stage(runner, job, model, server, resume)}
 
-        _RUNNERS[runner.job_id] = runner
-        train = job["settings"].train  # each trial's workers tell the server where they run
-        train = dataclasses.replace(train, callbacks=[*train.callbacks, JobWorkerCallback(server, runner.job_id)])
-        settings = dataclasses.replace(
-            job["settings"],
-            progress=False,
-            train=train,
-            callbacks=[*job["settings"].callbacks, JobTrials(server, runner.job_id)],
-        )
-        again = job["resume"] or (resume and _restorable(settings))  # a server restart: Tune's own state
-        tunable = Tunable(model, job["space"], settings=settings, data=job["data"], resume=again)
-        tunable.stop = JobStopper(runner.job_id)
-        return {"result": dataclasses.asdict(tunable.fit())}
+
+def tune_stage(runner: Any, job: dict[str, Any], model: Any, server: Any, resume: bool) -> dict[str, Any]:
+    """A tune job (or a tuned release's first stage): the experiment, its trials' rows and stop the
+    job's; a server started again resumes the experiment (Tune's own state). The ``TuneResult``'s fields."""
+    from raymodel.tune import Tunable
+
+    _RUNNERS[runner.job_id] = runner
+    train = job["settings"].train  # each trial's workers tell the server where they run
+    train = dataclasses.replace(train, callbacks=[*train.callbacks, JobWorkerCallback(server, runner.job_id)])
+    settings = dataclasses.replace(
+        job["settings"],
+        progress=False,
+        train=train,
+        callbacks=[*job["settings"].callbacks, JobTrials(server, runner.job_id)],
+    )
+    again = job["resume"] or (resume and _restorable(settings))  # a server restart: Tune's own state
+    tunable = Tunable(model, job["space"], settings=settings, data=job["data"], resume=again)
+    tunable.stop = JobStopper(runner.job_id)
+    return dataclasses.asdict(tunable.fit())
+
+
+def train_stage(runner: Any, job: dict[str, Any], model: Any, server: Any) -> dict[str, Any]:
+    """A release's training: a one-off run of the job's settings, its rows the job's (a server started
+    again resumes it from its run's newest checkpoint); the ``TrainResult``'s fields."""
+    from raymodel.train import Trainable
+
+    settings = job["settings"]
+    settings = dataclasses.replace(
+        settings, progress=False, callbacks=[*settings.callbacks, JobWorkerCallback(server, runner.job_id, False)]
+    )
+    trainable = Trainable(
+        model,
+        settings,
+        data=job["data"],
+        events=[JobRows(server, runner.job_id), JobFailures(server, runner.job_id)],
+        control=(server, runner.job_id),
+    )
+    return dataclasses.asdict(trainable.fit(load_result=False))
 
 
 def _restorable(settings: Any) -> bool:

@@ -8,6 +8,8 @@ job being preempted, ``preempt_by``.
 
 from __future__ import annotations
 
+import itertools
+import statistics
 from typing import Any, Callable, Iterable
 
 Resources = dict[str, float]
@@ -68,16 +70,17 @@ def choose_victims(
 
 
 def epoch_seconds(record: dict[str, Any], row_times: list[float]) -> float | None:
-    """The mean seconds per epoch of a running job so far (``None`` before its first row)."""
+    """The seconds per epoch of a running job so far: the median time between its rows, so that one
+    slow epoch (a checkpoint, a busy node) does not move every ETA (``None`` before its first row)."""
     if len(row_times) >= 2:
-        return (row_times[-1] - row_times[0]) / (len(row_times) - 1)
+        return statistics.median(b - a for a, b in itertools.pairwise(row_times))
     if row_times and record.get("started"):
         return max(row_times[0] - record["started"], 1e-3)
     return None
 
 
 def remaining(record: dict[str, Any], row_times: list[float], now: float) -> float | None:
-    """Seconds until a running job ends: its epochs left times its mean epoch time, less the time
+    """Seconds until a running job ends: its epochs left times its epoch time, less the time
     its current epoch has run (``None`` when not known yet)."""
     per_epoch = epoch_seconds(record, row_times)
     if per_epoch is None or not record.get("epochs"):

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+import traceback
 from typing import Any, Callable
 
 import ray
@@ -115,6 +117,22 @@ class Recovery(ServerState):
         # The previous server's pools and runs died with it; a worker group that was ending (its Train
         # controller had let Ray Train's cleaner go) can leave its placement group holding resources.
         _remove_groups(sorted(held))
+        context = ray.get_runtime_context()
+        # A new head on this storage (not the actor restarted by Ray; nor the server's state in-process).
+        if context.get_actor_id() is not None and not context.was_current_actor_reconstructed:
+            threading.Thread(target=_serve_again, name="raymodel-routes", daemon=True).start()
+
+
+def _serve_again() -> None:
+    """The routes of registry versions declared on this storage, served again, and their rollouts going on
+    (``serve/_declared.py``): a release in its rollout stage goes on after a head restart."""
+    from raymodel.serve import restore
+
+    try:
+        for line in restore():
+            print(line, flush=True)
+    except Exception:  # noqa: BLE001 - the server runs on without them; the log says why
+        traceback.print_exc()
 
 
 def stored_result(record: dict[str, Any]) -> dict[str, Any] | None:

@@ -52,3 +52,10 @@ class ServerState:
         def _end_pool(self, pool_id: str, why: str, force: bool = False) -> None: ...
 
         def _abandon(self, record: dict[str, Any], why: str = "") -> None: ...
+
+
+def tagged(record: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """A row of a release job without a stage is one of its training's epochs: ``"stage": "train"``."""
+    if record.get("kind") == "release" and "stage" not in row:
+        row["stage"] = "train"
+    return row

@@ -4,7 +4,7 @@
 const params = new URLSearchParams(location.search);
 if (params.get("token")) sessionStorage.setItem("raymodel-token", params.get("token"));
 const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#e16f24", "#6e7781"];
-const DONE = ["SUCCEEDED", "FAILED", "STOPPED"];
+const DONE = ["SUCCEEDED", "FAILED", "STOPPED", "REJECTED", "ROLLED_BACK"];
 const view = document.getElementById("view");
 let busy = false;
 
@@ -86,6 +86,7 @@ const views = {
         <input name="set" placeholder="lr=0.001, num_epochs=40" size="40"></label> <button>update</button></form>`;
     }
     html += changes(j);
+    if (j.kind === "release") html += timeline(j);
     html += j.kind === "tune" ? tuneCharts(j) : trainCharts(j);
     html += `<h2>Log</h2><pre class="log">${esc((j.log || []).join("\n"))}</pre>`;
     return html;
@@ -172,6 +173,20 @@ function trainCharts(j) {
   if (others.length) html += chart("validation metrics", others.map(series));
   if (j.metrics.includes("world_size")) html += chart("workers (world size)", [series("world_size")]);
   return html + "</div>";
+}
+
+// A release's stages on one time axis: a bar per stage that ended (its figures beside it), then the one under way.
+function timeline(j) {
+  const stages = j.stages || [];
+  const t0 = stages.length ? stages[0].start : j.started, now = DONE.includes(j.status) ? (j.ended || Date.now() / 1000) : Date.now() / 1000;
+  const span = Math.max(now - t0, 1e-3);
+  const bar = (start, end) => `<span class="bar stage"><div style="margin-left:${(100 * (start - t0)) / span}%;width:${Math.max((100 * (end - start)) / span, 0.5)}%"></div></span>`;
+  const rows = stages.map((s) => `<tr><td>${esc(s.stage)}</td><td>${bar(s.start, s.end)}</td><td class="num">${secs(s.end - s.start)}</td><td>${esc(s.text)}</td></tr>`);
+  if (!DONE.includes(j.status)) {
+    const from = stages.length ? stages[stages.length - 1].end : (j.started || now);
+    rows.push(`<tr class="muted"><td>${esc(j.stage)}</td><td>${bar(from, now)}</td><td class="num">${secs(now - from)}</td><td>under way</td></tr>`);
+  }
+  return `<h2>Stages</h2><table class="stages"><thead><tr><th>stage</th><th>timeline</th><th>took</th><th>figures</th></tr></thead><tbody>${rows.join("")}</tbody></table>`;
 }
 
 function eta(j) {
