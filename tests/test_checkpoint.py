@@ -32,6 +32,25 @@ def test_save_and_load_give_identical_predictions(tmp_path, tiny):
     np.testing.assert_array_equal(np.array(again.predict(X)), np.array(model.predict(X)))
 
 
+def test_a_process_looks_up_each_librarys_version_once_not_at_every_checkpoint(tmp_path, monkeypatch):
+    """A run writes a checkpoint every epoch: the installed versions its manifest records are read from
+    the package metadata once per process (each lookup scans the environment: about 9 ms an epoch)."""
+    import importlib.metadata
+
+    from raymodel._internal import checkpoint as ckpt
+
+    looked_up: list[str] = []
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: looked_up.append(name) or real(name))
+    ckpt._installed_version.cache_clear()
+    model = TinyNet()
+    first = json.loads((Path(model.save(tmp_path / "a")) / "raymodel.json").read_text())["versions"]
+    assert looked_up and "torch" in looked_up
+    seen = len(looked_up)
+    second = json.loads((Path(model.save(tmp_path / "b")) / "raymodel.json").read_text())["versions"]
+    assert len(looked_up) == seen and second == first and first["torch"] == real("torch")
+
+
 def test_saving_over_a_non_empty_folder_is_refused(tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "file").write_text("x")
