@@ -176,7 +176,7 @@ def _epochs(job):
 def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_with_each_epoch_once(ray_session, tiny_data):
     rm.jobs.release_pools()
     low = TinyNet().train({**BASE, "num_epochs": 6, "callbacks": [Paced()]}, data=tiny_data, wait=False)
-    until(lambda: len(low.history()) >= 2)
+    until(lambda: len(low.history()) >= 2, timeout=240)  # a cold pool, on a machine the suite saturates
     high = TinyNet().train({**BASE, "num_epochs": 2, "priority": 5}, data=tiny_data, wait=False)
     # Two of equal priority queue behind; neither preempts `low`. The first of them runs 12 epochs,
     # the second waits for it: its ETA is read once the first has three epoch times (their median).

@@ -58,25 +58,17 @@ def sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+#: Once per process: a lookup scans the package metadata (9 ms for a checkpoint's, written every epoch).
+_installed_version = functools.cache(importlib.metadata.version)
+
+
 def library_versions(packages: tuple[str, ...] = ()) -> dict[str, str]:
     """Python's version and those of the core packages and ``packages`` that are installed."""
     versions = {"python": platform.python_version()}
     for name in (*_CORE_PACKAGES, *packages):
-        version = _installed_version(name)
-        if version is not None:
-            versions[name] = version
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = _installed_version(name)
     return versions
-
-
-@functools.cache
-def _installed_version(name: str) -> str | None:
-    """``name``'s installed version, looked up once per process: each lookup scans the environment's
-    package metadata (about 9 ms for a checkpoint's libraries on 2 cores), and a run writes a checkpoint
-    every epoch."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def jsonable(value: Any) -> Any:
