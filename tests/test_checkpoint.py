@@ -32,7 +32,7 @@ def test_save_and_load_give_identical_predictions(tmp_path, tiny):
     np.testing.assert_array_equal(np.array(again.predict(X)), np.array(model.predict(X)))
 
 
-def test_a_process_looks_up_each_librarys_version_once_not_at_every_checkpoint(tmp_path, monkeypatch):
+def test_a_process_looks_up_each_librarys_version_once_not_at_every_checkpoint(tmp_path):
     """A run writes a checkpoint every epoch: the installed versions its manifest records are read from
     the package metadata once per process (each lookup scans the environment: about 9 ms an epoch)."""
     import importlib.metadata
