@@ -53,10 +53,12 @@ TORCH = {"num_workers": 2, "num_epochs": 3, "batch_size": 64, "progress": False}
 
 # ------------------------------------------------------------------ the children
 def _process_start() -> float:
-    ticks = os.sysconf("SC_CLK_TCK")
-    since_boot = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
-    boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if "btime" in line)
-    return boot + since_boot
+    """The interpreter's start (wall clock): what `time python script.py` counts from. From /proc: the
+    process's start and the time since boot, both in the boot clock (``btime``, whole seconds, would put
+    the start up to a second off)."""
+    since_boot_then = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    now, since_boot_now = time.time(), float(Path("/proc/uptime").read_text().split()[0])
+    return now - (since_boot_now - since_boot_then)
 
 
 def _ray_init() -> None:

@@ -1,7 +1,13 @@
 """Warm pools (``rm.init(warm=...)``, ``raymodel server start --warm``): what they parse to, and that a
-job of the same backend and workers asks for exactly the pool warmed. On Ray: tests/test_pools.py."""
+job of the same backend and workers asks for exactly the pool warmed. On Ray: tests/test_pools.py. And a
+process that ``rm.init`` attached leaves Ray quickly at its exit."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 from models import TinyNet
@@ -114,3 +120,36 @@ def test_what_a_pools_workers_import_ahead_exists():
             assert importlib.util.find_spec(module) is not None, (backend.name, module)
         if backend.on_ray_train and backend.name in ("torch", "lightning", "transformers"):
             assert "torch._dynamo" in backend.worker_imports  # the first optimizer's import (~2 s)
+
+
+#: A hook registered before ``rm.init`` runs after raymodel's exit hook (``atexit`` runs the last registered
+#: first) and before Ray's own (registered when ``ray`` was imported, earlier still): it sees what
+#: raymodel's hook left.
+_AT_EXIT = """
+import atexit, gc, json, sys
+import ray
+import raymodel as rm
+seen = lambda: {"attached": ray.is_initialized(), "frozen": gc.get_freeze_count()}
+atexit.register(lambda: print("AT EXIT " + json.dumps(seen())))
+rm.init(verbose=sys.argv[1] == "verbose")
+assert ray.is_initialized() and gc.get_freeze_count() == 0
+"""
+
+
+@pytest.mark.integration
+def test_a_process_that_rm_init_attached_leaves_ray_at_once_and_skips_the_final_collections(ray_session):
+    """Ray's exit hook waits 0.5 s for workers' log lines that a quiet process did not ask for, and the
+    interpreter's last garbage collections walk torch's objects (2.1 s from a joined process's last line
+    to its exit, 0.55 s without both): a quiet process has left Ray before Ray's hook runs, and every
+    process ``rm.init`` attached has frozen what was left."""
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}  # joins this session's
+    seen = {}
+    for mode in ("quiet", "verbose"):
+        args = [sys.executable, "-c", _AT_EXIT, mode]
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (line,) = [x for x in done.stdout.splitlines() if x.startswith("AT EXIT ")]
+        seen[mode] = json.loads(line[len("AT EXIT ") :])
+    assert seen["quiet"]["attached"] is False  # left without Ray's wait
+    assert seen["verbose"]["attached"] is True  # asked for the workers' lines: Ray's hook waits for them
+    assert seen["quiet"]["frozen"] > 10_000 and seen["verbose"]["frozen"] > 10_000

@@ -3,7 +3,9 @@ head that ``raymodel server start`` leaves running, and where helper actors are 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -115,7 +117,35 @@ def init(
     kwargs.update(ray_init_kwargs)
     ray.init(**kwargs)
     quiet(verbose)
+    _EXIT.logs_to_driver = bool(kwargs["log_to_driver"])
+    if not _EXIT.registered:  # after Ray's own hook (registered at its import): atexit runs this first
+        atexit.register(_exit_quickly)
+        _EXIT.registered = True
     return kwargs.get("address") == "local"
+
+
+class _Exit:
+    registered = False
+    logs_to_driver = False
+
+
+_EXIT = _Exit()
+
+
+def _exit_quickly() -> None:
+    """At the interpreter's exit of a process that ``init`` attached: leave Ray, then freeze what is left.
+
+    Ray's own exit hook waits 0.5 s for its workers' log lines before it disconnects; a process that asked
+    for none (``log_to_driver`` off: raymodel's default) disconnects at once. And the interpreter's final
+    garbage collections walk every object still alive (torch's, the user's data): frozen, they are left to
+    the process's end, as Python allows (``__del__`` is not promised at exit; ``atexit`` hooks and
+    ``weakref.finalize`` still run). Measured on the 2-core VM, a process joined to a server, after a small
+    torch job: from its last line to its exit 2.1 s before, 0.55 s after."""
+    import ray
+
+    if ray.is_initialized() and not _EXIT.logs_to_driver:
+        ray.shutdown()
+    gc.freeze()
 
 
 #: Where Ray's state API clients send their queries when given no address (``ray.util.state``).

@@ -77,6 +77,12 @@ def init(
     ``ray start`` left in ``/tmp/ray/ray_current_cluster`` (name it to join it).
     With ``verbose=False`` Ray's own log lines are hidden on the driver.
 
+    At the process's exit, a process attached here leaves Ray without Ray's
+    0.5 s wait for its workers' log lines (unless ``verbose``: it asked for
+    them) and freezes its objects, so that Python's last garbage collections
+    do not walk them (``__del__`` is not promised at exit; ``atexit`` hooks
+    and ``weakref.finalize`` still run).
+
     Args:
         address: A Ray cluster address, e.g. ``"ray://head:10001"`` or ``"auto"``.
         verbose: Show Ray's internal logs and worker output on the driver.
