@@ -61,11 +61,14 @@ def _process_start() -> float:
     return now - (since_boot_now - since_boot_then)
 
 
-def _ray_init() -> None:
+def _ray_init(marks: dict[str, float]) -> None:
     import ray
 
+    began = time.time()
     address = os.environ.get("RAY_ADDRESS")
     ray.init(address=address or "local", logging_level="ERROR", log_to_driver=False)
+    marks["init"] = time.time()
+    marks["init_s"] = marks["init"] - began
 
 
 def _digits():
@@ -85,8 +88,7 @@ def hand_torch(marks: dict[str, float]) -> None:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    _ray_init()
-    marks["init"] = time.time()
+    _ray_init(marks)
     refs = [ray.put(a) for a in _digits()]
     config = {"hidden": 64, "lr": 1e-3, "batch_size": 64, "epochs": TORCH["num_epochs"], "refs": refs}
     result = TorchTrainer(
@@ -115,8 +117,7 @@ def rm_torch(marks: dict[str, float]) -> None:
 def hand_rllib(marks: dict[str, float]) -> None:
     from rl_ppo import hand_written
 
-    _ray_init()
-    marks["init"] = time.time()
+    _ray_init(marks)
     hand_written(1, float("inf"))
 
 
@@ -136,8 +137,7 @@ def rm_rllib(marks: dict[str, float]) -> None:
 def hand_transformers(marks: dict[str, float]) -> None:
     from hf_trainer import hand_written, tokenized
 
-    _ray_init()
-    marks["init"] = time.time()
+    _ray_init(marks)
     data = tokenized(256)
     hand_written(data, 1, tempfile.mkdtemp(dir=os.environ["RAYMODEL_HOME"]))
 
@@ -303,12 +303,22 @@ def report_cold(backends: list[str], runs: dict[str, dict[str, list[dict]]]) -> 
         goal = GOALS[backend]
         print(f"{backend:>13}: hand-written {_median(hand)}  raymodel {_median(mine)}  "
               f"{ratio:.2f}x (goal <= {goal:g}x: {'met' if ratio <= goal else 'NOT met'})")  # fmt: skip
-    print(f"rm.init() itself (a local Ray started, the server asked to warm): {_median(inits)} (goal <= 3 s)")
+    hand_inits = [r["init_s"] for b in backends for r in runs[b]["hand"]]
+    print(f"rm.init() itself (a local Ray started, the server asked to warm): {_median(inits)} (goal <= 3 s); "
+          f"ray.init() in the hand-written processes (ray imported before): {_median(hand_inits)}")  # fmt: skip
+    _exits({b: runs[b] for b in backends})
     print("\nmarks of each process, nothing running (s from its start; wall: to its exit, Ray's shutdown included):")
     for backend in backends:
         for side in ("hand", "rm"):
             for r in runs[backend][side]:
                 print(f"  {backend} {side}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.items()))
+
+
+def _exits(runs: dict[str, dict[str, list[dict]]]) -> None:
+    """From each process's result to its exit (Ray's shutdown, the interpreter's end): wall - result."""
+    for side, name in (("rm", "raymodel"), ("hand", "hand-written")):
+        exits = {b: _median([r["wall"] - r["result"] for r in runs[b][side]]) for b in runs}
+        print(f"from the result to the exit, {name}: " + "; ".join(f"{b} {e}" for b, e in exits.items()))
 
 
 def report_servers(servers: dict[str, dict[str, object]], warm_jobs: int) -> None:
@@ -322,6 +332,7 @@ def report_servers(servers: dict[str, dict[str, object]], warm_jobs: int) -> Non
               f"`ray start --head` {out['hand_start']:.1f} s; hand-written processes "
               + ", ".join(f"{w:.1f}" for w in hand_walls) + " s; "
               f"ratio of medians {statistics.median(rm_walls) / statistics.median(hand_walls):.2f}x")  # fmt: skip
+    _exits({b: {"rm": list(out["rm"]), "hand": list(out["hand"])} for b, out in servers.items()})  # type: ignore[call-overload]
     warm: Any = servers.get("torch", {}).get("warm")
     if warm:
         print(
