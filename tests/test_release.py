@@ -17,7 +17,7 @@ from models import TinyNet
 from waiting import until
 
 import raymodel as rm
-from raymodel.exceptions import DataError, ModelDefinitionError, SettingsError
+from raymodel.exceptions import DataError, ModelDefinitionError, SettingsError, TrainingError
 from raymodel.jobs._release_plan import STAGES, Gate, RolloutPlan, decide
 
 TESTS = str(Path(__file__).resolve().parent)
@@ -273,6 +273,41 @@ def test_a_candidate_that_breaks_its_guard_is_rolled_back_and_no_alias_moves(rel
     assert "failed" in result.reason and "no alias moved" in result.reason, result.reason
     assert result.version is not None and result.stage("register")["version"] == result.version  # registered
     assert rm.registry.show("digits", "production").version == production
+    info = requests.get(released["served"].url + "/info", timeout=30).json()
+    assert info["split"] == {"digits@production": 1.0} and info["serving"] == f"digits:{production}"
+
+
+@pytest.mark.integration
+@pytest.mark.beside  # rollouts' steps and jobs' waits: the second session (tests/beside.py)
+def test_a_rollout_stopped_by_another_hand_fails_the_release_and_moves_no_alias(released):
+    """Not ``job.stop()``: ``rollout.stop()`` (an operator's, or the controller's when the route does not
+    come back after a restart) ends the rollout, the route back to what it served; the release did not
+    reach production, so it ends FAILED, saying so, not SUCCEEDED without promoting."""
+    from models import DigitsNet
+
+    production = rm.registry.show("digits", "production").version
+    job = DigitsNet().release(
+        data=released["data"],
+        settings={**TRAIN, "num_epochs": 1},
+        register="digits",
+        gate=rm.Gate(metric="val_acc", against="digits@production", min_delta=-1.0),  # any score passes
+        route="/release",
+        rollout=rm.RolloutPlan(steps=(0.5, 1.0), step_s=600, guard=rm.Guard(min_requests=5)),
+    )
+    going = lambda: [r for r in rm.serve.rollouts() if r.state()["status"] == "running"]  # noqa: E731
+    until(lambda: job.stage == "rollout" and going() and going()[0].state()["step"] == 1, 300)
+    (rollout,) = going()
+    rollout.stop()  # by another hand than the job's
+    with pytest.raises(TrainingError, match="ended without promoting it: stopped at step 1"):
+        job.wait(timeout=120)
+    assert job.status == "FAILED" and "ended without promoting" in job.error
+    assert [row["stage"] for row in job.history() if "end" in row and row.get("epoch") is None] == [
+        "train",
+        "evaluate",
+        "register",
+        "rollout",
+    ]
+    assert rm.registry.show("digits", "production").version == production  # no alias moved
     info = requests.get(released["served"].url + "/info", timeout=30).json()
     assert info["split"] == {"digits@production": 1.0} and info["serving"] == f"digits:{production}"
 

@@ -144,7 +144,10 @@ def _exit_quickly() -> None:
     import ray
 
     if ray.is_initialized() and not _EXIT.logs_to_driver:
-        ray.shutdown()
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - Ray's own exit hook, which runs next, tries again
+            pass
     gc.freeze()
 
 

@@ -37,7 +37,8 @@ class Releases:
         ``gate.data``) in the cluster; one that does not pass ends the job ``REJECTED`` and nothing
         is registered; **register** as ``register`` (its lineage names the job, the parent version
         and both figures); **rollout** on ``route`` (``rm.RolloutPlan``: steps, guarded): a breach
-        ends it ``ROLLED_BACK``, the route serving what it served; **promote**: ``gate.against``'s
+        ends it ``ROLLED_BACK``, the route serving what it served, and a stop by another hand than
+        ``job.stop()`` (``rollout.stop()``) ends it ``FAILED``; **promote**: ``gate.against``'s
         alias names the new version. docs/releases.md says more.
 
         Args:

@@ -9,8 +9,9 @@ rollout of the candidate still running on the route is followed, not started aga
 
 The job ends ``SUCCEEDED`` (promoted), ``REJECTED`` (the gate: both figures in the reason; nothing is
 registered, no route or alias is touched), ``ROLLED_BACK`` (the guard's breach: the route serves what
-it served before, no alias moved) or ``STOPPED`` (``job.stop()``; a rollout under way is stopped,
-which sets the route back).
+it served before, no alias moved), ``STOPPED`` (``job.stop()``; a rollout under way is stopped,
+which sets the route back) or ``FAILED`` (an error; or its rollout stopped by another hand: the version
+registered, no alias moved, the route serving what it served before).
 """
 
 from __future__ import annotations
@@ -124,8 +125,10 @@ def run_release(
             rolled = stages.end("rollout", start, route=route, status=status, reason=reason)
         if rolled["status"] == "rolled back":
             return ended("ROLLED_BACK", rolled["reason"])
-        if rolled["status"] != "promoted":
-            return ended(None, rolled["reason"])  # stopped: the route serves what it served before
+        if rolled["status"] != "promoted" and runner.stopping():
+            return ended(None, rolled["reason"])  # job.stop(): the route serves what it served before
+        if rolled["status"] != "promoted":  # stopped by another hand (rollout.stop(), no route after a restart)
+            return {"error": f"the rollout of {version} on `{route}` ended without promoting it: {rolled['reason']}"}
 
     # ---------------------------------------------------------------- promote
     if "promote" not in stages.done:
