@@ -40,6 +40,11 @@ def test_a_first_release_passes_on_its_threshold_alone_or_passes():
     gate = Gate(metric="val_acc", threshold=0.9, against="digits@production")
     assert decide(gate, 0.95, None)[0] and not decide(gate, 0.85, None)[0]
     assert not decide(gate, 0.85, 0.5)[0]  # beating `against` does not excuse missing the threshold
+    for diverged in (float("nan"), float("inf")):  # nothing to beat, no threshold: still not a score
+        assert decide(Gate(metric="val_loss", mode="min"), diverged, None) == (
+            False,
+            f"val_loss {diverged} is not a finite number",
+        )
 
 
 def test_bad_gates_and_plans_are_refused_naming_each_problem():

@@ -29,7 +29,8 @@ class Gate:
             up to that much worse (``-0.01``: accept a candidate at most 0.01 behind).
         against: The version to beat, a registry reference (``"digits@production"``). ``None``,
             or a reference that names no version yet (the first release): the candidate passes
-            on ``threshold`` alone, or passes if no threshold is given.
+            on ``threshold`` alone, or passes if no threshold is given. A figure that is not a
+            finite number never passes.
         threshold: The score the candidate must reach (at least, for ``"max"``; at most, for
             ``"min"``) whatever ``against`` scores.
         data: Held-out data to score on instead of the release's ``valid`` split.
@@ -128,6 +129,8 @@ def decide(gate: Gate, candidate: float, against: float | None) -> tuple[bool, s
     better = (lambda a, b: a >= b) if gate.mode == "max" else (lambda a, b: a <= b)
     sign = 1.0 if gate.mode == "max" else -1.0
     name = gate.metric
+    if not math.isfinite(candidate):  # a diverged candidate, whatever the gate's other terms
+        return False, f"{name} {candidate} is not a finite number"
     if gate.threshold is not None and not better(candidate, gate.threshold):
         return False, f"{name} {candidate:.6g} does not reach the threshold {gate.threshold:.6g} ({gate.mode})"
     if against is None:
@@ -136,7 +139,7 @@ def decide(gate: Gate, candidate: float, against: float | None) -> tuple[bool, s
         )
         return True, f"{why}; no version to beat"
     needed = against + sign * gate.min_delta
-    if not math.isfinite(candidate) or not better(candidate, needed):
+    if not better(candidate, needed):
         return False, (
             f"{name} {candidate:.6g} against {against:.6g} of {gate.against}: "
             f"{'max' if gate.mode == 'max' else 'min'} mode needs {needed:.6g} (min_delta {gate.min_delta:g})"
