@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from first_job_timeline import process_start  # the interpreter's start, from /proc
+
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
 BACKENDS = ("torch", "rllib", "transformers")
@@ -52,15 +54,6 @@ TORCH = {"num_workers": 2, "num_epochs": 3, "batch_size": 64, "progress": False}
 
 
 # ------------------------------------------------------------------ the children
-def _process_start() -> float:
-    """The interpreter's start (wall clock): what `time python script.py` counts from. From /proc: the
-    process's start and the time since boot, both in the boot clock (``btime``, whole seconds, would put
-    the start up to a second off)."""
-    since_boot_then = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-    now, since_boot_now = time.time(), float(Path("/proc/uptime").read_text().split()[0])
-    return now - (since_boot_now - since_boot_then)
-
-
 def _ray_init(marks: dict[str, float]) -> None:
     import ray
 
@@ -181,7 +174,7 @@ CHILDREN["warm_jobs"] = warm_jobs
 
 def child(name: str) -> None:
     sys.path[:0] = [str(HERE), str(EXAMPLES)]
-    zero = _process_start()
+    zero = process_start()
     marks: dict[str, float] = {}
     CHILDREN[name](marks)
     marks["result"] = time.time()

@@ -125,9 +125,10 @@ def run_release(
             rolled = stages.end("rollout", start, route=route, status=status, reason=reason)
         if rolled["status"] == "rolled back":
             return ended("ROLLED_BACK", rolled["reason"])
-        if rolled["status"] != "promoted" and runner.stopping():
-            return ended(None, rolled["reason"])  # job.stop(): the route serves what it served before
-        if rolled["status"] != "promoted":  # stopped by another hand (rollout.stop(), no route after a restart)
+        if rolled["status"] != "promoted":  # stopped: the route serves what it served before
+            if runner.stopping():  # by job.stop()
+                return ended(None, rolled["reason"])
+            # by another hand (rollout.stop(), the route not served again after a restart): not released
             return {"error": f"the rollout of {version} on `{route}` ended without promoting it: {rolled['reason']}"}
 
     # ---------------------------------------------------------------- promote
