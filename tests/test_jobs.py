@@ -78,8 +78,15 @@ def test_jobs_that_fit_run_together_and_one_that_does_not_waits_then_runs(ray_se
         return [row["epoch"] async for row in job.stream()]
 
     assert asyncio.run(asyncio.wait_for(epochs_of(big), timeout=240)) == [1, 2]
+    # A stream that saw the job end holds its final record: `wait()` returns it without asking the server.
+    server, big._server = big._server, None
     result = big.wait(timeout=240)
+    big._server = server
     assert big.status == "SUCCEEDED" and [r["epoch"] for r in result.history] == [1, 2]
+    again = next(j for j in rm.jobs.list() if j.id == big.id)  # another handle, the plain stream
+    assert [row["epoch"] for row in again.stream()] == [1, 2]
+    again._server = None
+    assert again.wait().history == result.history
     assert a.status == b.status == "STOPPED"
 
     never = TinyNet().train({"num_workers": 8, "num_epochs": 1, "progress": False}, data=tiny_data, wait=False)

@@ -32,11 +32,26 @@ class Arrays:
 
     def fetch(self) -> Arrays:
         """Resolve object-store references (on a worker)."""
-        import ray
+        return Arrays(_fetch(self.x), _fetch(self.y))
 
-        x = ray.get(self.x) if _is_ref(self.x) else self.x
-        y = ray.get(self.y) if _is_ref(self.y) else self.y
-        return Arrays(x, y)
+
+@dataclasses.dataclass(frozen=True)
+class InStore:
+    """One array of a run's in-memory splits, which ``DataSpec.for_workers`` puts in Ray's object store
+    together as ``{split: (x, y)}`` (one ``ray.put``: each costs about a millisecond). ``ref`` is a Ray
+    object: a job's payload carries it as a Ray argument (``jobs/_request.py``), never pickled."""
+
+    ref: Any
+    split: str
+    part: int  # 0: x, 1: y
+
+
+def _fetch(value: Any) -> Any:
+    import ray
+
+    if isinstance(value, InStore):
+        return ray.get(value.ref)[value.split][value.part]  # zero-copy views of the stored arrays
+    return ray.get(value) if in_object_store(value) else value
 
 
 @dataclasses.dataclass
@@ -103,13 +118,16 @@ class DataSpec:
         return "valid" in self.splits
 
     def for_workers(self) -> DataSpec:
-        """A copy with arrays in Ray's object store and ``ray.data`` Datasets left out."""
+        """A copy with arrays in Ray's object store (every split's, as one object) and ``ray.data``
+        Datasets left out."""
         import ray
 
+        here = {n: (s.x, s.y) for n, s in self.splits.items() if isinstance(s, Arrays) and not in_object_store(s.x)}
+        ref = ray.put(here) if here else None
         splits = {}
         for name, split in self.splits.items():
-            if isinstance(split, Arrays) and not _is_ref(split.x):
-                split = Arrays(ray.put(split.x), None if split.y is None else ray.put(split.y))
+            if name in here:
+                split = Arrays(InStore(ref, name, 0), None if split.y is None else InStore(ref, name, 1))
             elif isinstance(split, RayDataset):
                 split = RayDataset(split.key)
             splits[name] = split
@@ -235,7 +253,7 @@ def nonfinite(spec: DataSpec) -> list[str]:
     for name, split in spec.splits.items():
         for part, what in (("x", "X"), ("y", "y")):
             a = getattr(split, part, None) if isinstance(split, Arrays) else None
-            if a is not None and not _is_ref(a) and np.issubdtype(a.dtype, np.inexact):
+            if a is not None and not in_object_store(a) and np.issubdtype(a.dtype, np.inexact):
                 bad = int(np.count_nonzero(~np.isfinite(a)))
                 if bad:
                     found.append(f"split {name!r} {what}: {bad} of {a.size} values")
@@ -320,8 +338,9 @@ def _as_array(value: Any, what: str) -> np.ndarray:
     return array
 
 
-def _is_ref(value: Any) -> bool:
-    return type(value).__name__ == "ObjectRef"
+def in_object_store(value: Any) -> bool:
+    """In Ray's object store: an ``ObjectRef``, or one array of a run's splits stored together."""
+    return type(value).__name__ == "ObjectRef" or isinstance(value, InStore)
 
 
 def _is_dataframe(value: Any) -> bool:

@@ -30,6 +30,8 @@ class Job:
         #: The record as it was when this handle was made (``rm.jobs.list()``: no call per field).
         self.summary: dict[str, Any] = dict(record)
         self._server = handle if handle is not None else server_handle()
+        #: The record once a stream of this handle saw the job end (an ended job's record is final).
+        self._ended: dict[str, Any] | None = None
 
     def _call(self, method: str, *args: Any) -> Any:
         """``server.<method>(*args)``, riding through a restart of the server's actor: Ray retries the
@@ -171,6 +173,8 @@ class Job:
             TimeoutError: the job is not done within ``timeout`` seconds.
             TrainingError / TuneError: the job FAILED (the message names the worker's exception).
         """
+        if self._ended is not None:
+            return _outcome(self._ended)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = _LONG_POLL_S if deadline is None else min(_LONG_POLL_S, deadline - time.monotonic())

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from raymodel._internal import locations, serialization, storage
-from raymodel.data import Arrays, RayDataset
+from raymodel.data import Arrays, InStore, RayDataset, in_object_store
 from raymodel.jobs import _store
 from raymodel.train import TrainSettings, initial_state, worker_resources
 
@@ -109,10 +109,13 @@ def _refs_apart(spec: Any) -> tuple[Any, list[Any]]:
     refs: list[Any] = []
 
     def slot(value: Any) -> Any:
+        if isinstance(value, InStore):  # one of the splits' arrays stored together: the one object, once
+            return dataclasses.replace(value, ref=slot(value.ref))
         if type(value).__name__ != "ObjectRef":
             return value
-        refs.append(value)
-        return _RefSlot(len(refs) - 1)
+        if value not in refs:
+            refs.append(value)
+        return _RefSlot(refs.index(value))
 
     splits = {}
     for name, split in spec.splits.items():
@@ -134,7 +137,7 @@ def why_not_durable(spec: Any) -> str | None:
                 "To make it durable, pass arrays, a DataFrame or a `datasets.Dataset`, or a data module whose "
                 "`setup(config)` reads the files (`ray.data.read_parquet(...)` inside it)"
             )
-        if isinstance(split, Arrays) and any(type(a).__name__ == "ObjectRef" for a in (split.x, split.y)):
+        if isinstance(split, Arrays) and any(in_object_store(a) for a in (split.x, split.y)):
             return (
                 f"its {name!r} split's arrays are ObjectRefs, which live in this cluster's object store. "
                 "To make it durable, pass the numpy arrays themselves (they are written once to the job's storage)"
@@ -171,6 +174,8 @@ def restore_refs(spec: Any, datasets: dict[str, Any] | None, refs: list[Any] | N
                 value = getattr(split, part)
                 if isinstance(value, _RefSlot):
                     setattr(split, part, refs[value.index])
+                elif isinstance(value, InStore) and isinstance(value.ref, _RefSlot):
+                    setattr(split, part, dataclasses.replace(value, ref=refs[value.ref.index]))
                 elif isinstance(value, _store.StoredArray):
                     setattr(split, part, _store.put_array(value) if into_store else _store.load_array(value))
 

@@ -18,19 +18,21 @@ class Stream:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:  # a long poll: the server answers when a row arrives or the job ends (or restarts)
-            rows, status = self.job._call("rows", self.job.id, self.seen, LONG_POLL_S)
+            rows, status, ended = self.job._call("follow", self.job.id, self.seen, LONG_POLL_S)
             self.seen += len(rows)
             yield from rows
             if not rows and status in DONE:
+                self.job._ended = ended  # what `job.wait()` returns, without asking again
                 return
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         while True:
-            rows, status = await self.job._server.rows.remote(self.job.id, self.seen, LONG_POLL_S)
+            rows, status, ended = await self.job._server.follow.remote(self.job.id, self.seen, LONG_POLL_S)
             self.seen += len(rows)
             for row in rows:
                 yield row
             if not rows and status in DONE:
+                self.job._ended = ended
                 return
 
 

@@ -184,12 +184,21 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
 
     def rows(self, job_id: str, start: int = 0, timeout: float = 0.0) -> tuple[builtins.list[dict[str, Any]], str]:
         """The rows from ``start`` on and the status; waits up to ``timeout`` s for one (a long poll)."""
+        rows, status, _ = self.follow(job_id, start, timeout)
+        return rows, status
+
+    def follow(
+        self, job_id: str, start: int = 0, timeout: float = 0.0
+    ) -> tuple[builtins.list[dict[str, Any]], str, dict[str, Any] | None]:
+        """``rows``, and the record (as ``get`` gives it) once the job has ended with no row left to read:
+        a stream's last answer is also what ``job.wait()`` would ask for next."""
         with self.changed:
             record = self.records[job_id]
             self.changed.wait_for(
                 lambda: len(record["history"]) > start or record["status"] not in ACTIVE, timeout=timeout
             )
-            return record["history"][start:], record["status"]
+            rows, status = record["history"][start:], record["status"]
+            return rows, status, None if rows or status in ACTIVE else self._view(job_id)
 
     def stop(self, job_id: str) -> str:
         with self.lock:

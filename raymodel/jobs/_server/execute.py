@@ -39,7 +39,7 @@ def run_job(
 
     tunes = kind == "tune" or "space" in job  # (a tuned release too): Tune puts its data in the store itself
     restore_refs(job["data"], datasets, refs, into_store=not tunes)  # Ray arguments, files
-    server = running_handle()
+    server = runner.server or running_handle()
     model = job["class"](config=job["config"])
     _restore_state(model, job.get("state"))
     if kind == "release":

@@ -26,12 +26,16 @@ class JobRunner:
     def __init__(self) -> None:
         self.job_id = ""
         self.stop_event = threading.Event()
+        self.server: Any = None
 
     def warm(self) -> None:
-        """Import what every job needs before one arrives."""
+        """Import what every job needs, and look the server up, before a job arrives."""
         import raymodel.jobs._server.execute
         import raymodel.train
         import raymodel.tune  # noqa: F401
+        from raymodel.jobs._address import running_handle
+
+        self.server = running_handle()  # the server that made this runner: it dies with it
 
     def run(
         self,
