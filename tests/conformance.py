@@ -90,6 +90,9 @@ class Case:
     #: How far the figures the final checkpoint is scored with (one worker, the whole validation split)
     #: may be from its last epoch's.
     scored_abs: float = 1e-5
+    #: The run the killed-worker test interrupts (``train``'s signature): the case's own unless given, or
+    #: a cheaper one of as many epochs where the case's learns more than that test checks.
+    train_interrupted: Callable[..., tuple[Any, Any, Any]] | None = None
     #: The trials' training settings.
     tune_train: dict[str, Any] = dataclasses.field(default_factory=lambda: {**TRIAL, "batch_size": 32})
     #: Checks of `CHECKS` that do not apply to this backend: name -> why.
@@ -100,6 +103,8 @@ class Case:
         assert not unknown, f"case {self.backend!r}: {unknown} are not checks of the suite ({sorted(CHECKS)})"
         unexplained = sorted(k for k, why in self.not_applicable.items() if len(why.split()) < 4)
         assert not unexplained, f"case {self.backend!r}: say why {unexplained} do not apply"
+        # Another run than the case's own has no uninterrupted twin to end as.
+        assert self.train_interrupted is None or "same_model_after_resume" in self.not_applicable, self.backend
 
     def unless_not_applicable(self, check: str) -> None:
         """Skip the test, with the case's reason, when ``check`` does not apply to this backend."""
@@ -246,7 +251,7 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         calls = tmp_path / "calls"
         calls.mkdir()
         counts = tmp_path / "counts.jsonl"
-        resumed_model, resumed, _ = case.train(
+        resumed_model, resumed, _ = (case.train_interrupted or case.train)(
             callbacks=[
                 CrashOnce(str(tmp_path / "crashed"), rank=case.crash_rank),
                 Recorder(str(calls)),

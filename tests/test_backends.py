@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conformance import Case, install
 from hf_models import Sentiment, sentiment_data
-from rl_models import Balancer, play
+from rl_models import Balancer, QuickBalancer, play
 
 import raymodel as rm
 
@@ -40,6 +40,7 @@ CASES = [
     Case(
         "rllib",
         train=lambda **settings: rl_train(**settings),
+        train_interrupted=lambda **settings: rl_train(QuickBalancer(), **settings),  # rows and hooks, not returns
         accuracy=lambda model, data: play(model),  # the greedy policy's mean return on CartPole
         min_accuracy=RL_MIN_RETURN,
         rows=lambda data, n: np.random.default_rng(0).uniform(-0.2, 0.2, (n, 4)).astype(np.float32),
@@ -75,9 +76,9 @@ CASES = [
 install(globals(), CASES)
 
 
-def rl_train(**settings):
+def rl_train(model=None, **settings):
     """PPO on CartPole with one env runner, for `RL_EPOCHS` iterations."""
-    model = Balancer()
+    model = model or Balancer()
     result = model.train({"num_workers": 1, "num_epochs": RL_EPOCHS, **settings})
     return model, result, None
 

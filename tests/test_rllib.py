@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch.nn as nn
-from rl_models import Balancer, Swinger
+from rl_models import Balancer, QuickBalancer, Swinger
 from waiting import until
 
 import raymodel as rm
@@ -94,7 +94,7 @@ def test_no_strategy_spreads_rllibs_one_learner_and_its_trainer_is_not_ray_train
 @pytest.mark.integration
 def test_an_rl_job_streams_takes_a_new_lr_at_the_next_iteration_and_stops_with_a_checkpoint(ray_session):
     rm.jobs.release_pools()
-    job = Balancer().train({"num_workers": 0, "num_epochs": 50, "progress": False}, wait=False)
+    job = QuickBalancer().train({"num_workers": 0, "num_epochs": 50, "progress": False}, wait=False)
     rows = job.stream()
     first = next(iter(rows))
     assert first["epoch"] == 1 and first["lr"] == pytest.approx(3e-4)
@@ -113,7 +113,7 @@ def test_a_killed_algorithm_actor_resumes_from_its_newest_checkpoint_each_iterat
     import ray
 
     rm.jobs.release_pools()
-    job = Balancer().train({"num_workers": 0, "num_epochs": 6, "max_failures": 1, "progress": False}, wait=False)
+    job = QuickBalancer().train({"num_workers": 0, "num_epochs": 6, "max_failures": 1, "progress": False}, wait=False)
     until(lambda: len(job.history()) >= 2, timeout=180)
     named = ray.util.list_named_actors(all_namespaces=True)
     actor = [a for a in named if a["name"].startswith("raymodel-algorithm-")]
