@@ -51,16 +51,27 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
     STARTED.append((time.time(), nodeid))
 
 
+#: The actors the session's Ray made, by class (read as the session's Ray ends): each a process of its
+#: own, with its imports; the suite's time is mostly theirs.
+ACTORS: dict[str, int] = {}
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _report_cold_pools()
+    if ACTORS:
+        print(
+            f"actors of the session's Ray: {sum(ACTORS.values())}: "
+            + ", ".join(f"{name} {n}" for name, n in sorted(ACTORS.items(), key=lambda item: -item[1]))
+        )
 
 
 def _report_cold_pools() -> None:
     """How many pools the session's training server started (each a cold start: a Train run, its
-    workers and their framework's import), and the tests that started most of them."""
+    workers and their framework's import), of which kind, and the test that started each."""
     import bisect
     import collections
     import json
+    import re
 
     home = os.environ.get("RAYMODEL_HOME")
     folder = Path(home or "/nonexistent") / "jobs"
@@ -68,18 +79,26 @@ def _report_cold_pools() -> None:
         return
     began = [t for t, _ in STARTED]
     by_test: collections.Counter[str] = collections.Counter()
+    kinds: collections.Counter[str] = collections.Counter()
     for path in folder.glob("*.json"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        started = sum(" starting pool " in line for line in record.get("log", ()))
-        if started:
-            at = bisect.bisect_right(began, record.get("submitted") or 0.0) - 1
-            by_test[STARTED[max(at, 0)][1].split("::")[-1]] += started
+        at = bisect.bisect_right(began, record.get("submitted") or 0.0) - 1
+        test = STARTED[max(at, 0)][1].split("::")[-1]
+        for line in record.get("log", ()):
+            started = re.search(r" starting pool \S+ of (\d+) (\S+) worker", line)
+            if started:  # "... starting pool <id> of 2 torch worker(s)"
+                kind = f"{started.group(2)}:{started.group(1)}"
+                by_test[f"{test} ({kind})"] += 1
+                kinds[kind] += 1
     if by_test:
-        top = ", ".join(f"{name} {n}" for name, n in by_test.most_common(12))
-        print(f"\ncold pools (the session's server): {sum(by_test.values())}; most: {top}")
+        print(
+            f"\ncold pools (the session's server): {sum(by_test.values())}: "
+            + ", ".join(f"{k} {n}" for k, n in kinds.most_common())
+        )
+        print("  " + "\n  ".join(f"{n} {name}" for name, n in sorted(by_test.items(), key=lambda item: -item[1])))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -111,6 +130,16 @@ def ray_session(raymodel_home: Path):
 
     rm.init(num_cpus=2)
     yield ray
+    try:
+        import collections
+
+        from ray.util.state import list_actors
+
+        ACTORS.update(
+            collections.Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
+        )
+    except Exception as exc:  # noqa: BLE001 - a report only
+        ACTORS["(not read: " + repr(exc)[:200] + ")"] = 0
     try:
         from ray import serve
 
