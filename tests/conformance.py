@@ -93,6 +93,8 @@ class Case:
     #: The run the killed-worker test interrupts (``train``'s signature): the case's own unless given, or
     #: a cheaper one of as many epochs where the case's learns more than that test checks.
     train_interrupted: Callable[..., tuple[Any, Any, Any]] | None = None
+    #: The model the Tune test tunes: a new instance of the trained model's class unless given.
+    tuned: Callable[[], Any] | None = None
     #: The trials' training settings.
     tune_train: dict[str, Any] = dataclasses.field(default_factory=lambda: {**TRIAL, "batch_size": 32})
     #: Checks of `CHECKS` that do not apply to this backend: name -> why.
@@ -282,7 +284,7 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
     @pytest.mark.integration
     def test_tune_serve_and_registry(trained):
         case, model, result, data, _ = trained
-        tuned_model = type(model)()
+        tuned_model = case.tuned() if case.tuned else type(model)()
         tuned = tuned_model.tune(
             data=data,
             settings={
@@ -312,7 +314,7 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         reg = rm.registry.open(str(Path(result.path).parent.parent / f"registry-{case.backend}"))
         ref = reg.put(tuned, key=case.backend)
         loaded = reg.get(case.backend, ref.version)
-        assert type(loaded).__name__ == type(model).__name__ and loaded.config == tuned.best_config
+        assert type(loaded).__name__ == type(tuned_model).__name__ and loaded.config == tuned.best_config
         close(case, loaded.predict(payload), tuned_model.predict(payload))
 
     @pytest.mark.integration

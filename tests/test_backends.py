@@ -41,6 +41,7 @@ CASES = [
         "rllib",
         train=lambda **settings: rl_train(**settings),
         train_interrupted=lambda **settings: rl_train(QuickBalancer(), **settings),  # rows and hooks, not returns
+        tuned=QuickBalancer,  # trials and their route, not their returns
         accuracy=lambda model, data: play(model),  # the greedy policy's mean return on CartPole
         min_accuracy=RL_MIN_RETURN,
         rows=lambda data, n: np.random.default_rng(0).uniform(-0.2, 0.2, (n, 4)).astype(np.float32),
