@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -162,3 +164,40 @@ def test_a_taken_or_bad_port_is_a_clear_error_before_anything_starts():
             rm.dashboard(port=port)
     with pytest.raises(SettingsError, match="`port` must be an integer from 1 to 65535"):
         rm.dashboard(port=70000)
+
+
+#: A hook registered before ``rm.dashboard`` runs after the dashboard's own exit hook (``atexit`` runs the
+#: last registered first): it sees whether the server's thread and port outlived it.
+_AT_EXIT = """
+import atexit, socket, sys, threading
+import requests
+import raymodel as rm
+
+def seen():
+    alive = [t.name for t in threading.enumerate() if t.name == "raymodel-dashboard" and t.is_alive()]
+    with socket.socket() as probe:
+        answers = probe.connect_ex(("127.0.0.1", int(sys.argv[1]))) == 0
+    print("AT EXIT", alive, answers, flush=True)
+
+atexit.register(seen)
+rm.init()
+url = rm.dashboard(port=int(sys.argv[1]))
+browser = requests.Session()  # a page's keep-alive connection, still open at the exit
+assert browser.get(url.split("/?")[0] + "/", timeout=60).status_code == 200
+"""
+
+
+@pytest.mark.integration
+def test_a_process_with_the_dashboard_ends_it_at_exit_and_exits_cleanly(ray_session):
+    """The server's daemon thread ran its event loop into the interpreter's teardown, where a timer of
+    uvloop's crashed the process (a segmentation fault: status -11, one exit in three of such a script,
+    every run of this module alone): it ends before the interpreter does."""
+    from s3server import free_port
+
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}  # joins this session's
+    port = free_port()
+    done = subprocess.run(
+        [sys.executable, "-c", _AT_EXIT, str(port)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    assert "AT EXIT [] False" in done.stdout.splitlines(), done.stdout  # no thread left, the port closed

@@ -12,6 +12,7 @@ printed with the URL.
 
 from __future__ import annotations
 
+import atexit
 import secrets
 import socket
 import threading
@@ -25,6 +26,10 @@ __all__ = ["dashboard", "run"]
 DEFAULT_PORT = 8270
 _running: dict[tuple[str, int], str] = {}
 _lock = threading.Lock()
+#: The servers this process runs, each with its thread: stopped at the interpreter's exit (``_stop``).
+_threads: list[tuple[Any, threading.Thread]] = []
+#: How long the exit waits for a server to close its connections and its event loop.
+_STOP_S = 5.0
 
 
 def dashboard(port: int = DEFAULT_PORT, host: str = "127.0.0.1", token: str | None = None) -> str:
@@ -46,6 +51,9 @@ def dashboard(port: int = DEFAULT_PORT, host: str = "127.0.0.1", token: str | No
         server = _server(host, port, token)
         cluster.ensure_ray(False)
         thread = threading.Thread(target=server.run, name="raymodel-dashboard", daemon=True)
+        if not _threads:
+            atexit.register(_stop)
+        _threads.append((server, thread))
         thread.start()
         deadline = time.monotonic() + 30
         while not server.started:
@@ -86,8 +94,26 @@ def _server(host: str, port: int, token: str) -> Any:
                 f"The dashboard cannot listen on {host}:{port}: {exc.strerror or exc}. "
                 f"Pass another port (`--port` / `port=`)."
             ) from exc
-    config = uvicorn.Config(create_app(token), host=host, port=port, log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        create_app(token),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=2,  # the exit does not wait on a page that keeps a request open
+    )
     return uvicorn.Server(config)  # in a background thread it leaves signals alone
+
+
+def _stop() -> None:
+    """At the interpreter's exit: end each server's loop and wait for its thread. A daemon thread left
+    running its event loop (uvloop) would fire a timer after the interpreter was torn down, and the
+    process would end in a segmentation fault instead of its own exit status."""
+    for server, _ in _threads:
+        server.should_exit = True
+    deadline = time.monotonic() + _STOP_S
+    for _, thread in _threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _url(host: str, port: int, token: str) -> str:
