@@ -56,6 +56,7 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
 ACTORS: dict[str, int] = {}
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own, which tears the session's fixtures down (and fills ACTORS)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _report_cold_pools()
     if ACTORS:
