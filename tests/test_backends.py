@@ -79,7 +79,7 @@ install(globals(), CASES)
 
 def rl_train(model=None, **settings):
     """PPO on CartPole with one env runner, for `RL_EPOCHS` iterations."""
-    model = model or Balancer()
+    model = Balancer() if model is None else model
     result = model.train({"num_workers": 1, "num_epochs": RL_EPOCHS, **settings})
     return model, result, None
 

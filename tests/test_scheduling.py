@@ -212,7 +212,7 @@ def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_with_each_
     # against the wait that followed: on a machine shared with the suite, later epochs ran up to 4x slower
     # (predicted 4.6 s, waited 18.5 s in a clean-clone run), which no ETA can know when asked.
     counts = sorted(n for n in seen if n >= 1)
-    rows, pace = counts[-1], (seen[counts[-1]] - seen[counts[0]]) / max(counts[-1] - counts[0], 1)
+    rows, pace = counts[-1], (seen[counts[-1]] - seen[counts[0]]) / (counts[-1] - counts[0])  # two counts seen
     expected = (12 - rows) * pace - (asked - seen[rows])
     waited = b["started"] - asked
     assert predicted is not None and abs(predicted - expected) <= 0.5 * expected, (predicted, expected, waited)
