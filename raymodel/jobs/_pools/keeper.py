@@ -228,7 +228,10 @@ class PoolKeeper(ServerState):
             threading.Timer(_END_S / 4, ray.kill, [actor]).start()
         elif actor is not None:
             ray.kill(actor)
-        print(f"pool {pool_id} ended: {why}", flush=True)
+        # Why the server ended it ("idle for 120 s", "other work waits for its resources", ...), if it did: a
+        # pool that ends when nobody asked it to (its run failed, its process died) says what ended it.
+        because = pool.get("ended_because") if pool is not None else None
+        print(f"pool {pool_id} ended: {because if because and why == 'ended' else why}", flush=True)
 
 
 def _demand() -> Any:
