@@ -101,6 +101,12 @@ def test_a_used_pool_trains_exactly_as_a_fresh_one_and_no_job_leaks_into_the_nex
     (same,) = rm.jobs.pools()
     assert same.id == pool.id and same.jobs_run == 6  # every job ran on the one pool
     assert hubs() == before  # torch gathers through torch.distributed: the pool started no gather hub
+    # Its Train controller set up the workers' process group without importing torch (ProcessGroup):
+    # torch's library is mapped in each worker's process, not in the controller's.
+    assert {actor: _maps_torch(actor) for actor in ("RayTrainWorker", "TrainController")} == {
+        "RayTrainWorker": [True, True],
+        "TrainController": [False],
+    }
     assert [row["epoch"] for row in used.history] == [1, 2, 3]
     for a, b in zip(fresh.history, used.history, strict=True):
         assert b.keys() == a.keys()
@@ -108,6 +114,14 @@ def test_a_used_pool_trains_exactly_as_a_fresh_one_and_no_job_leaks_into_the_nex
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=0), key
     for (name, a), (_, b) in zip(fresh_model.net.state_dict().items(), used_model.net.state_dict().items()):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=0, err_msg=name)
+
+
+def _maps_torch(class_name: str) -> list[bool]:
+    """For each live actor of ``class_name`` (this machine's processes): whether torch's library is loaded."""
+    from ray.util.state import list_actors
+
+    alive = list_actors(filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")])
+    return [any("libtorch" in line for line in Path(f"/proc/{a.pid}/maps").read_text().splitlines()) for a in alive]
 
 
 class Exploding(TinyNet):

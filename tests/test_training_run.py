@@ -175,3 +175,40 @@ def test_a_ray_train_run_starts_no_helper_it_does_not_need(no_ray, tmp_path):
     assert callbacks({}, swept=False) == [c for c in everything if c != data]
     assert callbacks({"train": object()}, swept=True) == [c for c in everything if c != cleaner]
     assert callbacks({}, swept=True) == [c for c in everything if c not in (data, cleaner)]
+
+
+def test_a_torch_runs_process_group_is_torch_configs_and_its_controller_imports_no_torch(no_ray, tmp_path):
+    """``ProcessGroup`` (``backends/_torch/process_group.py``) is Ray's ``TorchConfig``: its fields and their
+    defaults, its state export and framework, and Ray's own steps on the workers (checked here when Ray
+    is upgraded); a torch run's ``TorchTrainer`` carries it, and what the run's controller unpickles of it
+    imports no torch (Ray's ``TorchConfig`` does: its module imports torch)."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    import cloudpickle
+    from ray.train.torch import TorchTrainer, config as ray_torch
+
+    from raymodel.backends._torch.process_group import ProcessGroup
+    from raymodel.train._ray_train_run import RayTrainRun
+
+    ours, rays = ProcessGroup(), ray_torch.TorchConfig()
+    fields = lambda config: [(f.name, f.default) for f in dataclasses.fields(config)]  # noqa: E731
+    assert fields(ours) == fields(rays) and ours.to_dict() == rays.to_dict() and ours.framework == rays.framework
+    assert ours.backend_cls.share_cuda_visible_devices == rays.backend_cls.share_cuda_visible_devices
+    for step in ("_set_torch_distributed_env_vars", "_setup_torch_process_group", "_shutdown_torch"):
+        assert callable(getattr(ray_torch, step)), step
+    assert callable(ray_torch.TorchConfigContextManager)
+
+    plan = RunPlan(name="r", storage=str(tmp_path), loop=print, loop_config={})
+    trainer = RayTrainRun(TinyNet.backend, plan).trainer()
+    assert isinstance(trainer, TorchTrainer) and isinstance(trainer.backend_config, ProcessGroup)
+    config = trainer.backend_config
+    blob = cloudpickle.dumps((config, config.backend_cls, config.train_func_context))
+    code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read())[0].framework; print('torch' in sys.modules)"
+    unpickled = lambda blob: subprocess.run(  # noqa: E731 - a fresh process, as the controller is
+        [sys.executable, "-c", code], input=blob, capture_output=True, check=True
+    ).stdout.strip()
+    assert unpickled(blob) == b"False"
+    rays_blob = cloudpickle.dumps((rays, rays.backend_cls, rays.train_func_context))
+    assert unpickled(rays_blob) == b"True"  # what the check would see of Ray's own

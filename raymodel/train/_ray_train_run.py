@@ -6,7 +6,8 @@ Ray's ``RunConfig`` and ``ScalingConfig`` made here, the plan's ``RunEvents`` to
 ``UserCallback`` on the run's controller, and Ray's ``Result`` read into a ``RunOutcome``. Ray Train's
 callback and result types are used in this module only.
 
-One use of Ray Train's private API (Ray 2.60), in ``_without``: Train V2 starts helper actors for
+Ray Train's private API (Ray 2.60) is used here once, in ``_without`` (and, for the torch-based
+backends' process group, in ``backends/_torch/process_group.py``). Train V2 starts helper actors for
 every run through its default callbacks, each a process of its own (about 4-6 s of a core each on
 2 cores, beside the starting workers, which wait for them). Two are dropped where the run does not
 need them:
