@@ -16,7 +16,8 @@ read), ``_setup_torch_process_group`` (gloo, or NCCL with GPUs) and, at the end,
 TPU set-up (``tpu_dist``) is not here: raymodel does not train on TPUs.
 
 Ray's private API used here: those functions and ``ray.train._internal.utils.get_address_and_port``;
-check them when Ray is upgraded (``tests/test_training_run.py`` runs a process group through them).
+check them when Ray is upgraded (``tests/test_training_run.py`` checks that they are there and that the
+fields are ``TorchConfig``'s; every torch test runs them).
 """
 
 from __future__ import annotations
