@@ -2,21 +2,18 @@
 
 A backend is two small classes:
 
-* ``Backend`` (driver and worker): the facts about the framework
-  (name, imports, packages, extra, Ray trainer, accepted data, hooks called),
-  the model's state (the framework's own save/load) and inference defaults;
-* ``WorkerLoop`` (train worker): build what training needs, run one
-  epoch, evaluate, and get/set the training state.
+* ``Backend`` (driver and worker): the facts about the framework (name, imports, packages, extra, Ray
+  trainer and its options, accepted data, hooks called), the model's state and inference defaults;
+* ``WorkerLoop`` (train worker): build what training needs, run one epoch, evaluate, get/set its state.
 
 Beside them, the two protocols (PEP 544) that the layers below the plug-ins type against:
 ``Model`` (a model, as the drivers use it) and ``Run`` (a training run, as a worker loop sees it).
 
-``WorkerRun`` (``train/_worker_run.py``) owns the lifecycle around them for every
-backend: setup hooks, resuming, the epoch loop, validation hooks, reporting,
-checkpointing, stopping; a loop sees it through the ``Run``
-protocol. Adding a framework is one module in ``raymodel/backends/``: a
-``Backend``, a ``WorkerLoop`` and a model base class; the drivers in
-``train/``, ``tune/`` and ``serve/`` never ask which backend they hold.
+``WorkerRun`` (``train/_worker_run.py``) owns the lifecycle around them for every backend: setup
+hooks, resuming, the epoch loop, validation hooks, reporting, checkpointing, stopping; a loop sees it
+through the ``Run`` protocol. Adding a framework is one module in ``raymodel/backends/``: a ``Backend``,
+a ``WorkerLoop`` and a model base class; the drivers in ``train/``, ``tune/`` and ``serve/`` never ask
+which backend they hold.
 """
 
 from __future__ import annotations
@@ -81,8 +78,7 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     #: for a backend whose run is one process that no strategy spreads (RLlib's learner): the setting
     #: must then stay at its default.
     strategies: ClassVar[tuple[str, ...]] = ("ddp",)
-    #: Keys of the state dict that ``write_state`` writes itself; any other entry
-    #: (added in ``on_save_checkpoint``) is saved beside them by the checkpoint format.
+    #: Keys of the state dict that ``write_state`` writes; any other (``on_save_checkpoint``'s) is saved beside.
     state_keys: ClassVar[tuple[str, ...]] = ()
     #: False when the model trains without ``data=`` (a reinforcement-learning env makes its own).
     needs_data: ClassVar[bool] = True
@@ -145,7 +141,7 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
         run_config: Any,
         datasets: dict[str, Any] | None,
     ) -> Any:
-        """Build the Ray Train V2 trainer named by ``trainer``, not yet fit."""
+        """Build the Ray Train V2 trainer named by ``trainer``, not yet fit, with ``trainer_options()``."""
         module, _, cls_name = self.trainer.rpartition(".")
         trainer_cls = getattr(importlib.import_module(module), cls_name)
         return trainer_cls(
@@ -154,7 +150,12 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
             scaling_config=scaling_config,
             run_config=run_config,
             datasets=datasets or None,
+            **self.trainer_options(),
         )
+
+    def trainer_options(self) -> dict[str, Any]:
+        """The backend's own keyword arguments for its ``trainer`` (none by default)."""
+        return {}
 
     def make_run(self, plan: RunPlan) -> TrainingRun:
         """The run of ``plan`` when ``on_ray_train`` is False (``raymodel.train`` builds a Ray Train run)."""
@@ -198,11 +199,10 @@ def worker_resources(resources_per_worker: Mapping[str, float] | None, use_gpu: 
 class WorkerLoop:
     """What a backend does on a train worker; ``WorkerRun`` calls it and owns everything around it.
 
-    A loop never calls the epoch-level hooks itself: ``WorkerRun`` does, in the one documented
-    order. A loop calls only the batch hooks, through ``run.before_batch`` / ``run.after_batch``.
-    A framework with its own fit loop (Lightning) overrides ``run_epochs`` and calls
-    ``run.begin_epoch``, ``run.begin_validation``, ``run.end_validation`` and ``run.end_epoch``
-    from that framework's callback points instead.
+    A loop never calls the epoch-level hooks itself: ``WorkerRun`` does, in the one documented order. A
+    loop calls only the batch hooks, through ``run.before_batch`` / ``run.after_batch``. A framework with
+    its own fit loop (Lightning) overrides ``run_epochs`` and calls ``run.begin_epoch``,
+    ``run.begin_validation``, ``run.end_validation`` and ``run.end_epoch`` from its callback points instead.
     """
 
     def __init__(self, run: Run) -> None:

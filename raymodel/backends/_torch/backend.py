@@ -38,29 +38,12 @@ class TorchBackend(Backend):
     #: width of what it is given (a ``DataError`` naming the layer, not torch's shape error).
     checks_first_layer: ClassVar[bool] = True
 
-    def make_trainer(
-        self,
-        train_loop: Any,
-        *,
-        train_loop_config: dict[str, Any],
-        scaling_config: Any,
-        run_config: Any,
-        datasets: dict[str, Any] | None,
-    ) -> Any:
-        """Ray's ``TorchTrainer``, its process group configured by ``ProcessGroup``: ``TorchConfig``'s
-        settings and steps, but the run's controller does not import torch (``process_group.py``)."""
-        from ray.train.torch import TorchTrainer
-
+    def trainer_options(self) -> dict[str, Any]:
+        """``TorchTrainer``'s process group configured by ``ProcessGroup``: ``TorchConfig``'s settings and
+        steps, but the run's controller does not import torch (``process_group.py``)."""
         from raymodel.backends._torch.process_group import ProcessGroup
 
-        return TorchTrainer(
-            train_loop,
-            train_loop_config=train_loop_config,
-            torch_config=ProcessGroup(),  # type: ignore[arg-type]  # TorchConfig's fields, not its class
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets or None,
-        )
+        return {"torch_config": ProcessGroup()}
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._torch.loop import TorchLoop

@@ -56,7 +56,7 @@ class ProcessGroup(BackendConfig):
         return TrainingFramework.TORCH
 
     def to_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
+        return dataclasses.asdict(self)
 
 
 class _ProcessGroupBackend(Backend):
