@@ -130,6 +130,64 @@ def test_a_server_killed_as_a_job_ends_leaves_it_ended_and_the_next_removes_its_
     assert stored["status"] == "SUCCEEDED" and _store.folders() == set()  # the next server removed the folder
 
 
+@pytest.mark.integration
+def test_a_runner_that_ends_with_the_servers_node_leaves_its_job_to_the_next_server(ray_session, tmp_path, monkeypatch):
+    """``raymodel server stop`` (or a lost raylet) ends a job's runner before the server: a server that sees
+    the runner's death while its own node is gone leaves the job RUNNING in storage, for the next server
+    to resume, not FAILED (clean-clone run 22: the chaos test's head restart failed a running job with
+    "The job's runner died ... Owner's node has crashed"). A runner that died on a live node fails its
+    job, as before. In-process: the server's ``_reap`` on its state, with a real call that ended in an
+    error; the node's liveness as Ray reports it, then as a stopping head's."""
+    import threading
+
+    import ray
+
+    from raymodel.jobs import _store
+    from raymodel.jobs._server import recovery
+    from raymodel.jobs._server.actor import JobServer
+
+    monkeypatch.setenv("RAYMODEL_HOME", str(tmp_path))
+    monkeypatch.setattr(recovery, "NODE_GONE_WAIT_S", 0.5)
+    assert recovery.node_alive()  # this process's node, as Ray holds it
+
+    @ray.remote(num_cpus=0)
+    def runner_call() -> None:
+        raise RuntimeError("the runner's process ended")
+
+    def bare() -> JobServer:
+        made = object.__new__(JobServer)  # its state, without its actor's threads and runners
+        made.records, made.payloads, made.extras, made.runners, made.pools = {}, {}, {}, {}, {}
+        made.pool_refs, made.ready_refs, made.spare, made.lock = {}, {}, None, threading.RLock()
+        made.changed = threading.Condition(made.lock)
+        return made
+
+    def server(job_id: str) -> JobServer:
+        made = bare()
+        record = {"id": job_id, "kind": "train", "status": "RUNNING", "submitted": 1.0, "history": []}
+        made.records[job_id] = {**record, "log": [], "durable": True}
+        _store.save_payload(job_id, b"the job", None)
+        _store.save_record(made.records[job_id])
+        made.done_refs = {runner_call.remote(): job_id}
+        return made
+
+    alive = server("train-20261129-120000-aaaaaa")
+    alive._reap(timeout=60)
+    (failed,) = _store.load_records()
+    assert failed["status"] == "FAILED" and failed["error"].startswith("The job's runner died"), failed
+
+    gone = server("train-20261129-120000-bbbbbb")
+    monkeypatch.setattr(recovery, "node_alive", lambda: False)
+    gone._reap(timeout=60)
+    assert not gone.done_refs  # taken, and left
+    stored = {r["id"]: r for r in _store.load_records()}
+    assert stored["train-20261129-120000-bbbbbb"]["status"] == "RUNNING"
+    assert "train-20261129-120000-bbbbbb" in _store.folders()  # its payload stays, for the next server
+    following = bare()
+    following._recover()  # the next head's server
+    resumed = following.records["train-20261129-120000-bbbbbb"]
+    assert resumed["status"] == "PENDING" and resumed["resume"] and resumed["restarts"] == 1, resumed
+
+
 def test_pruning_keeps_what_is_in_use_and_bounds_the_rest(tmp_path, monkeypatch):
     from raymodel._internal import tmp
     from raymodel.jobs._prune import limits_from_env, prune

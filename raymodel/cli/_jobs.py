@@ -185,7 +185,8 @@ def _server_stop(args: argparse.Namespace) -> int:
     # Its daemons first (its raylet ends its workers, as at any stop), then its GCS (a raylet whose GCS
     # went first waits for it, and had to be killed), then what of theirs still runs, killed: told to
     # end gently, a job server that outlived its node took its runners' deaths in its shutdown for the
-    # jobs' own, and ended them FAILED (seen under load in the chaos test).
+    # jobs' own, and ended them FAILED (seen under load in the chaos test; it now leaves them to the next
+    # server when its node is gone: ``Recovery._left_to_next_server``).
     killed = terminate([p for p in head if p not in gcs], wait_s=TERM_WAIT_S)
     killed += terminate(sorted(gcs), wait_s=TERM_WAIT_S)
     rest = start_times([p for p in pids if p not in gcs and p not in head])

@@ -58,8 +58,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         os.environ["RAYMODEL_HOME"] = home  # records and runs go where the first client's home is
         self.pool_idle_s = float(pool_idle_s)
         self.limits = dict(limits or {})  # pruning: `prune_after_s`, `prune_max_mb`
-        self._pruned = -1e9
-        self._swept = -1e9
+        self._pruned = self._swept = -1e9
         self.records = {}
         self.payloads = {}
         self.extras = {}  # per job: its pool's spec, its hub
@@ -74,10 +73,8 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         self._room_seen = False
         self._demand_checked = 0.0
         self.row_times = {}  # when each row arrived (epoch times: ETAs)
-        self.alive_nodes = set()
-        self.lost_nodes = {}  # node id -> when it was seen dead
-        self._nodes_checked = 0.0
-        self.draining = False
+        self.alive_nodes, self.lost_nodes = set(), {}  # lost: node id -> when it was seen dead
+        self._nodes_checked, self.draining = 0.0, False
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a row, a status: wakes the clients' long polls
         self.spare = new_runner()
@@ -301,7 +298,9 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
             try:
                 outcome = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - the runner itself died
-                outcome = {"error": f"The job's runner died: {exc}"}
+                outcome = {"error": f"The job's runner died: {exc}", "runner_died": True}
+            if self._left_to_next_server(job_id, outcome):
+                continue
             with self.lock:
                 record = self.records[job_id]
                 stopped = record.get("stopping")

@@ -58,6 +58,27 @@ class Recovery(ServerState):
         if gone:
             print(f"removed {len(gone)} placement group(s) whose creator died: {', '.join(gone)}", flush=True)
 
+    def _left_to_next_server(self, job_id: str, outcome: dict[str, Any]) -> bool:
+        """Whether a job's failed outcome came from this server's own node going down (``raymodel server
+        stop``, a head or raylet lost): its runner, or its pool, ended with the node, not with the job.
+        Such a job is left as it is in storage (RUNNING) for the next server on the same storage to resume
+        (``_recover``), not ended FAILED by a server that is about to end itself. Seen under load in the
+        chaos test: the runner's death ("its owner's node has crashed") reached the server before its own.
+
+        A runner that died, or a pool that ended under its job, is given ``NODE_GONE_WAIT_S`` for Ray to
+        say whether this node went (it says so first, as it did there); any other failure is the job's."""
+        record = self.records.get(job_id) or {}
+        if not outcome.get("error") or any(record.get(k) for k in ("fail_with", "stop_now", "stopping")):
+            return False
+        patient = outcome.get("runner_died") or not outcome.get("pool_ok", True)
+        deadline = time.monotonic() + (NODE_GONE_WAIT_S if patient else 0.0)
+        while node_alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.25)
+        print(f"{job_id}: its run ended with this server's node; the next server resumes it", flush=True)
+        return True
+
     def _recover(self) -> None:
         """Load the records a previous server (this actor before a restart, or an earlier head with the
         same storage) left: PENDING jobs keep their place, RUNNING ones wait again and resume from their
@@ -121,6 +142,19 @@ class Recovery(ServerState):
         # A new head on this storage (not the actor restarted by Ray; nor the server's state in-process).
         if context.get_actor_id() is not None and not context.was_current_actor_reconstructed:
             threading.Thread(target=_serve_again, name="raymodel-routes", daemon=True).start()
+
+
+#: How long a server whose job's runner died waits to learn whether its own node went with it.
+NODE_GONE_WAIT_S = 3.0
+
+
+def node_alive() -> bool:
+    """Whether Ray (its GCS) holds this process's node alive; not when it cannot be asked."""
+    try:
+        here = ray.get_runtime_context().get_node_id()
+        return any(node["NodeID"] == here and node.get("Alive") for node in ray.nodes())
+    except Exception:  # noqa: BLE001 - a GCS that cannot answer: the head is going down
+        return False
 
 
 def _serve_again() -> None:
