@@ -49,6 +49,7 @@ def test_rows_keep_their_order_and_each_actor_loads_the_model_once(ray_session, 
 
 @pytest.mark.integration
 def test_input_forms_references_and_the_cli(ray_session, tmp_path, registry, capsys):
+    readers_before = _footer_readers()
     rows = np.column_stack([np.arange(40.0), np.zeros(40)]).astype(np.float32)
     doubler, tripler = Scaler(), Scaler(config={"factor": 3.0})
     expected = 2.0 * rows[:, 0]
@@ -114,6 +115,17 @@ def test_input_forms_references_and_the_cli(ray_session, tmp_path, registry, cap
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".raymodel-predict")]  # staging renamed away
     assert cli(["predict", "scaler", "--input", str(folder), "--output", str(target)]) == 1  # never overwrites
     assert "already exists and is not empty" in capsys.readouterr().err
+    # Ray Data read the Parquet folder's footers (twice: `predict_batch`, the CLI) on 2 actors a read, not
+    # its default 32 (each a process): `rm.init`'s local instance says so (`_RAY_DEFAULTS`).
+    assert 0 < _footer_readers() - readers_before <= 4, _footer_readers() - readers_before
+
+
+def _footer_readers() -> int:
+    """How many of Ray Data's Parquet footer-reading actors this session's Ray has made, ended ones too."""
+    from ray.util.state import list_actors
+
+    made = list_actors(filters=[("class_name", "=", "FooterReader")], limit=10_000, raise_on_missing_output=False)
+    return len(made)
 
 
 def test_bad_input_is_refused_before_anything_starts(tmp_path, registry):

@@ -85,9 +85,9 @@ def init(
     ingress = resolve_ingress(serve_ingress)  # a bad name fails before Ray starts
     if ray.is_initialized():
         return False
-    # Train's report poll (``_TRAIN_DEFAULTS``) in this process too, whatever the cluster: Train passes it
+    # Train's report poll (``_RAY_DEFAULTS``) in this process too, whatever the cluster: Train passes it
     # from the process that calls ``fit`` to the run's controller.
-    os.environ.setdefault(*_TRAIN_DEFAULTS[0])
+    os.environ.setdefault(*_RAY_DEFAULTS[0])
     kwargs: dict[str, Any] = {
         "log_to_driver": verbose,
         "logging_level": logging.INFO if verbose else logging.ERROR,
@@ -102,7 +102,7 @@ def init(
         kwargs["address"] = "local"
         end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
         os.environ.update(with_serve_env(os.environ, ingress))  # a new local instance: its Serve reads them
-        train_defaults(os.environ)  # a new local instance: its processes inherit them
+        ray_defaults(os.environ)  # a new local instance: its processes inherit them
         kwargs["dashboard_port"] = own_api_server(os.environ, ray_init_kwargs.get("dashboard_port"))
     elif address is not None:
         kwargs["address"] = address
@@ -220,19 +220,26 @@ def set_threads(cpus: float) -> int:
     return threads
 
 
-#: Ray Train V2's settings on a Ray instance that raymodel starts (``rm.init``'s local one,
+#: Ray Train V2's and Ray Data's settings on a Ray instance that raymodel starts (``rm.init``'s local one,
 #: ``raymodel server start``'s head), each unless set:
-#: - its controller collects each worker's report when it polls (every 2 s by default), and a worker's
+#: - Train's controller collects each worker's report when it polls (every 2 s by default), and a worker's
 #:   next report can wait for that: the runs poll every 0.2 s;
-#: - it starts a preemption watcher actor with every worker group, to notice a node that an autoscaler
+#: - Train starts a preemption watcher actor with every worker group, to notice a node that an autoscaler
 #:   drains; such an instance runs no autoscaler, so the watcher would only cost a process start (about
-#:   3 s of CPU on 2 cores) per run and per restart.
-_TRAIN_DEFAULTS = (("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2"), ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"))
+#:   3 s of CPU on 2 cores) per run and per restart;
+#: - Ray Data reads the footers of Parquet files (``predict_batch`` of a folder, ``raymodel predict``) on a
+#:   pool of 32 actors, made for a cluster's network reads, each a process of its own (about 1.5 s of
+#:   CPU here, per read: 64 in a suite run); on one machine 2 actors, each with 128 reads in flight.
+_RAY_DEFAULTS = (
+    ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2"),
+    ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"),
+    ("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "2"),
+)
 
 
-def train_defaults(env: MutableMapping[str, str]) -> None:
-    """Put ``_TRAIN_DEFAULTS`` into ``env`` (the environment a new Ray instance starts with), each unless set."""
-    for name, value in _TRAIN_DEFAULTS:
+def ray_defaults(env: MutableMapping[str, str]) -> None:
+    """Put ``_RAY_DEFAULTS`` into ``env`` (the environment a new Ray instance starts with), each unless set."""
+    for name, value in _RAY_DEFAULTS:
         env.setdefault(name, value)
 
 

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from raymodel import jobs
-from raymodel._internal.cluster import own_api_server, running_server, server_file, train_defaults
+from raymodel._internal.cluster import own_api_server, ray_defaults, running_server, server_file
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
 from raymodel.cli._stop import TERM_WAIT_S, drain, start_times, terminate, with_descendants
 from raymodel.exceptions import RayModelError
@@ -138,7 +138,7 @@ def _server_start(args: argparse.Namespace) -> None:
     end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
     env = with_serve_env(os.environ, resolve_ingress(None))  # the head's Serve: HAProxy unless told otherwise
     own_api_server(env, args.dashboard_port)  # the head's state API queries go to its own dashboard
-    train_defaults(env)  # Train's report poll and no preemption watcher, as on `rm.init`'s local instance
+    ray_defaults(env)  # Train's report poll, no preemption watcher, 2 footer readers: as `rm.init`'s local Ray
     haproxy = os.path.dirname(env.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", ""))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
