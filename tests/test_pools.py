@@ -75,7 +75,7 @@ def test_a_used_pool_trains_exactly_as_a_fresh_one_and_no_job_leaks_into_the_nex
 
     rm.jobs.release_pools()
     before = hubs()
-    earlier = {**_maps_torch("TrainController"), **_maps_torch("RayTrainWorker")}  # not this test's pool's
+    earlier = {actor for kind in KINDS for actor in _maps_torch(kind)}  # not this test's pool's
     # A warm pool (`rm.init(warm="torch:2")`): started before any job asks; the first job takes it while
     # its workers still start, and starts no pool of its own.
     (warm,) = ray_session.get(rm.jobs.server().warm.remote([("torch", 2)]))
@@ -102,11 +102,11 @@ def test_a_used_pool_trains_exactly_as_a_fresh_one_and_no_job_leaks_into_the_nex
     (same,) = rm.jobs.pools()
     assert same.id == pool.id and same.jobs_run == 6  # every job ran on the one pool
     assert hubs() == before  # torch gathers through torch.distributed: the pool started no gather hub
-    # Its Train controller set up the workers' process group without importing torch (ProcessGroup):
-    # torch's library is mapped in this pool's workers' processes, not in its controller's.
-    controllers = [loaded for actor, loaded in _maps_torch("TrainController").items() if actor not in earlier]
-    workers = [loaded for actor, loaded in _maps_torch("RayTrainWorker").items() if actor not in earlier]
-    assert controllers == [False] and workers == [True, True], (controllers, workers)
+    # Its actor built the run's trainer (a DataParallelTrainer), and its Train controller set up the workers'
+    # process group (ProcessGroup), without importing torch: torch's library is mapped in this pool's
+    # workers' processes, not in its controller's nor in its actor's (the actors not this test's: `earlier`).
+    mine = {kind: [v for k, v in _maps_torch(kind).items() if k not in earlier] for kind in KINDS}
+    assert mine == {"PoolActor": [False], "TrainController": [False], "RayTrainWorker": [True, True]}, mine
     assert [row["epoch"] for row in used.history] == [1, 2, 3]
     for a, b in zip(fresh.history, used.history, strict=True):
         assert b.keys() == a.keys()
@@ -114,6 +114,9 @@ def test_a_used_pool_trains_exactly_as_a_fresh_one_and_no_job_leaks_into_the_nex
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=0), key
     for (name, a), (_, b) in zip(fresh_model.net.state_dict().items(), used_model.net.state_dict().items()):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=0, err_msg=name)
+
+
+KINDS = ("PoolActor", "TrainController", "RayTrainWorker")
 
 
 def _maps_torch(class_name: str) -> dict[str, bool]:

@@ -212,3 +212,40 @@ def test_a_torch_runs_process_group_is_torch_configs_and_its_controller_imports_
     assert unpickled(blob) == b"False"
     rays_blob = cloudpickle.dumps((rays, rays.backend_cls, rays.train_func_context))
     assert unpickled(rays_blob) == b"True"  # what the check would see of Ray's own
+
+
+def test_a_torch_runs_own_trainer_is_a_data_parallel_trainer_and_building_it_imports_no_torch(no_ray, tmp_path):
+    """raymodel's own run of a torch, Lightning or transformers model (``RayTrainRun.fit``: a pool's, a
+    one-off's) is Ray's ``DataParallelTrainer`` with ``ProcessGroup``, which is what ``TorchTrainer`` builds,
+    so the process that fits it (a pool's actor, a job's runner) does not import torch (``TorchTrainer``'s
+    module does) before it asks for the run's controller. Built in a fresh process, as a pool's actor
+    builds it. ``as_trainer()`` and a run of no workers (Ray Train's local mode) keep ``TorchTrainer``."""
+    import subprocess
+    import sys
+
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from raymodel.backends._torch.backend import TorchBackend
+    from raymodel.backends._torch.process_group import ProcessGroup
+    from raymodel.train._ray_train_run import RayTrainRun
+
+    code = (
+        "import sys\n"
+        "from raymodel.backends._torch.backend import TorchBackend\n"
+        "from raymodel.contract import RunPlan\n"
+        "from raymodel.train._ray_train_run import RayTrainRun\n"
+        "plan = RunPlan(name='r', storage=sys.argv[1], loop=print, loop_config={}, num_workers=(1, 2))\n"
+        "trainer = RayTrainRun(TorchBackend(), plan).trainer(own=True)\n"
+        "print(type(trainer).__name__, type(trainer.backend_config).__name__, 'torch' in sys.modules)\n"
+    )
+    built = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert built.stdout.split() == ["DataParallelTrainer", "ProcessGroup", "False"], built.stderr[-2000:]
+
+    run = lambda workers: RayTrainRun(  # noqa: E731
+        TorchBackend(), RunPlan(name="r", storage=str(tmp_path), loop=print, loop_config={}, num_workers=workers)
+    )
+    own = run(2).trainer(own=True)
+    assert type(own) is DataParallelTrainer and isinstance(own.backend_config, ProcessGroup)
+    assert isinstance(run(2).trainer(), TorchTrainer)  # as_trainer()'s
+    assert isinstance(run(0).trainer(own=True), TorchTrainer)  # local mode: TorchTrainer's own controller

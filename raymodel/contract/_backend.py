@@ -55,8 +55,7 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     worker_imports: ClassVar[tuple[str, ...]] = ()
     #: Distribution names whose versions are recorded in checkpoints.
     packages: ClassVar[tuple[str, ...]] = ()
-    #: The Ray Train V2 trainer class, as ``"module.Class"`` (``""`` for a backend whose runs are not Ray
-    #: Train runs: its ``make_run`` builds its own).
+    #: The Ray Train V2 trainer class, ``"module.Class"`` (``""``: runs are not Ray Train's; ``make_run``'s).
     trainer: ClassVar[str] = "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer"
     #: The data forms this backend trains on (a subset of ``DATA_KINDS``).
     accepts: ClassVar[tuple[str, ...]] = ("arrays",)
@@ -74,9 +73,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     gradient_steps: ClassVar[bool] = False
     #: True when ``TrainSettings(num_workers=(min, max))`` (an elastic run) works with this backend.
     elastic: ClassVar[bool] = False
-    #: ``TrainSettings.strategy`` values this backend trains with (torch and Lightning add "fsdp"); empty
-    #: for a backend whose run is one process that no strategy spreads (RLlib's learner): the setting
-    #: must then stay at its default.
+    #: ``TrainSettings.strategy`` values this backend trains with (torch and Lightning add "fsdp"); empty for
+    #: a backend whose run is one process that no strategy spreads (RLlib's learner): it stays the default.
     strategies: ClassVar[tuple[str, ...]] = ("ddp",)
     #: Keys of the state dict that ``write_state`` writes; any other (``on_save_checkpoint``'s) is saved beside.
     state_keys: ClassVar[tuple[str, ...]] = ()
@@ -85,8 +83,7 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     #: True when a run is a Ray Train worker group (so a job of the training server can run on a pool);
     #: False when ``make_run`` gives a run type of the backend's own (RLlib's Algorithm in an actor).
     on_ray_train: ClassVar[bool] = True
-    #: ``(metric, mode)`` that ``tune`` optimizes when ``TuneSettings.metric`` is not given (``None``:
-    #: ``val_loss``/``loss``, minimized).
+    #: ``(metric, mode)`` that ``tune`` optimizes without ``TuneSettings.metric`` (``None``: val_loss/loss, min).
     default_metric: ClassVar[tuple[str, str] | None] = None
 
     # ------------------------------------------------------------- checking
@@ -97,9 +94,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
 
     @contextlib.contextmanager
     def isolated(self) -> Iterator[None]:
-        """Around each job on a pool's worker: restore the framework's process-wide settings a job may
-        change (threads, default dtype, grad mode, ...) and free what it held, so the next job starts
-        as on a fresh worker. A backend whose framework has such globals extends this."""
+        """Around each job on a pool's worker: the framework's process-wide settings a job may change (threads,
+        dtype, grad mode, ...) restored, and what it held freed, as on a fresh worker (a backend extends it)."""
         yield
 
     def calls(self, hook: str) -> bool:
@@ -140,22 +136,29 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
         scaling_config: Any,
         run_config: Any,
         datasets: dict[str, Any] | None,
+        own: bool = False,
     ) -> Any:
-        """Build the Ray Train V2 trainer named by ``trainer``, not yet fit, with ``trainer_options()``."""
-        module, _, cls_name = self.trainer.rpartition(".")
-        trainer_cls = getattr(importlib.import_module(module), cls_name)
-        return trainer_cls(
+        """The Ray Train V2 trainer, not fit: ``trainer`` with ``trainer_options()``; ``own_trainer``'s if any
+        for raymodel's own run (``own``: ``fit``'s, not ``as_trainer()``'s)."""
+        mine = self.own_trainer(scaling_config) if own else None
+        name, options = mine or (self.trainer, self.trainer_options())
+        module, _, cls_name = name.rpartition(".")
+        return getattr(importlib.import_module(module), cls_name)(
             train_loop,
             train_loop_config=train_loop_config,
             scaling_config=scaling_config,
             run_config=run_config,
             datasets=datasets or None,
-            **self.trainer_options(),
+            **options,
         )
 
     def trainer_options(self) -> dict[str, Any]:
         """The backend's own keyword arguments for its ``trainer`` (none by default)."""
         return {}
+
+    def own_trainer(self, scaling_config: Any) -> tuple[str, dict[str, Any]] | None:
+        """The trainer class and its options for raymodel's own runs, where not ``trainer``'s (``None``)."""
+        return None
 
     def make_run(self, plan: RunPlan) -> TrainingRun:
         """The run of ``plan`` when ``on_ray_train`` is False (``raymodel.train`` builds a Ray Train run)."""
@@ -163,8 +166,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
 
     @contextlib.contextmanager
     def seeded(self, seed: int) -> Iterator[None]:
-        """Around the driver's ``prepare_data``: the framework's generators seeded (restored after), so a
-        model set up there (transformers': for its tokenizer) starts with the same weights for a seed."""
+        """Around the driver's ``prepare_data``: the framework's generators seeded (restored after): a model
+        set up there (transformers': for its tokenizer) starts with the same weights for a seed."""
         yield
 
     # ---------------------------------------------------------------- state
@@ -199,10 +202,10 @@ def worker_resources(resources_per_worker: Mapping[str, float] | None, use_gpu: 
 class WorkerLoop:
     """What a backend does on a train worker; ``WorkerRun`` calls it and owns everything around it.
 
-    A loop never calls the epoch-level hooks itself: ``WorkerRun`` does, in the one documented order. A
-    loop calls only the batch hooks, through ``run.before_batch`` / ``run.after_batch``. A framework with
-    its own fit loop (Lightning) overrides ``run_epochs`` and calls ``run.begin_epoch``,
-    ``run.begin_validation``, ``run.end_validation`` and ``run.end_epoch`` from its callback points instead.
+    A loop never calls the epoch-level hooks itself: ``WorkerRun`` does, in the one documented order. A loop
+    calls only the batch hooks, through ``run.before_batch`` / ``run.after_batch``. A framework with its own
+    fit loop (Lightning) overrides ``run_epochs`` and calls ``run.begin_epoch``, ``run.begin_validation``,
+    ``run.end_validation`` and ``run.end_epoch`` from its callback points instead.
     """
 
     def __init__(self, run: Run) -> None:
@@ -235,8 +238,7 @@ class WorkerLoop:
         raise NotImplementedError("The 'validate' method must be implemented.")
 
     async def score(self) -> dict[str, float]:
-        """``validate``'s figures for the restored model, untrained (a release's gate); a framework
-        with its own loop runs its own evaluation (Lightning's ``Trainer.validate``)."""
+        """``validate``'s figures for the restored, untrained model (a release's gate); Lightning's own."""
         return await self.validate(0)
 
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
@@ -260,8 +262,7 @@ class WorkerLoop:
         what the framework holds of them (an optimizer's learning rate, say)."""
 
     def settings_changed(self) -> None:
-        """``run.settings`` changed at an epoch boundary (``num_epochs``, ...): a framework that keeps
-        its own copy (Lightning's ``max_epochs``) follows."""
+        """``run.settings`` changed at an epoch boundary: a framework's own copy (Lightning's max_epochs) follows."""
 
     # ---------------------------------------------------------------- state
     def get_state(self) -> dict[str, Any]:
@@ -277,8 +278,8 @@ class WorkerLoop:
         self.model.backend.set_state(self.model, state)
 
     def close(self) -> None:
-        """After the run on this worker, done or failed: release what must not outlive it (a
-        framework's network, say), so a pool's next job on this worker starts clean."""
+        """After the run on this worker, done or failed: release what must not outlive it (a framework's
+        network, say), so a pool's next job on this worker starts clean."""
 
     def all_gather(self, value: Any) -> list[Any]:
         """The framework's own all-gather of a small Python value (with ``Backend.native_collective``)."""
@@ -301,8 +302,7 @@ T = TypeVar("T")
 
 
 class Model(Protocol):
-    """A raymodel model, as the drivers use it: ``RayModel`` and every backend's subclass (with
-    every hook of ``raymodel.hooks.ModelHooks`` too: ``before_fit``, ...)."""
+    """A raymodel model, as the drivers use it: ``RayModel``, every backend's subclass (and ModelHooks')."""
 
     @property
     def backend(self) -> Backend:

@@ -39,8 +39,8 @@ class RayTrainRun:
     def __init__(self, backend: Any, plan: RunPlan) -> None:
         self.backend, self.plan = backend, plan
 
-    def trainer(self) -> Any:
-        """The backend's Ray Train V2 trainer for the plan, not yet fit."""
+    def trainer(self, own: bool = False) -> Any:
+        """The backend's Ray Train V2 trainer for the plan, not yet fit (``own``: for ``fit``, not a user's)."""
         from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
         plan = self.plan
@@ -70,6 +70,7 @@ class RayTrainRun:
             scaling_config=scaling,
             run_config=run_config,
             datasets=plan.datasets,
+            own=own,
         )
         from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
         from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
@@ -81,7 +82,7 @@ class RayTrainRun:
     def fit(self) -> RunOutcome:
         from ray.train import TrainingFailedError
 
-        trainer = self.trainer()
+        trainer = self.trainer(own=True)
         try:
             with cluster.worker_group_start_timeout(self.plan.elastic_wait_s):
                 result = trainer.fit()

@@ -45,6 +45,18 @@ class TorchBackend(Backend):
 
         return {"torch_config": ProcessGroup()}
 
+    def own_trainer(self, scaling_config: Any) -> tuple[str, dict[str, Any]] | None:
+        """raymodel's own runs on Ray Train workers: Ray's ``DataParallelTrainer`` with ``ProcessGroup``,
+        which is what ``TorchTrainer`` builds (its module imports torch: the process that fits a pool's
+        run, or a one-off's, would import torch for nothing, before it asks for the run's controller).
+        ``as_trainer()`` and a run of no workers (Ray Train's local mode: ``TorchTrainer``'s own) keep
+        ``TorchTrainer``."""
+        from raymodel.backends._torch.process_group import ProcessGroup
+
+        if scaling_config.num_workers == 0:
+            return None
+        return "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer", {"backend_config": ProcessGroup()}
+
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._torch.loop import TorchLoop
 

@@ -85,6 +85,7 @@ class TensorflowBackend(Backend):
         scaling_config: Any,
         run_config: Any,
         datasets: dict[str, Any] | None,
+        own: bool = False,
     ) -> Any:
         # Ray's TensorFlow backend imports TensorFlow in each worker before our loop runs.
         env = dict(run_config.worker_runtime_env or {})
@@ -100,6 +101,7 @@ class TensorflowBackend(Backend):
             scaling_config=scaling_config,
             run_config=run_config,
             datasets=datasets,
+            own=own,
         )
 
     def after_user_setup(self, model: Any, returned: Any) -> None:
