@@ -12,8 +12,8 @@ For each case:
   at the start of epoch 3 of the first attempt (`max_failures=1`, `checkpoint_every=1`); the second
   attempt loads the checkpoint, begins at epoch 3, the history holds every epoch once, a callback's
   state went on from the checkpoint, and the final model equals the uninterrupted run's;
-* tune 2 trials with ASHA, serve: one HTTP answer and a 422 for a malformed request, and a registry
-  round trip;
+* tune 2 trials with ASHA (one after the other, in one trial actor that Tune reuses), serve: one
+  HTTP answer and a 422 for a malformed request, and a registry round trip;
 * the run's checkpoint, loaded by `predict_batch`'s Ray Data actors (fresh processes that never
   imported the model's module; several blocks, two actors), predicts what the trained instance
   does, row by row, in order.
@@ -292,6 +292,8 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
                 "max_epochs": 2,
                 "grace_period": 1,
                 "reduction_factor": 2,
+                # One trial at a time: Tune gives the second the first's actor (its process, its imports).
+                "max_concurrent_trials": 1,
                 "train": case.tune_train,
                 "progress": False,
             },

@@ -71,7 +71,7 @@ CASES = [
         bad_payload=lambda rows: {"text": [[0.1, 0.2]]},  # numbers where text goes
         table=lambda rows: ray_data().from_items([{"text": t} for t in rows], override_num_blocks=6),
         set_up_on_driver=True,
-        tune_train={"num_workers": 2, "batch_size": 16, "resources_per_worker": {"CPU": 0.95}},  # trials on a pool
+        tune_train={"batch_size": 16, "resources_per_worker": {"CPU": 0.95}},  # each trial trains in its actor
     ),
 ]
 install(globals(), CASES)
