@@ -55,7 +55,7 @@ class TorchBackend(Backend):
 
         if scaling_config.num_workers == 0:
             return None
-        return "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer", {"backend_config": ProcessGroup()}
+        return Backend.trainer, {"backend_config": ProcessGroup()}  # the contract's DataParallelTrainer
 
     def worker_loop(self, run: Any) -> Any:
         from raymodel.backends._torch.loop import TorchLoop
