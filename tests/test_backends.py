@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conformance import Case, install
+from conformance import TRIAL, Case, install
 from hf_models import Sentiment, sentiment_data
 from rl_models import Balancer, QuickBalancer, play
 
@@ -71,7 +71,7 @@ CASES = [
         bad_payload=lambda rows: {"text": [[0.1, 0.2]]},  # numbers where text goes
         table=lambda rows: ray_data().from_items([{"text": t} for t in rows], override_num_blocks=6),
         set_up_on_driver=True,
-        tune_train={"batch_size": 16, "resources_per_worker": {"CPU": 0.95}},  # each trial trains in its actor
+        tune_train={**TRIAL, "batch_size": 16},  # each trial trains in its actor, as every case's does
     ),
 ]
 install(globals(), CASES)
