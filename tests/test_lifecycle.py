@@ -157,3 +157,20 @@ def test_any_worker_can_stop_the_run_and_all_stop_together(ray_session, tmp_path
     from ray.util.state import list_actors
 
     assert not [a for a in list_actors(limit=10_000) if "PreemptionWatcher" in a.class_name]
+
+
+def test_an_epochs_barrier_goes_through_the_frameworks_collective_when_it_has_one():
+    """At a checkpoint's epoch end every rank waits for rank 0's upload: over torch.distributed where the
+    run has it (a gather of nothing), not a round trip from every rank to Ray Train's synchronization actor."""
+    from raymodel._internal.hub import Collective
+
+    calls: list = []
+    collective = Collective(None, 0, 2, broadcast=lambda value: value, barrier=lambda: calls.append("session"))
+    collective.barrier()
+    assert calls == ["session"]  # no collective of the framework's (XGBoost, Keras...): the session's barrier
+    collective.native = lambda value: calls.append(("native", value)) or [value, value]
+    collective.barrier()
+    assert calls == ["session", ("native", None)]  # torch: every rank's nothing gathered, the session untouched
+    alone = Collective(None, 0, 1, broadcast=lambda value: value, barrier=lambda: calls.append("session"))
+    alone.barrier()
+    assert len(calls) == 2  # one worker: nothing to wait for

@@ -106,12 +106,17 @@ class Collective:
     the run's hub, under a token rank 0 draws per attempt (shared with Ray
     Train's ``broadcast_from_rank_zero``), so rounds of a failed attempt never
     mix with the next one's. With one worker nothing leaves the process.
+
+    ``barrier`` waits for every rank the same way: through the framework's own
+    collective when it has one (a gather of nothing, over torch.distributed
+    within a millisecond), else through ``barrier``, the session's (Ray
+    Train's, a round trip to its synchronization actor from every rank).
     """
 
-    def __init__(self, hub: Any, rank: int, world: int, broadcast: Any) -> None:
+    def __init__(self, hub: Any, rank: int, world: int, broadcast: Any, barrier: Any = None) -> None:
         self.hub, self.rank, self.world = hub, rank, world
         self.native: Any = None
-        self._broadcast = broadcast
+        self._broadcast, self._barrier = broadcast, barrier
         self._token: str | None = None
         self._seq = 0
 
@@ -129,3 +134,14 @@ class Collective:
             self._token = self._broadcast(os.urandom(8).hex() if self.rank == 0 else None)
         self._seq += 1
         return ray.get(self.hub.gather.remote(self._token, self._seq, self.rank, self.world, value))
+
+    def barrier(self) -> None:
+        """Return once every rank has called it (a collective: every rank must call it)."""
+        if self.world == 1:
+            return
+        if self.native is not None:
+            self.native(None)
+        elif self._barrier is not None:
+            self._barrier()
+        else:
+            raise RuntimeError("This run has several workers but nothing to wait for them with.")

@@ -68,7 +68,7 @@ class WorkerRun(JobChanges):
         self.initial_state: dict[str, bytes] | None = payload.get("initial_state")
         self.data = loop_config["data"]
         gather_hub = loop_config.get("gather_hub") or loop_config.get("hub")  # a pool's own, or the run's
-        self.collective = Collective(gather_hub, self.rank, self.world, self.session.broadcast)
+        self.collective = Collective(gather_hub, self.rank, self.world, self.session.broadcast, self.session.barrier)
         self.context = RunContext(
             rank=self.rank,
             world_size=self.world,
@@ -220,7 +220,7 @@ class WorkerRun(JobChanges):
             if directory is not None and not self._keeps_checkpoint_dirs:
                 shutil.rmtree(directory, ignore_errors=True)
         if due and self.world > 1:
-            self.session.barrier()  # rank 0's upload is done: no worker starts an epoch before it is stored
+            self.collective.barrier()  # rank 0's upload is done: no worker starts an epoch before it is stored
         return stop
 
     def _enter(self, phase: str) -> None:
