@@ -95,8 +95,8 @@ class PoolKeeper(ServerState):
         )
         actor.start.remote()
         self.pool_actors[pool_id] = actor
-        self.pool_refs[actor.wait_ended.remote()] = pool_id
-        self.ready_refs[actor.wait_ready.remote()] = pool_id
+        self.watch(self.pool_refs, actor.wait_ended.remote(), pool_id)
+        self.watch(self.ready_refs, actor.wait_ready.remote(), pool_id)
         now = time.time()
         self.pools[pool_id] = {
             "id": pool_id,

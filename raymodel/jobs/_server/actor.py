@@ -77,6 +77,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         self._nodes_checked, self.draining = 0.0, False
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # a row, a status: wakes the clients' long polls
+        self.wake = threading.Event()
         self.spare = new_runner()
         with self.lock:
             self._recover()
@@ -280,13 +281,12 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
                 time.sleep(0.5)
 
     def _reap(self, timeout: float) -> None:
-        refs = list(self.done_refs) + list(self.pool_refs) + list(self.ready_refs)
-        if not refs:
-            time.sleep(timeout)
-            return
-        # Back at the first end (a job's, a pool's): a job's caller waits for it. Then every other that is in.
-        first, rest = ray.wait(refs, num_returns=1, timeout=timeout)
-        ready = first + (ray.wait(rest, num_returns=len(rest), timeout=0)[0] if first and rest else [])
+        # Back at the first end (a job's, a pool's; `watch` sets `wake`): a job's caller waits for it.
+        self.wake.clear()
+        ready = self.ended()
+        if not ready:
+            self.wake.wait(timeout)
+            ready = self.ended()
         for ref in ready:
             if ref in self.ready_refs:
                 self._pool_ready(self.ready_refs.pop(ref), ref)

@@ -136,7 +136,7 @@ class Scheduler(ServerState):
             extras.get("refs"),
             bool(record.get("resume")),
         )
-        self.done_refs[ref] = job_id
+        self.watch(self.done_refs, ref, job_id)
         record.update(status="RUNNING", reason=None, started=time.time())
         self.row_times.pop(job_id, None)
         again = " again, from its newest checkpoint" if record.get("preempted_by") or record.get("resume") else ""

@@ -29,6 +29,7 @@ class ServerState:
     spare: Any  # a started JobRunner for the next job, or None
     lock: threading.RLock
     changed: threading.Condition  # a row, a status: wakes the clients' long polls
+    wake: threading.Event  # a watched call ended (``watch``): ends the loop's wait
     _pruned: float
     _swept: float
     _demand_checked: float
@@ -36,6 +37,20 @@ class ServerState:
     _room_seen: bool  # whether the last look found room for them
     _nodes_checked: float
     draining: bool  # the head is going down (`raymodel server stop`): no job starts
+
+    def watch(self, refs: dict[Any, str], ref: Any, owner: str) -> None:
+        """Watch ``ref`` (a runner's job, a pool's end or readiness) in ``refs``: the server's loop wakes
+        when it ends, also when the call began while the loop was already waiting (a job ``submit``
+        launched), rather than at the end of that wait."""
+        refs[ref] = owner
+        ref.future().add_done_callback(lambda _: self.wake.set())
+
+    def ended(self) -> list[Any]:
+        """The watched calls that have ended (a job's, a pool's end or readiness), without waiting."""
+        import ray
+
+        refs = list(self.done_refs) + list(self.pool_refs) + list(self.ready_refs)
+        return ray.wait(refs, num_returns=len(refs), timeout=0)[0] if refs else []
 
     if TYPE_CHECKING:  # defined by JobServer and its parts; declared for the others
 
