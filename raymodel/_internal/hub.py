@@ -108,9 +108,9 @@ class Collective:
     mix with the next one's. With one worker nothing leaves the process.
 
     ``barrier`` waits for every rank the same way: through the framework's own
-    collective when it has one (a gather of nothing, over torch.distributed
-    within a millisecond), else through ``barrier``, the session's (Ray
-    Train's, a round trip to its synchronization actor from every rank).
+    collective when it has one (a gather of nothing, over torch.distributed),
+    else through ``barrier``, the session's (Ray Train's: a round trip to its
+    synchronization actor from every rank).
     """
 
     def __init__(self, hub: Any, rank: int, world: int, broadcast: Any, barrier: Any = None) -> None:
