@@ -210,13 +210,11 @@ def test_the_servers_loop_wakes_when_a_call_that_began_during_its_wait_ends(ray_
         return True
 
     loop = threading.Thread(target=made._reap, args=(60.0,), daemon=True)
-    began = time.monotonic()
     loop.start()
     time.sleep(0.5)  # the loop is in its wait, watching nothing
     made.watch(made.ready_refs, wait_ready.remote(), "pool-1")
-    loop.join(timeout=30)
+    loop.join(timeout=30)  # woken by the call's end, not by the wait's 60 s
     assert not loop.is_alive() and ready == ["pool-1"] and not made.ready_refs
-    assert time.monotonic() - began < 30  # woken by the call's end, not by the wait's 60 s
 
 
 def test_pruning_keeps_what_is_in_use_and_bounds_the_rest(tmp_path, monkeypatch):

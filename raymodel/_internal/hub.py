@@ -109,11 +109,11 @@ class Collective:
 
     ``barrier`` waits for every rank the same way: through the framework's own
     collective when it has one (a gather of nothing, over torch.distributed),
-    else through ``barrier``, the session's (Ray Train's: a round trip to its
+    else through the session's ``barrier`` (Ray Train's: a round trip to its
     synchronization actor from every rank).
     """
 
-    def __init__(self, hub: Any, rank: int, world: int, broadcast: Any, barrier: Any = None) -> None:
+    def __init__(self, hub: Any, rank: int, world: int, broadcast: Any, barrier: Any) -> None:
         self.hub, self.rank, self.world = hub, rank, world
         self.native: Any = None
         self._broadcast, self._barrier = broadcast, barrier
@@ -141,7 +141,5 @@ class Collective:
             return
         if self.native is not None:
             self.native(None)
-        elif self._barrier is not None:
-            self._barrier()
         else:
-            raise RuntimeError("This run has several workers but nothing to wait for them with.")
+            self._barrier()

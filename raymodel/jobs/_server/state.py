@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+import ray
+
 
 class ServerState:
     """The attributes of a ``JobServer`` (declared here, assigned in its ``__init__``)."""
@@ -47,8 +49,6 @@ class ServerState:
 
     def ended(self) -> list[Any]:
         """The watched calls that have ended (a job's, a pool's end or readiness), without waiting."""
-        import ray
-
         refs = list(self.done_refs) + list(self.pool_refs) + list(self.ready_refs)
         return ray.wait(refs, num_returns=len(refs), timeout=0)[0] if refs else []
 
