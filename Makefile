@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs tools benchmark clean
+.PHONY: install bytecode demo test lint docs tools benchmark clean
 
 install: $(STAMP)
 
@@ -15,11 +15,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[all,test,lint,docs]"
 	touch $(STAMP)
 
-demo: install
+# The package's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (this machine's environment
+# sets it), no process writes it, and each of the hundreds of Ray workers a run or the suite starts would
+# compile the raymodel modules it imports (`import raymodel, raymodel.jobs`: 0.23-0.26 s without, 0.16-0.18 s with).
+bytecode: install
+	$(BIN)/python -m compileall -q raymodel tests examples benchmarks
+
+demo: install bytecode
 	PYTHONUNBUFFERED=1 $(BIN)/python examples/demo.py
 
 # The full check, as CI runs it: lint (style and the import layers), the manual, then the suite.
-test: install tools lint docs
+test: install tools lint docs bytecode
 	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -ra --durations=15 tests
 
 # ruff (lint and format check), import-linter (the layers of docs/architecture.md) and mypy (the

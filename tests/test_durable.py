@@ -167,7 +167,8 @@ def test_a_runner_that_ends_with_the_servers_node_leaves_its_job_to_the_next_ser
         made.records[job_id] = {**record, "log": [], "durable": True}
         _store.save_payload(job_id, b"the job", None)
         _store.save_record(made.records[job_id])
-        made.done_refs = {runner_call.remote(): job_id}
+        made.done_refs = {}
+        made.watch(made.done_refs, runner_call.remote(), job_id)  # as the server's launch does: its end wakes `_reap`
         return made
 
     alive = server("train-20261129-120000-aaaaaa")
