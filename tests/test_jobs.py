@@ -363,9 +363,11 @@ def _server_start(scratch: Path) -> dict[str, Any]:
     steps: dict[str, Any] = {}
     try:
         ports = ("--port", str(free_port()), "--dashboard-port", str(free_port()))
-        steps["started"] = run("server", "start", *ports, "--num-cpus", "2")
+        # A warm pool of the submitted job's size, waited for: the job finds it ready.
+        steps["started"] = run("server", "start", *ports, "--num-cpus", "2", "--warm", "torch:1", "--wait")
         if steps["started"].returncode != 0:
             return steps
+        steps["warmed"] = run("server", "status")
         steps["submitted"] = submitted = subprocess.run(
             [PYTHON, "-c", SUBMIT.format(tests=TESTS)], env=env, capture_output=True, text=True, timeout=300
         )
@@ -410,6 +412,9 @@ def _server_start(scratch: Path) -> dict[str, Any]:
     finally:
         steps["stopped"] = run("server", "stop")
         steps["after"] = run("jobs", "list")
+        # what `ray start --head` left that names the head only by its port: its Ray Client server
+        listed = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
+        steps["left"] = [x for x in listed if "ray.util.client.server" in x and f":{ports[1]} " in x]
     return steps
 
 
@@ -427,9 +432,13 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
     late = steps["late"]
     assert late.returncode == 2 and "is SUCCEEDED: a finished job cannot change" in late.stderr, late.stderr
     assert steps["nothing"].returncode != 0  # nothing to change
+    # `--wait`: the start returned once its warm pool was ready (idle, not "warming for"), and the job took it
+    assert re.search(r"warm pools ready: torch:1 \(\d+\.\d s\)", started.stdout), started.stdout
+    warmed = steps["warmed"].stdout
+    assert re.search(r"torch/1x\[CPU=1\]\s+holds 1 CPU\s+idle \d+ s\s+jobs run 0\s+warm", warmed), warmed
     status = steps["status"].stdout
     assert "jobs: 1 SUCCEEDED" in status and "pools: 1" in status, status
-    assert re.search(r"torch/1x\[CPU=1\]\s+holds 1 CPU\s+idle \d+ s\s+jobs run 1", status), status
+    assert re.search(r"torch/1x\[CPU=1\]\s+holds 1 CPU\s+idle \d+ s\s+jobs run 1\s+warm", status), status
     assert "epoch 3" in steps["logs"].stdout
     # The head runs no autoscaler, so nothing drains it: its pool's worker group has no preemption watcher.
     actors = steps["actors"]
@@ -443,6 +452,7 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
     assert steps["url"].startswith("http://127.0.0.1:") and "?token=" in steps["url"]
     assert [j["status"] for j in steps["shown"] if j["id"] == job_id] == ["SUCCEEDED"]
     assert steps["stopped"].returncode == 0 and "stopped" in steps["stopped"].stdout
+    assert steps["left"] == [], steps["left"]  # the head's Ray Client server ended with it
     assert steps["after"].returncode == 1  # no server: one line, exit 1
 
     # `server stop` let the running job end its epoch and checkpoint; the next head resumed it there

@@ -71,6 +71,115 @@ def test_a_bad_warm_value_says_what_is_wrong(value, says):
         rm.init(warm=value)  # before Ray starts
 
 
+def test_server_start_wait_returns_once_each_warm_pool_is_ready_or_taken_and_names_those_that_are_not(monkeypatch):
+    """``raymodel server start --wait`` (``rm.jobs.wait_warm``): a pool still starting, of another size or
+    not warm does not count; one a job took does. On a server: tests/test_jobs.py (the server_start job)."""
+    from raymodel.jobs import _listing
+
+    def pool(backend: str, workers: int, state: str, warm: bool = True) -> _listing.Pool:
+        return _listing.Pool(f"p-{backend}-{workers}", "", backend, workers, {}, state, 0, None, None, 0.0, warm)
+
+    looks = iter(
+        [
+            [pool("torch", 2, "starting"), pool("xgboost", 1, "idle", warm=False)],
+            [pool("torch", 2, "idle"), pool("xgboost", 2, "idle")],  # torch ready; xgboost of another size
+            [pool("torch", 2, "busy"), pool("xgboost", 1, "starting"), pool("xgboost", 2, "idle")],
+            [pool("torch", 2, "busy"), pool("xgboost", 1, "idle")],  # both: torch's taken by a job
+        ]
+    )
+    seen: list[int] = []
+    monkeypatch.setattr(_listing, "pools", lambda: (seen.append(1), next(looks))[1])
+    monkeypatch.setattr(_listing.time, "sleep", lambda s: None)
+    assert rm.jobs.wait_warm([("torch", 2), ("xgboost", 1)], timeout_s=60) >= 0
+    assert len(seen) == 4  # returned at the first look where both were there
+    monkeypatch.setattr(_listing, "pools", lambda: [pool("torch", 2, "idle"), pool("lightgbm", 1, "starting")])
+    with pytest.raises(rm.RayModelError, match=r"Warm pools not ready after 0 s: lightgbm:1\. .*server status"):
+        rm.jobs.wait_warm([("torch", 2), ("lightgbm", 1)], timeout_s=0)
+
+
+def test_server_start_wait_refuses_warm_pools_that_cannot_all_be_ready_before_starting_anything(
+    no_ray, tmp_path, monkeypatch, capsys
+):
+    """torch:1 and torch:2 hold 3 CPUs together: on a 2-CPU head ``--wait`` would wait for ever."""
+    import subprocess as sp
+
+    from raymodel.cli import main
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"started something: {args}")
+
+    monkeypatch.setenv("RAYMODEL_SERVER_FILE", str(tmp_path / "server.json"))
+    monkeypatch.setattr(sp, "run", forbidden)  # `ray start`
+    assert main(["server", "start", "--num-cpus", "2", "--warm", "torch:1,torch:2", "--wait"]) == 1
+    said = capsys.readouterr().err
+    assert "torch:1,torch:2 hold 3 CPUs together and this head offers 2" in said and "leave out `--wait`" in said
+    assert not (tmp_path / "server.json").exists()
+
+
+def test_a_pool_is_ready_once_every_rank_has_asked_for_a_job_and_settled():
+    """``wait_ready`` (a warm pool's readiness: what ``--wait`` waits for) needs each rank in ``take`` and
+    settled (``_settle``: its first job's imports in, what it holds frozen). Ready at the first ``take``,
+    the first job on a warm torch pool waited for the rest: 1.0-1.5 s to its first row, the second 0.5 s."""
+    import threading
+
+    from raymodel._internal import serialization
+    from raymodel.jobs._pools.pool import PoolActor
+    from raymodel.jobs._warm import pool_backends
+
+    backend = pool_backends()["torch"]
+    pool = PoolActor("pool-test", serialization.dumps(backend, type(backend)), 2, {"CPU": 1.0}, False)
+    answers: list[bool] = []
+    waiter = threading.Thread(target=lambda: answers.append(pool.wait_ready()), daemon=True)
+    takers = [threading.Thread(target=pool.take, args=(rank, 0, 0), daemon=True) for rank in (0, 1)]
+    for thread in (waiter, *takers):
+        thread.start()
+    with pool.cond:
+        assert pool.cond.wait_for(lambda: pool.joined == {0, 1}, timeout=10)
+    waiter.join(0.5)
+    assert waiter.is_alive()  # both ranks asked for a job; neither settled
+    pool.settle(0)
+    waiter.join(0.5)
+    assert waiter.is_alive()
+    pool.settle(1)
+    waiter.join(10)
+    assert answers == [True]
+    pool.end()  # the ranks' `take` returns None: the pool ends
+    for thread in takers:
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def test_the_next_jobs_runner_imports_the_warm_pools_frameworks_while_it_waits(monkeypatch):
+    """The payload of a job on a warm torch pool imports torch as its runner unpickles it (about 1 s of
+    the first job, before any epoch): the server's spare runner imports it once the pools are warmed."""
+    import sys
+    import threading
+
+    from raymodel.jobs import _address
+    from raymodel.jobs._server.actor import JobServer
+    from raymodel.jobs._server.runner import JobRunner
+    from raymodel.jobs._warm import runner_imports
+
+    assert runner_imports(["torch", "torch", "rllib"]) == ("torch", "raymodel.backends._torch.backend")  # no pool
+    assert runner_imports(["lightning"])[:3] == ("torch", "pytorch_lightning", "lightning")
+    monkeypatch.setattr(_address, "running_handle", lambda: None)
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    JobRunner().warm(("colorsys", "no_such_framework"))  # one that is not installed: the job says so
+    assert "colorsys" in sys.modules
+
+    told: list[tuple[str, ...]] = []
+
+    class Spare:  # the handle of the server's spare runner
+        class warm:
+            remote = staticmethod(told.append)
+
+    server = object.__new__(JobServer)  # its state, without its actor's threads and runners
+    server.warm_pools, server.pools, server.lock, server.spare = {}, {}, threading.RLock(), Spare()
+    server._start_warm = lambda check_room=True: []  # type: ignore[method-assign]
+    server.warm([("torch", 2)])
+    assert told == [("torch", "raymodel.backends._torch.backend")]
+
+
 def test_a_job_with_default_placement_asks_for_the_warm_pool(tiny_data):
     """The warm pool's key and resources are those of a job of that backend and worker count: a job with
     default placement takes it; one with other resources does not."""

@@ -22,7 +22,10 @@ from raymodel._internal.cluster import own_api_server, ray_defaults, running_ser
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
 from raymodel.cli._stop import TERM_WAIT_S, drain, start_times, terminate, with_descendants
 from raymodel.exceptions import RayModelError
-from raymodel.jobs import UPDATABLE, init, parse_warm, shown_warm
+from raymodel.jobs import UPDATABLE, init, parse_warm, shown_warm, warm_cpus
+
+#: How long `server start --wait` waits for its warm pools before it fails (the server stays up).
+WARM_WAIT_S = 600.0
 
 
 def add_commands(sub: Any) -> None:
@@ -43,6 +46,12 @@ def add_commands(sub: Any) -> None:
         default=None,
         help="pools to start at once and keep warm, BACKEND:WORKERS[,...] (e.g. torch:2,lightning:1; 'none'); "
         "default: RAYMODEL_WARM, else 'auto' (torch:2 where torch is installed)",
+    )
+    start.add_argument(
+        "--wait",
+        action="store_true",
+        help=f"return once the warm pools are ready to take a job (at most {WARM_WAIT_S:g} s), not as soon as "
+        "the server answers",
     )
     start.set_defaults(handler=_server_start)
     stop = srv_sub.add_parser(
@@ -88,11 +97,13 @@ def add_commands(sub: Any) -> None:
     logs.set_defaults(handler=_jobs_logs)
 
 
-def _processes(marker: str) -> list[int]:
-    """Process ids whose command line holds ``marker`` (``ps``: Linux and macOS)."""
+def _processes(marker: str, *more: str) -> list[int]:
+    """Process ids whose command line holds ``marker`` and each of ``more`` (``ps``: Linux and macOS)."""
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     return [
-        int(line.split(None, 1)[0]) for line in out.splitlines() if marker in line and line.split(None, 1)[0].isdigit()
+        int(line.split(None, 1)[0])
+        for line in out.splitlines()
+        if all(m in line for m in (marker, *more)) and line.split(None, 1)[0].isdigit()
     ]
 
 
@@ -117,6 +128,11 @@ def _server_start(args: argparse.Namespace) -> None:
         print(f"a raymodel server is already running at {already['address']}")
         return
     warm = parse_warm(args.warm, _cpus(args))  # a bad value fails before anything starts
+    if args.wait and warm_cpus(warm) > _cpus(args):
+        raise RayModelError(
+            f"`--wait`: the warm pools {shown_warm(warm)} hold {warm_cpus(warm):g} CPUs together and this head "
+            f"offers {_cpus(args):g}, so they can never all be ready: warm fewer workers, or leave out `--wait`."
+        )
     ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
     temp_dir = f"/tmp/rms-{args.port}"  # short: Ray's socket paths must fit in 107 bytes
     cmd = [
@@ -163,7 +179,11 @@ def _server_start(args: argparse.Namespace) -> None:
     )
     print(f"raymodel server running at {address}; attach with rm.init() or RAY_ADDRESS={address}")
     if warm:
-        print(f"warming pools in the background: {shown_warm(warm)} (`raymodel server status` shows them)")
+        if not args.wait:
+            print(f"warming pools in the background: {shown_warm(warm)} (`raymodel server status` shows them)")
+            return
+        print(f"warming pools: {shown_warm(warm)} ...", flush=True)
+        print(f"warm pools ready: {shown_warm(warm)} ({jobs.wait_warm(warm, WARM_WAIT_S):.1f} s)")
 
 
 def _server_stop(args: argparse.Namespace) -> int:
@@ -180,6 +200,8 @@ def _server_stop(args: argparse.Namespace) -> int:
         drain(info["address"], args.grace_s)
     # This head's processes (not another head's) and what they started, found before any ends.
     head = [pid for pid in _processes(info["temp_dir"]) if pid != os.getpid()]
+    # and its Ray Client server, which names no folder of the head's, only its GCS's port
+    head += _processes("ray.util.client.server", f":{info['address'].rsplit(':', 1)[-1]} ")
     pids = [pid for pid in with_descendants(head) if pid != os.getpid()]
     gcs, began = set(_processes("gcs_server")) & set(head), start_times(pids)
     # Its daemons first (its raylet ends its workers, as at any stop), then its GCS (a raylet whose GCS

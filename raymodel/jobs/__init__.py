@@ -24,6 +24,7 @@ from raymodel.jobs._listing import (
     pools,
     records,
     release_pools,
+    wait_warm,
 )
 from raymodel.jobs._port import ServerClient
 from raymodel.jobs._release import follow as follow_release
@@ -31,7 +32,7 @@ from raymodel.jobs._release_plan import Gate, ReleaseResult, RolloutPlan, curren
 from raymodel.jobs._submit import submit, submit_train, submit_tune, train_and_wait
 from raymodel.jobs._verb import Releases
 from raymodel.jobs._views import Stream, held
-from raymodel.jobs._warm import parse_warm, shown as shown_warm
+from raymodel.jobs._warm import cpus_needed as warm_cpus, parse_warm, shown as shown_warm
 
 __all__ = [
     "Job",
@@ -51,6 +52,7 @@ __all__ = [
     "server",
     "pools",
     "release_pools",
+    "wait_warm",
     "Pool",
     "submit",
     "submit_train",
@@ -65,6 +67,7 @@ __all__ = [
     "split_sets",
     "parse_warm",
     "shown_warm",
+    "warm_cpus",
 ]
 
 #: The drivers below ``raymodel.jobs`` (train, tune, serve, predict) reach the server through this port.

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import time
+from typing import Any, Sequence
 
+from raymodel.exceptions import RayModelError
 from raymodel.jobs._client import server_handle
 from raymodel.jobs._job import Job, JobNotFound
 
@@ -78,6 +80,25 @@ def release_pools() -> list[str]:
 
     handle = server_handle(start=False)
     return [] if handle is None else ray.get(handle.release_pools.remote())
+
+
+def wait_warm(specs: Sequence[tuple[str, int]], timeout_s: float = 600.0) -> float:
+    """Wait until the server holds a ready warm pool of each ``(backend, workers)`` in ``specs`` (one
+    that a job has already taken counts); the seconds waited. A ``RayModelError`` names those not ready
+    after ``timeout_s`` (the server keeps warming them: ``raymodel server status`` shows them)."""
+    began = time.monotonic()
+    while True:
+        held = [p for p in pools() if p.warm and p.state in ("idle", "busy")]
+        missing = [(b, n) for b, n in specs if not any(p.backend == b and p.num_workers == n for p in held)]
+        waited = time.monotonic() - began
+        if not missing:
+            return waited
+        if waited >= timeout_s:
+            raise RayModelError(
+                f"Warm pools not ready after {timeout_s:g} s: {', '.join(f'{b}:{n}' for b, n in missing)}. "
+                "The server keeps warming them in the background; `raymodel server status` shows its pools."
+            )
+        time.sleep(0.2)
 
 
 def list_jobs() -> list[Job]:

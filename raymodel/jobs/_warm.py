@@ -118,5 +118,18 @@ def warm_pool(name: str, workers: int) -> tuple[dict[str, Any], dict[str, float]
     return spec, dict(backend.run_needs(settings))
 
 
+def runner_imports(names: Sequence[str]) -> tuple[str, ...]:
+    """What a job of each backend in ``names`` imports as its payload is unpickled: the framework's
+    modules and the backend's own (a job's runner imports them ahead: ``JobRunner.warm``)."""
+    poolable = pool_backends()
+    found = [poolable[name] for name in dict.fromkeys(names) if name in poolable]
+    return tuple(dict.fromkeys(m for b in found for m in (*b.imports, type(b).__module__)))
+
+
+def cpus_needed(specs: Sequence[WarmSpec]) -> float:
+    """The CPUs the warm pools of ``specs`` hold together, once all are started."""
+    return sum(warm_pool(name, workers)[1].get("CPU", 0.0) for name, workers in specs)
+
+
 def shown(specs: Sequence[WarmSpec]) -> str:
     return ",".join(f"{name}:{n}" for name, n in specs) or "none"

@@ -74,6 +74,8 @@ class PoolKeeper(ServerState):
                 self.warm_pools[spec["key"]] = (spec, needs)
             for pool in self.pools.values():
                 pool["warm"] = pool["key"] in self.warm_pools
+            if self.spare is not None:  # the next job's runner imports their frameworks meanwhile
+                self.spare.warm.remote(self.warm_imports())
             return self._start_warm(check_room=False)
 
     # ---------------------------------------------------------- from runners

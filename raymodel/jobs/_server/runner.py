@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 import traceback
-from typing import Any
+from typing import Any, Sequence
 
 import ray
 
@@ -12,11 +13,12 @@ from raymodel._internal import cluster
 from raymodel.jobs._address import NAMESPACE
 
 
-def new_runner() -> Any:
+def new_runner(imports: Sequence[str] = ()) -> Any:
+    """A runner that imports what every job needs, and ``imports``, while it waits for its job."""
     runner: Any = JobRunnerActor.options(
         namespace=NAMESPACE, max_concurrency=8, scheduling_strategy=cluster.on_this_node()
     ).remote()
-    runner.warm.remote()
+    runner.warm.remote(tuple(imports))
     return runner
 
 
@@ -28,14 +30,21 @@ class JobRunner:
         self.stop_event = threading.Event()
         self.server: Any = None
 
-    def warm(self) -> None:
-        """Import what every job needs, and look the server up, before a job arrives."""
+    def warm(self, imports: tuple[str, ...] = ()) -> None:
+        """Import what every job needs, and look the server up, before a job arrives; then ``imports``:
+        the frameworks of the server's warm pools, which a job's payload imports as it is unpickled
+        (torch: about 1 s of the first job on a warm pool, before any of its epochs)."""
         import raymodel.jobs._server.execute
         import raymodel.train
         import raymodel.tune  # noqa: F401
         from raymodel.jobs._address import running_handle
 
         self.server = running_handle()  # the server that made this runner: it dies with it
+        for module in imports:
+            try:
+                importlib.import_module(module)
+            except ImportError:  # the job that needs it imports it, and says what is missing
+                pass
 
     def run(
         self,

@@ -47,6 +47,12 @@ class ServerState:
         refs[ref] = owner
         ref.future().add_done_callback(lambda _: self.wake.set())
 
+    def warm_imports(self) -> tuple[str, ...]:
+        """The modules a job on one of the warm pools imports (its runner imports them ahead)."""
+        from raymodel.jobs._warm import runner_imports
+
+        return runner_imports([spec["backend_name"] for spec, _ in self.warm_pools.values()])
+
     def ended(self) -> list[Any]:
         """The watched calls that have ended (a job's, a pool's end or readiness), without waiting."""
         refs = list(self.done_refs) + list(self.pool_refs) + list(self.ready_refs)
