@@ -128,9 +128,10 @@ def _server_start(args: argparse.Namespace) -> None:
         print(f"a raymodel server is already running at {already['address']}")
         return
     warm = parse_warm(args.warm, _cpus(args))  # a bad value fails before anything starts
-    if args.wait and warm_cpus(warm) > _cpus(args):
+    needed = warm_cpus(warm) if args.wait else 0.0
+    if needed > _cpus(args):
         raise RayModelError(
-            f"`--wait`: the warm pools {shown_warm(warm)} hold {warm_cpus(warm):g} CPUs together and this head "
+            f"`--wait`: the warm pools {shown_warm(warm)} hold {needed:g} CPUs together and this head "
             f"offers {_cpus(args):g}, so they can never all be ready: warm fewer workers, or leave out `--wait`."
         )
     ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
