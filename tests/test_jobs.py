@@ -37,8 +37,8 @@ def test_a_job_returns_at_once_streams_and_stops_with_a_checkpoint_and_its_cpus_
     assert until(lambda: _free_cpus(ray_session) == every), "an earlier test's actors still hold CPUs"
     start = time.monotonic()
     job = TinyNet().train({"num_workers": 1, "num_epochs": 200, "progress": False}, data=tiny_data, wait=False)
-    assert time.monotonic() - start < 5 and job.kind == "train"
-    assert job.status in ("PENDING", "RUNNING")
+    assert time.monotonic() - start < 30 and job.kind == "train"  # margin: a loaded 2-core machine
+    assert job.status in ("PENDING", "RUNNING")  # returned before its 200 epochs
     epochs = []
     for row in job.stream():
         epochs.append(row["epoch"])
@@ -185,7 +185,7 @@ def test_the_server_killed_mid_job_comes_back_resumes_the_running_job_and_keeps_
     killed = time.monotonic()
     ray_session.kill(ray_session.get_actor(NAME, namespace=NAMESPACE), no_restart=False)  # Ray restarts it
     rm.jobs.list()  # the restarted actor answers, from its records in storage
-    assert time.monotonic() - killed < 10.0
+    assert time.monotonic() - killed < 60  # a new worker process: margin for a loaded machine
     result = running.wait(timeout=240)  # this handle rides through the restart
     assert [row["epoch"] for row in result.history] == list(range(1, 9))
     log = running.logs()
@@ -234,7 +234,7 @@ def test_the_server_removes_the_placement_groups_whose_maker_died_and_keeps_the_
         assert until(lambda: state(placed) == "CREATED")
         assert not {waiting, placed, alive, mine.id.hex()} & set(orphaned_groups(job))
         ray_session.kill(doomed)
-        assert until(lambda: state(waiting) == state(placed) == "REMOVED", 15), "the server left them"
+        assert until(lambda: state(waiting) == state(placed) == "REMOVED", 60), "the server left them"
         assert state(alive) == state(mine.id.hex()) == "PENDING"
         assert not {alive, mine.id.hex()} & set(orphaned_groups(job))
     finally:

@@ -331,9 +331,7 @@ def test_a_split_route_lands_keys_by_weight_sticks_and_changes_live_under_load(s
     old = {"digits@production": 0.9, "digits@candidate": 0.1}
     handle.broadcast("take", {"split": old, "rollout": None}).results()
     assert requests.get(split.url + "/info", timeout=30).json()["split"] == old
-    began = time.monotonic()
-    split.set_split({"digits@production": 0.5, "digits@candidate": 0.5})
-    assert time.monotonic() - began < 30
+    split.set_split({"digits@production": 0.5, "digits@candidate": 0.5})  # without the hand-over: 60 s, then an error
     info = requests.get(split.url + "/info", timeout=30).json()
     assert info["split"] == {"digits@production": 0.5, "digits@candidate": 0.5} and info["replica_pid"] == pid
 

@@ -249,9 +249,8 @@ def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_ses
     def user_task():
         return "ran"
 
-    start = time.monotonic()
-    assert ray.get(user_task.remote(), timeout=60) == "ran"  # Ray reported the demand: the pool ended
-    assert time.monotonic() - start < 30
+    # Ray reported the demand and the pool ended: within 60 s, not after its pool_idle_s of 120
+    assert ray.get(user_task.remote(), timeout=60) == "ran"
     until(lambda: rm.jobs.pools() == [], timeout=30)
 
     model.train({**TWO, "num_epochs": 1}, data=tiny_data)  # a new pool, idle again
@@ -274,9 +273,15 @@ def test_an_idle_pool_gives_way_to_other_work_and_ends_after_pool_idle_s(ray_ses
         rewarmed = until(lambda: [p for p in rm.jobs.pools() if p.warm and p.state == "starting"], timeout=60)
         assert rewarmed[0].id != kept.id and rewarmed[0].job is None
         rm.init(warm="none")
-        ended = time.monotonic()
-        until(lambda: rm.jobs.pools() == [], timeout=60)  # no longer warm: idle past pool_idle_s, killed
-        assert time.monotonic() - ended < 15  # while still starting: killed, not waited for
+        seen = set()
+
+        def gone():
+            pools = rm.jobs.pools()
+            seen.update(p.state for p in pools)
+            return not pools
+
+        until(gone, timeout=60)  # no longer warm: idle past pool_idle_s, killed
+        assert "idle" not in seen, seen  # while still starting: killed, not waited for (then idle 1 s)
         until(lambda: ray.available_resources().get("CPU", 0.0) == 2.0, timeout=60)
     finally:
         rm.init(pool_idle_s=120, warm="none")

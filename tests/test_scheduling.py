@@ -283,14 +283,14 @@ def test_an_elastic_run_shrinks_and_grows_and_a_fixed_one_says_what_it_waits_for
     runs = [size for i, size in enumerate(sizes) if i == 0 or size != sizes[i - 1]]
     assert runs == [2, 1, 2], sizes
 
-    assert fixed["said_after"] < 20.0, fixed  # the server looks every 2 s (margin: a busy machine)
+    assert fixed["said_after"] < 60, fixed  # the server looks every 2 s (margin: a starved lane job)
     assert fixed["reason"].startswith("waiting for 1 more CPU for 1 worker of 2: node "), fixed["reason"]
     assert "lost at epoch 3" in fixed["reason"]
     assert fixed["while_waiting"] == ["RUNNING", 3]  # it waited, and did not fail or run on
     assert [row["epoch"] for row in fixed["history"]] == list(range(1, 9))  # resumed once a node came
 
     stopped = seen["stop_waiting"]  # stopped while it waits for a lost node: at once, not at an epoch's end
-    assert stopped["status"] == "STOPPED" and stopped["took"] < 20, stopped
+    assert stopped["status"] == "STOPPED" and stopped["took"] < 60, stopped  # left alone, it waits for good
     assert stopped["checkpoint"] and stopped["epochs"] >= 2, stopped
 
     give_up = seen["give_up"]  # resource_wait_s=4, and no node comes back
