@@ -274,8 +274,8 @@ def test_an_outside_load_generator_gets_only_good_answers(served, digits):
     model, app = served
     X, _ = digits
     figures = wrk(app.url, {"pixels": X[:1].tolist()}, connections=8, seconds=4)
-    assert figures["non_2xx"] == 0 and figures["socket_errors"] == 0, figures
-    assert figures["requests"] >= 100 and figures["timeouts"] == 0, figures
+    assert figures["non_2xx"] == 0 and figures["socket_errors"] == 0, figures  # wrk's timeouts included
+    assert figures["requests"] >= 100, figures
     info = requests.get(app.url + "/info", timeout=30).json()  # the last 1000 batches: wrk's, nearly all
     assert info["mean_batch_size"] > 1.5, info  # 8 concurrent clients: requests were batched
 
