@@ -179,6 +179,77 @@ def test_the_next_jobs_runner_imports_the_warm_pools_frameworks_while_it_waits(m
     assert told == [("torch", "raymodel.backends._torch.backend")]
 
 
+def test_a_job_that_arrives_while_its_runner_imports_ahead_waits_for_those_imports(monkeypatch):
+    """The runner's imports ahead and a job run on two threads of its actor: a job that arrives meanwhile
+    waits for them (a framework imported by two threads at once failed: transformers' lazy module said
+    "cannot import name 'PreTrainedTokenizerFast'"); a second, late call to ``warm`` imports nothing."""
+    import importlib
+    import threading
+
+    from raymodel.jobs import _address
+    from raymodel.jobs._server import execute
+    from raymodel.jobs._server.runner import JobRunner
+
+    monkeypatch.setattr(_address, "running_handle", lambda: None)
+    entered, release, late = threading.Event(), threading.Event(), []
+    real = importlib.import_module
+
+    def import_module(name, *args):
+        if name == "slow_framework":
+            entered.set()
+            assert release.wait(60)
+        elif name == "late_framework":
+            late.append(name)
+        else:
+            return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    ran: list[bool] = []
+    monkeypatch.setattr(execute, "run_job", lambda runner, *args: ran.append(release.is_set()) or {})
+    runner = JobRunner()
+    warming = threading.Thread(target=runner.warm, args=(("slow_framework",),))
+    warming.start()
+    assert entered.wait(60)
+    job = threading.Thread(target=runner.run, args=("job-1", "train", b""))
+    job.start()
+    job.join(0.5)
+    assert job.is_alive() and ran == []  # still waiting for the imports ahead
+    release.set()
+    job.join(60)
+    warming.join(60)
+    assert ran == [True] and runner.job_id == "job-1"
+    runner.warm(("late_framework",))
+    assert late == []
+
+
+#: In a fresh process: a transformers job's runner after its imports ahead, then the set-up that takes the
+#: submitted weights (``execute._restore_state``): the modules that set-up still imports.
+_RUNNER_SETUP = """
+import importlib, json, sys
+from raymodel.jobs._warm import runner_imports
+for name in runner_imports(["transformers"]):
+    importlib.import_module(name)
+import hf_models
+before = set(sys.modules)
+hf_models.Poet().ensure_setup()
+print("NEW " + json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_a_transformers_jobs_runner_imports_ahead_what_setting_its_model_up_imports():
+    """Setting a transformers model up imports ``transformers.modeling_utils`` (``PreTrainedModel``), 1-2 s
+    and over a thousand modules: the runner imports it ahead (``runner_imports``), so a job's set-up imports
+    only its model family's modules and the tokenizer's."""
+    done = subprocess.run(
+        [sys.executable, "-c", _RUNNER_SETUP], cwd=os.path.dirname(__file__), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    new = json.loads(done.stdout.split("NEW ", 1)[1])
+    assert "transformers.models.gpt2.modeling_gpt2" in new  # the set-up ran, and imported its family
+    assert [m for m in new if m.split(".")[0] not in ("transformers", "tokenizers")] == []
+    assert "transformers.modeling_utils" not in new
+
+
 def test_a_job_with_default_placement_asks_for_the_warm_pool(tiny_data):
     """The warm pool's key and resources are those of a job of that backend and worker count: a job with
     default placement takes it; one with other resources does not."""
@@ -224,7 +295,7 @@ def test_what_a_pools_workers_import_ahead_exists():
     from raymodel.contract import backends
 
     for backend in backends():
-        for module in backend.worker_imports:
+        for module in (*backend.worker_imports, *backend.runner_imports):
             assert importlib.util.find_spec(module) is not None, (backend.name, module)
         if backend.on_ray_train and backend.name in ("torch", "lightning", "transformers"):
             assert "torch._dynamo" in backend.worker_imports  # the first optimizer's import (~2 s)

@@ -6,14 +6,13 @@ A backend is two small classes:
   trainer and its options, accepted data, hooks called), the model's state and inference defaults;
 * ``WorkerLoop`` (train worker): build what training needs, run one epoch, evaluate, get/set its state.
 
-Beside them, the two protocols (PEP 544) that the layers below the plug-ins type against:
-``Model`` (a model, as the drivers use it) and ``Run`` (a training run, as a worker loop sees it).
+Beside them, the two protocols (PEP 544) that the layers below the plug-ins type against: ``Model`` (a model,
+as the drivers use it) and ``Run`` (a training run, as a worker loop sees it).
 
-``WorkerRun`` (``train/_worker_run.py``) owns the lifecycle around them for every backend: setup
-hooks, resuming, the epoch loop, validation hooks, reporting, checkpointing, stopping; a loop sees it
-through the ``Run`` protocol. Adding a framework is one module in ``raymodel/backends/``: a ``Backend``,
-a ``WorkerLoop`` and a model base class; the drivers in ``train/``, ``tune/`` and ``serve/`` never ask
-which backend they hold.
+``WorkerRun`` (``train/_worker_run.py``) owns the lifecycle around them for every backend: setup hooks, resuming,
+the epoch loop, validation hooks, reporting, checkpointing, stopping; a loop sees it through the ``Run``
+protocol. Adding a framework is one module in ``raymodel/backends/``: a ``Backend``, a ``WorkerLoop`` and a
+model base class; the drivers in ``train/``, ``tune/`` and ``serve/`` never ask which backend they hold.
 """
 
 from __future__ import annotations
@@ -53,6 +52,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     imports: ClassVar[tuple[str, ...]] = ()
     #: Modules a pool's worker imports while it waits for its first job (what a first set-up imports).
     worker_imports: ClassVar[tuple[str, ...]] = ()
+    #: Modules the server's next job runner imports ahead, past ``imports`` (what setting a model up imports).
+    runner_imports: ClassVar[tuple[str, ...]] = ()
     #: Distribution names whose versions are recorded in checkpoints.
     packages: ClassVar[tuple[str, ...]] = ()
     #: The Ray Train V2 trainer class, ``"module.Class"`` (``""``: runs are not Ray Train's; ``make_run``'s).
@@ -194,9 +195,7 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
 def worker_resources(resources_per_worker: Mapping[str, float] | None, use_gpu: bool) -> dict[str, float]:
     """What one training worker holds: ``resources_per_worker`` (1 CPU by default), a GPU with ``use_gpu``."""
     resources = dict(resources_per_worker or {"CPU": 1.0})
-    if use_gpu:
-        resources.setdefault("GPU", 1.0)
-    return resources
+    return {**resources, "GPU": resources.get("GPU", 1.0)} if use_gpu else resources
 
 
 class WorkerLoop:

@@ -119,11 +119,12 @@ def warm_pool(name: str, workers: int) -> tuple[dict[str, Any], dict[str, float]
 
 
 def runner_imports(names: Sequence[str]) -> tuple[str, ...]:
-    """What a job of each backend in ``names`` imports as its payload is unpickled: the framework's
-    modules and the backend's own (a job's runner imports them ahead: ``JobRunner.warm``)."""
+    """What a job of each backend in ``names`` imports in its runner: the framework's modules and the
+    backend's own as its payload is unpickled, then ``runner_imports`` as its model is set up to take the
+    submitted weights (a job's runner imports them ahead: ``JobRunner.warm``)."""
     poolable = pool_backends()
     found = [poolable[name] for name in dict.fromkeys(names) if name in poolable]
-    return tuple(dict.fromkeys(m for b in found for m in (*b.imports, type(b).__module__)))
+    return tuple(dict.fromkeys(m for b in found for m in (*b.imports, type(b).__module__, *b.runner_imports)))
 
 
 def cpus_needed(specs: Sequence[WarmSpec]) -> float:

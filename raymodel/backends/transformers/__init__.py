@@ -48,6 +48,7 @@ class TransformersBackend(TorchBackend):
     extra = "transformers"
     imports = ("torch", "transformers", "datasets", "accelerate")
     worker_imports = ("raymodel.backends.transformers._loop", "transformers.trainer", "torch._dynamo")
+    runner_imports = ("transformers.modeling_utils",)  # `PreTrainedModel`: 1-2 s of a model's first set-up
     packages = ("torch", "transformers", "tokenizers", "datasets", "accelerate")
     accepts = ("torch_dataset",)
     required_methods = ("setup",)

@@ -29,22 +29,28 @@ class JobRunner:
         self.job_id = ""
         self.stop_event = threading.Event()
         self.server: Any = None
+        self.warming = threading.Lock()  # a job starts once the imports ahead are in (or not begun)
 
     def warm(self, imports: tuple[str, ...] = ()) -> None:
         """Import what every job needs, and look the server up, before a job arrives; then ``imports``:
         the frameworks of the server's warm pools, which a job's payload imports as it is unpickled
-        (torch: about 1 s of the first job on a warm pool, before any of its epochs)."""
-        import raymodel.jobs._server.execute
-        import raymodel.train
-        import raymodel.tune  # noqa: F401
-        from raymodel.jobs._address import running_handle
+        (torch: about 1 s of the first job on a warm pool, before any of its epochs). A job that arrives
+        meanwhile waits for them: a framework imported by two threads at once can fail (transformers'
+        lazy module: "cannot import name 'PreTrainedTokenizerFast'", seen)."""
+        with self.warming:
+            if self.job_id:  # a job came first (a second call, late): it imports what it needs itself
+                return
+            import raymodel.jobs._server.execute
+            import raymodel.train
+            import raymodel.tune  # noqa: F401
+            from raymodel.jobs._address import running_handle
 
-        self.server = running_handle()  # the server that made this runner: it dies with it
-        for module in imports:
-            try:
-                importlib.import_module(module)
-            except ImportError:  # the job that needs it imports it, and says what is missing
-                pass
+            self.server = running_handle()  # the server that made this runner: it dies with it
+            for module in imports:
+                try:
+                    importlib.import_module(module)
+                except ImportError:  # the job that needs it imports it, and says what is missing
+                    pass
 
     def run(
         self,
@@ -59,9 +65,10 @@ class JobRunner:
         resume: bool = False,
     ) -> dict[str, Any]:
         """``resume``: the job ran before (a server restart): a tune job resumes its experiment."""
-        from raymodel.jobs._server.execute import run_job
+        with self.warming:  # the imports ahead, if still under way
+            from raymodel.jobs._server.execute import run_job
 
-        self.job_id = job_id
+            self.job_id = job_id
         self.stop_event.clear()
         try:
             return run_job(self, kind, payload, pool, hub, model_class, datasets, refs, resume)
