@@ -161,6 +161,11 @@ def ray_session(raymodel_home: Path):
 
     import raymodel as rm
 
+    if ray.is_initialized():  # Ray's auto-init, by an earlier test that called Ray without this fixture
+        pytest.fail(
+            "Ray is already running in this process, started without raymodel's settings (no dashboard "
+            "address of its own, Train's 2-s report poll): an earlier test touched Ray without `ray_session`."
+        )
     rm.init(num_cpus=2)
     yield ray
     try:

@@ -320,3 +320,18 @@ def test_tune_trials_with_two_workers_are_jobs_on_one_pool_and_asha_stops_them(r
             assert job.status == "STOPPED" and len(rows) <= trial["epochs"] + 1, job.logs()
     assert stopped >= 1
     assert rm.RayModel.from_checkpoint(result.best_checkpoint).config["lr"] == result.best_config["lr"]
+
+
+@pytest.mark.integration
+def test_a_route_that_fits_beside_an_idle_pool_leaves_it_running(ray_session, tiny, tiny_data):
+    """``serve`` ends the idle pools in its replicas' way, not every one: a warm pool of a machine with
+    room to spare stays warm. (The pool of one worker stays idle for test_dashboard's job, next.)"""
+    model = TinyNet()
+    model.train({**TWO, "num_workers": 1, "num_epochs": 1}, data=tiny_data)  # one CPU of two held
+    (pool,) = rm.jobs.pools()
+    served = model.serve("/beside-a-pool", settings={"ray_actor_options": {"num_cpus": 0.5}})
+    try:
+        assert requests.post(served.url, json=tiny[0][:2].tolist(), timeout=60).status_code == 200
+        assert [(p.id, p.state) for p in rm.jobs.pools()] == [(pool.id, "idle")]  # room for both: kept
+    finally:
+        served.shutdown()

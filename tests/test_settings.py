@@ -120,3 +120,15 @@ def test_a_model_missing_a_method_fails_before_ray(no_ray, tiny):
     X, y = tiny
     with pytest.raises(ModelDefinitionError, match="must define `train_step`"):
         NoStep().train({}, data=rm.data.from_numpy(X, y))
+
+
+def test_a_routes_replicas_need_what_they_take_as_it_starts():
+    from raymodel.serve._settings import replica_needs
+
+    assert replica_needs(rm.ServeSettings()) == {"CPU": 1.0}  # Serve's default replica: 1 CPU
+    assert replica_needs(rm.ServeSettings(num_replicas=3, ray_actor_options={"num_cpus": 0.5})) == {"CPU": 1.5}
+    autoscaled = rm.ServeSettings(num_replicas="auto", min_replicas=2, ray_actor_options={"num_gpus": 1})
+    assert replica_needs(autoscaled) == {"CPU": 2.0, "GPU": 2.0}
+    assert replica_needs(rm.ServeSettings(num_replicas="auto", min_replicas=0)) == {}  # none until asked
+    custom = rm.ServeSettings(ray_actor_options={"num_cpus": 0, "resources": {"accel": 1}})
+    assert replica_needs(custom) == {"accel": 1.0}

@@ -14,7 +14,7 @@ from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._declared import declare, forget
 from raymodel.serve._rollout import Guard, Rollout, running_on, start_rollout
 from raymodel.serve._route_plan import _is_multiplexed, _plan, _routed_application
-from raymodel.serve._settings import ServeSettings, replica_options
+from raymodel.serve._settings import ServeSettings, replica_needs, replica_options
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +224,9 @@ class Servable:
         """Run the application on Ray Serve (starting Ray and Serve if needed); a rolling update
         when the route's application is already running."""
         cluster.ensure_ray(False)
-        training_server().make_room()  # idle pools of the training server give their resources back first
+        # Idle pools of the training server in the replicas' way give their resources back first (a
+        # route of several versions: every idle pool).
+        training_server().make_room(None if self.plan is not None else replica_needs(self.settings))
         from ray import serve
 
         app = self.as_application()

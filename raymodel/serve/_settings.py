@@ -152,3 +152,15 @@ def replica_options(s: ServeSettings) -> dict[str, Any]:
     else:
         options["num_replicas"] = s.num_replicas
     return options
+
+
+def replica_needs(s: ServeSettings) -> dict[str, float]:
+    """What a route's replicas take as it starts (``num_replicas`` of them, or autoscaling's
+    ``min_replicas``): idle pools that leave room for it keep running (Serve's default replica
+    takes 1 CPU)."""
+    options = s.ray_actor_options or {}
+    replicas = s.min_replicas if s.num_replicas == "auto" else s.num_replicas
+    cpus = options.get("num_cpus")
+    each = {"CPU": 1.0 if cpus is None else float(cpus), "GPU": float(options.get("num_gpus") or 0.0)}
+    each.update({name: float(amount) for name, amount in (options.get("resources") or {}).items()})
+    return {name: amount * replicas for name, amount in each.items() if amount * replicas}

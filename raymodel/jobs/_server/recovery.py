@@ -138,8 +138,10 @@ class Recovery(ServerState):
         # The previous server's pools and runs died with it; a worker group that was ending (its Train
         # controller had let Ray Train's cleaner go) can leave its placement group holding resources.
         _remove_groups(sorted(held))
+        if not ray.is_initialized():  # the server's state in-process (a test): asking Ray would start it
+            return
         context = ray.get_runtime_context()
-        # A new head on this storage (not the actor restarted by Ray; nor the server's state in-process).
+        # A new head on this storage (not the actor restarted by Ray).
         if context.get_actor_id() is not None and not context.was_current_actor_reconstructed:
             threading.Thread(target=_serve_again, name="raymodel-routes", daemon=True).start()
 
