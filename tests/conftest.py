@@ -31,40 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-#: The modules that train, in the order they run (after the others, which start no pool): each one's
-#: first job finds, where it can, the kind of pool the one before it left idle (a pool's cold start is
-#: 12-25 s and about 18 s of CPU on 2 cores; in alphabetical order the session started 29). Transformers
-#: after the backends' last case; lightning's pool from test_data to test_fsdp's first run; the modules
-#: whose jobs run on 2 torch workers together; then those of 1 worker.
-POOL_ORDER = (
-    "test_backends",
-    "test_transformers",
-    "test_lora",
-    "test_sixth_backend",
-    "test_rllib",
-    "test_data",
-    "test_fsdp",
-    "test_hooks",
-    "test_lifecycle",
-    "test_scheduling",
-    "test_trainer_features",
-    "test_train",
-    "test_wrappers",
-    "test_pools",
-    "test_dashboard",
-    "test_storage",
-    "test_jobs",
-    "test_predict",
-    "test_tune",
-    "test_output",
-)
-
-
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules run in ``POOL_ORDER`` (each whole, in its own order), and tests marked ``after(name)``
-    move next to that test (the lane's tests go last: ``tests/lane.py``)."""
-    rank = {name: i + 1 for i, name in enumerate(POOL_ORDER)}
-    items.sort(key=lambda item: rank.get(item.path.stem, 0))  # stable: within a module, as collected
+    """Tests marked ``after(name)`` move next to that test (the lane's tests go last: ``tests/lane.py``)."""
     for item in [item for item in items if item.get_closest_marker("after")]:
         name = item.get_closest_marker("after").args[0]
         anchor = next((i for i in items if i.name == name and i.path == item.path), None)

@@ -325,7 +325,7 @@ def test_tune_trials_with_two_workers_are_jobs_on_one_pool_and_asha_stops_them(r
 @pytest.mark.integration
 def test_a_route_that_fits_beside_an_idle_pool_leaves_it_running(ray_session, tiny, tiny_data):
     """``serve`` ends the idle pools in its replicas' way, not every one: a warm pool of a machine with
-    room to spare stays warm. (The pool of one worker stays idle for test_dashboard's job, next.)"""
+    room to spare stays warm."""
     model = TinyNet()
     model.train({**TWO, "num_workers": 1, "num_epochs": 1}, data=tiny_data)  # one CPU of two held
     (pool,) = rm.jobs.pools()
