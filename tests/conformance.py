@@ -15,8 +15,8 @@ For each case:
 * tune 2 trials with ASHA (one after the other, in one trial actor that Tune reuses), serve: one
   HTTP answer and a 422 for a malformed request, and a registry round trip;
 * the run's checkpoint, loaded by `predict_batch`'s Ray Data actors (fresh processes that never
-  imported the model's module; several blocks, two actors), predicts what the trained instance
-  does, row by row, in order.
+  imported the model's module; several blocks, one actor: `test_predict` checks the order across
+  several), predicts what the trained instance does, row by row, in order.
 
 A check that does not apply to a backend is declared in its case (`not_applicable`: the check's
 name in `CHECKS`, and why); the test then skips with that reason, in the report. A case that names
@@ -339,7 +339,7 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         case, model, result, data, _ = trained
         rows = case.rows(data, 96)
         blocks = case.table(rows)
-        columns = rm.predict_batch(result.checkpoint, blocks, batch_size=10, concurrency=2, num_cpus=0.25).to_numpy()
+        columns = rm.predict_batch(result.checkpoint, blocks, batch_size=10, concurrency=1, num_cpus=0.25).to_numpy()
         got = np.asarray(case.batch_numbers(columns), dtype=float)
         assert len(got) == len(rows)
         same = lambda answer, expected: np.testing.assert_allclose(  # noqa: E731

@@ -53,6 +53,7 @@ def _points(dom: str, series: str) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.beside  # mostly waits (a browser, a job's epochs): the second session (tests/beside.py)
 def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(ray_session, tiny_data, registry):
     from s3server import free_port
 

@@ -473,3 +473,43 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
     assert "again, from its newest checkpoint" in log, log
     for epoch in range(1, 7):  # each epoch trained once: none again from scratch after the restart
         assert len(re.findall(rf"\bepoch {epoch}:", log)) == 1, (epoch, log)
+
+
+def test_a_head_whose_raylet_ended_is_said_so_at_once_and_stop_ends_it_without_waiting(tmp_path):
+    """A head whose GCS runs but whose raylet ended (killed, out of memory: a zombie, its parent gone)
+    takes no one: ``ray.init``
+    tried for a minute, then failed naming an address of the machine's own (``server status``, ``stop``'s
+    drain, ``rm.init()``: 60-64 s each on such a head). Each now says what is wrong before touching Ray
+    (fresh processes: this one's Ray may run)."""
+    from raymodel._internal.cluster import head_problem
+
+    # Ended but not reaped, as a killed raylet stays when the `ray start` that started it is gone.
+    ended = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ended.kill()
+    until(lambda: Path(f"/proc/{ended.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z", 10)
+    gcs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a GCS that runs
+    server = tmp_path / "server.json"
+    info = {"address": "127.0.0.1:1", "temp_dir": str(tmp_path / "head"), "gcs_pid": gcs.pid}
+    server.write_text(json.dumps({**info, "raylet_pid": ended.pid}))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAYMODEL_SERVER_FILE": str(server)}
+    said = f"its raylet (pid {ended.pid}) has ended while its GCS (pid {gcs.pid}) runs"
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    try:
+        began = time.monotonic()
+        status = run("-m", "raymodel.cli", "server", "status")
+        assert status.returncode == 1 and said in status.stdout
+        joined = run("-c", "import raymodel as rm; rm.init()")
+        assert said in joined.stderr and "`raymodel server stop` ends what is left of it" in joined.stderr
+        started = run("-m", "raymodel.cli", "server", "start")
+        assert started.returncode == 1 and said in started.stderr  # not "already running"
+        stopped = run("-m", "raymodel.cli", "server", "stop")
+        assert stopped.returncode == 0 and "stopping without waiting" in stopped.stdout, stopped.stdout
+        assert "did not answer" not in stopped.stdout and not server.exists()
+        assert time.monotonic() - began < 40  # four processes' imports; each was a minute and more
+    finally:
+        gcs.kill()
+        ended.wait()
+    assert head_problem(info) is None  # an older raymodel's file names no raylet: nothing to say
+    assert head_problem({**info, "raylet_pid": os.getpid()}) is None  # a raylet that runs

@@ -109,6 +109,7 @@ def test_an_rl_job_streams_takes_a_new_lr_at_the_next_iteration_and_stops_with_a
 
 
 @pytest.mark.integration
+@pytest.mark.beside  # mostly waits (an actor's kill and restart): the second session (tests/beside.py)
 def test_a_killed_algorithm_actor_resumes_from_its_newest_checkpoint_each_iteration_once(ray_session):
     import ray
 

@@ -49,12 +49,40 @@ def running_server() -> dict[str, Any] | None:
     return info if _alive(info.get("gcs_pid", -1)) else None
 
 
+def head_problem(info: dict[str, Any]) -> str | None:
+    """Why the head of ``running_server``'s ``info`` cannot take work, if it cannot: its GCS runs but its
+    raylet ended (killed, or out of memory). No process can join such a head: ``ray.init`` tries for a
+    minute, then names an address of the machine's own."""
+    raylet = info.get("raylet_pid")
+    if raylet is None or _alive(raylet):  # a file of an older raymodel names no raylet
+        return None
+    return (
+        f"The raymodel server at {info['address']} cannot take work: its raylet (pid {raylet}) has ended while "
+        f"its GCS (pid {info['gcs_pid']}) runs. `raymodel server stop` ends what is left of it; then "
+        "`raymodel server start`."
+    )
+
+
+def joinable_server() -> dict[str, Any] | None:
+    """``running_server()``, or a ``RayModelError`` saying why its head cannot take work (at once)."""
+    from raymodel.exceptions import RayModelError
+
+    info = running_server()
+    problem = None if info is None else head_problem(info)
+    if problem:
+        raise RayModelError(problem)
+    return info
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-        return pid > 0
     except (ProcessLookupError, PermissionError, OverflowError):
         return False
+    try:  # a killed daemon whose parent (`ray start`) is gone may stay a zombie: ended, not reaped
+        return pid > 0 and Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS)
+        return pid > 0
 
 
 def on_this_node() -> Any:
@@ -94,7 +122,7 @@ def init(
         "configure_logging": True,
     }
     if address is None and not os.environ.get("RAY_ADDRESS") and not ray_init_kwargs:
-        address = (running_server() or {}).get("address")  # `raymodel server start` is running: join it
+        address = (joinable_server() or {}).get("address")  # `raymodel server start` is running: join it
     if address == "local" or (address is None and not os.environ.get("RAY_ADDRESS")):
         # A new local instance, said so to Ray: given no address, `ray.init` would join the cluster
         # named in /tmp/ray/ray_current_cluster (the last `ray start`, or any `ray.cluster_utils.Cluster`

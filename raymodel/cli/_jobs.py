@@ -18,7 +18,14 @@ import time
 from typing import Any
 
 from raymodel import jobs
-from raymodel._internal.cluster import own_api_server, ray_defaults, running_server, server_file
+from raymodel._internal.cluster import (
+    head_problem,
+    joinable_server,
+    own_api_server,
+    ray_defaults,
+    running_server,
+    server_file,
+)
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
 from raymodel.cli._stop import TERM_WAIT_S, drain, start_times, terminate, with_descendants
 from raymodel.exceptions import RayModelError
@@ -110,7 +117,7 @@ def _processes(marker: str, *more: str) -> list[int]:
 def attach() -> None:
     """Join the cluster of ``RAY_ADDRESS`` or of ``raymodel server start``; never start a new one."""
 
-    address = os.environ.get("RAY_ADDRESS") or (running_server() or {}).get("address")
+    address = os.environ.get("RAY_ADDRESS") or (joinable_server() or {}).get("address")
     if not address:
         raise RayModelError(
             "No raymodel server is running: start one with `raymodel server start` (or set RAY_ADDRESS to a cluster)."
@@ -123,7 +130,7 @@ def _cpus(args: argparse.Namespace) -> float:
 
 
 def _server_start(args: argparse.Namespace) -> None:
-    already = running_server()
+    already = joinable_server()  # a head that cannot take work: an error that says to stop it first
     if already:
         print(f"a raymodel server is already running at {already['address']}")
         return
@@ -162,6 +169,7 @@ def _server_start(args: argparse.Namespace) -> None:
         raise RayModelError(f"`ray start` failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
     address = f"127.0.0.1:{args.port}"
     gcs = sorted(set(_processes(temp_dir)) & set(_processes("gcs_server")))
+    raylet = _processes("raylet --raylet_socket_name", temp_dir)  # a raylet's end leaves a head no one joins
     import ray
 
     init(address=address, pool_idle_s=args.pool_idle_s, warm=warm)
@@ -173,6 +181,7 @@ def _server_start(args: argparse.Namespace) -> None:
                 "address": address,
                 "temp_dir": temp_dir,
                 "gcs_pid": gcs[0] if gcs else -1,
+                **({"raylet_pid": raylet[0]} if raylet else {}),
                 "started": time.time(),
                 "haproxy_dir": haproxy,
             }
@@ -197,7 +206,9 @@ def _server_stop(args: argparse.Namespace) -> int:
         return 0
     if args.grace_s < 0:
         raise RayModelError(f"`--grace-s` must be >= 0; got {args.grace_s:g}")
-    if args.grace_s > 0:
+    if args.grace_s > 0 and head_problem(info):
+        print("its raylet has ended: no job can reach an epoch boundary; stopping without waiting")
+    elif args.grace_s > 0:
         drain(info["address"], args.grace_s)
     # This head's processes (not another head's) and what they started, found before any ends.
     head = [pid for pid in _processes(info["temp_dir"]) if pid != os.getpid()]
@@ -234,8 +245,8 @@ def _server_stop(args: argparse.Namespace) -> int:
 
 def _server_status(args: argparse.Namespace) -> int:
     info = running_server()
-    if info is None:
-        print("no raymodel server is running")
+    if info is None or head_problem(info):
+        print(head_problem(info) if info else "no raymodel server is running")
         return 1
     attach()
     counts: dict[str, int] = {}
