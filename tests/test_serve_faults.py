@@ -92,7 +92,8 @@ def test_killing_a_replica_under_load_fails_at_most_its_requests_in_flight(ray_s
     failed = [a for a in answers if a[0] != 200]
     in_flight = CONNECTIONS + PROBES  # an upper bound of the requests the dead replica held
     assert load["non_2xx"] + load["socket_errors"] + len(failed) <= in_flight, (load, failed)
-    assert load["timeouts"] == 0 and max(a[3] for a in answers) < 5, "a request hung"
+    slowest = sorted(answers, key=lambda a: -a[3])[:3]
+    assert load["timeouts"] == 0 and slowest[0][3] < 5, ("a request hung", load, slowest, recovered_s)
     for status, content_type, text, _ in failed:
         # an answer cut off mid-body has no status to check; every answer that came is a JSON 5xx
         assert status == -1 or (status >= 500 and content_type.startswith("application/json") and '"error"' in text), (
