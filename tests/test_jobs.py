@@ -477,16 +477,17 @@ def test_a_job_submitted_by_one_process_is_awaited_by_another_after_server_start
 
 def test_a_head_whose_raylet_ended_is_said_so_at_once_and_stop_ends_it_without_waiting(tmp_path):
     """A head whose GCS runs but whose raylet ended (killed, out of memory: a zombie, its parent gone)
-    takes no one: ``ray.init``
-    tried for a minute, then failed naming an address of the machine's own (``server status``, ``stop``'s
-    drain, ``rm.init()``: 60-64 s each on such a head). Each now says what is wrong before touching Ray
-    (fresh processes: this one's Ray may run)."""
+    takes no one: ``ray.init`` tried for a minute, then failed naming an address of the machine's own
+    (``server status``, ``stop``'s drain, ``rm.init()``: 60-64 s each on such a head). Each now says what
+    is wrong before touching Ray (fresh processes: this one's Ray may run)."""
+    import psutil
+
     from raymodel._internal.cluster import head_problem
 
     # Ended but not reaped, as a killed raylet stays when the `ray start` that started it is gone.
     ended = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     ended.kill()
-    until(lambda: Path(f"/proc/{ended.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z", 10)
+    until(lambda: psutil.Process(ended.pid).status() == psutil.STATUS_ZOMBIE, 10)
     gcs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a GCS that runs
     server = tmp_path / "server.json"
     info = {"address": "127.0.0.1:1", "temp_dir": str(tmp_path / "head"), "gcs_pid": gcs.pid}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, MutableMapping
 
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
+from raymodel.exceptions import RayModelError
 
 _QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
 
@@ -65,8 +66,6 @@ def head_problem(info: dict[str, Any]) -> str | None:
 
 def joinable_server() -> dict[str, Any] | None:
     """``running_server()``, or a ``RayModelError`` saying why its head cannot take work (at once)."""
-    from raymodel.exceptions import RayModelError
-
     info = running_server()
     problem = None if info is None else head_problem(info)
     if problem:

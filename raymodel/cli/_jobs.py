@@ -245,8 +245,9 @@ def _server_stop(args: argparse.Namespace) -> int:
 
 def _server_status(args: argparse.Namespace) -> int:
     info = running_server()
-    if info is None or head_problem(info):
-        print(head_problem(info) if info else "no raymodel server is running")
+    problem = "no raymodel server is running" if info is None else head_problem(info)
+    if info is None or problem:
+        print(problem)
         return 1
     attach()
     counts: dict[str, int] = {}
