@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import numbers
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -145,7 +146,11 @@ def wrap(model: Any, spec: LoRA) -> None:
         fan_in_fan_out=conv1d,
         task_type=task,
     )
-    model.model = peft.get_peft_model(hf, config)
+    with warnings.catch_warnings():
+        # peft asks the base for `is_gradient_checkpointing`, which transformers 5 deprecated: a warning
+        # about peft's own call, in every process that attaches an adapter, naming nothing the user wrote.
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        model.model = peft.get_peft_model(hf, config)
 
 
 def _default_targets(hf: Any) -> tuple[str, ...]:
