@@ -129,7 +129,7 @@ class RayModel(ModelHooks, Releases):
         except Exception as exc:  # a config value that setup cannot use: name the config, keep the cause
             raise ModelDefinitionError(
                 f"`{type(self).__name__}.setup(config)` failed with config {short(self.config, 200)}: "
-                f"{type(exc).__name__}: {exc}. Check the config's values (their types and sizes)."
+                f"{type(exc).__name__}: {str(exc).rstrip('.')}. Check the config's values (their types and sizes)."
             ) from exc
         self.backend.after_user_setup(self, returned)
         self._is_setup = True

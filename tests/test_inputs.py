@@ -85,6 +85,13 @@ def test_a_config_that_is_not_a_dict_or_that_setup_cannot_use(tmp_path):
     assert "`TinyNet.setup(config)` failed with config" in str(info.value) and "'hidden': 'abc'" in str(info.value)
     assert isinstance(info.value.__cause__, TypeError)  # torch's own error stays the cause
 
+    class Stops(TinyNet):  # a cause whose message ends its own sentence (transformers' OSErrors do)
+        def setup(self, config):
+            raise OSError("no such base.")
+
+    with pytest.raises(ModelDefinitionError, match=r"OSError: no such base\. Check the config's values"):
+        Stops().ensure_setup()
+
 
 def test_a_file_where_a_key_folder_belongs_is_a_registry_error(tmp_path):
     registry = rm.registry.open(str(tmp_path / "registry"))

@@ -296,3 +296,33 @@ def test_a_new_route_that_never_answers_is_taken_down(ray_session, monkeypatch):
         DigitsNet(config={"hidden": 8}).serve("/never", settings={"ray_actor_options": {"num_cpus": 0.25}})
     assert "never" not in serve.status().applications
     assert not storage.listdir(_driver.serve_folder("never"))
+
+
+class NeedsItsFile(TinyNet):
+    """A model whose ``setup`` reads a file: served once the file is gone, no replica can start."""
+
+    def setup(self, config):
+        Path(config["path"]).read_text()
+        super().setup(config)
+
+
+def test_a_replica_that_cannot_start_is_said_in_its_own_words_and_its_route_taken_down(ray_session, tmp_path):
+    """Serve says only "Failed to update the deployments [...]"; what the replicas raised is the error."""
+    from ray import serve
+
+    from raymodel._internal import storage
+    from raymodel.exceptions import ServeError
+    from raymodel.serve import _driver
+
+    needed = tmp_path / "needed.txt"
+    needed.write_text("read by setup")
+    model = NeedsItsFile(config={"path": str(needed)})
+    model.ensure_setup()  # here, the file is there
+    needed.unlink()
+    with pytest.raises(ServeError) as raised:
+        model.serve("/needs-its-file", settings={"ray_actor_options": {"num_cpus": 0.25}})
+    said = str(raised.value)
+    assert "its replicas failed to start: needs-its-file-model: " in said, said
+    assert f"FileNotFoundError: [Errno 2] No such file or directory: '{needed}'" in said, said
+    assert "needs-its-file" not in serve.status().applications  # its route is free again
+    assert not storage.listdir(_driver.serve_folder("needs-its-file"))

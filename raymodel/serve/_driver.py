@@ -12,6 +12,7 @@ from raymodel._internal.name_rules import route_app_name
 from raymodel.contract import training_server
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._declared import declare, forget
+from raymodel.serve._failures import replica_failures
 from raymodel.serve._rollout import Guard, Rollout, running_on, start_rollout
 from raymodel.serve._route_plan import _is_multiplexed, _plan, _routed_application
 from raymodel.serve._settings import ServeSettings, replica_needs, replica_options
@@ -237,7 +238,11 @@ class Servable:
             handle = serve.run(app, name=self.name, route_prefix=self.route, blocking=False)
         except Exception as exc:
             self._discard_written()
-            raise ServeError(f"Could not deploy `{self.info['class']}` at `{self.route}`: {exc}") from exc
+            failed = replica_failures(self.name)  # what a replica raised, not only Serve's summary
+            why = f"its replicas failed to start: {failed} (Serve: {exc})" if failed else str(exc)
+            if new:  # nothing half-deployed stays behind: a failed application would hold its route
+                serve.delete(self.name)
+            raise ServeError(f"Could not deploy `{self.info['class']}` at `{self.route}`: {why}") from exc
         # The application runs on the new checkpoint now: the ones it replaced are not needed any more.
         folder = serve_folder(self.name)
         for name in storage.listdir(folder):
