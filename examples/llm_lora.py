@@ -8,6 +8,9 @@ tokens). The adapter is registered (its bytes, and the fingerprint of the base i
 back, saved as peft's folder and merged into a plain model, and answers a prompt; then the key's
 versions are served with OpenAI's API and called with the `openai` client, streamed.
 
+The base is saved in ``./llm_lora_base``: the registered adapter's config names that folder, so
+``raymodel serve assistant@production --route /v1 --api openai`` serves it once this script has ended.
+
 python examples/llm_lora.py
 """
 
@@ -88,7 +91,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         base = Base()
         base.train({**two, "num_epochs": 30}, data={"text": LINES * 8})
-        folder = base.save_pretrained(Path(scratch) / "base")
+        # The base stays where the registered adapter's `setup` finds it (its config names the folder):
+        # `raymodel serve assistant@production --api openai` serves it after this script has ended.
+        folder = base.save_pretrained(Path("llm_lora_base").resolve())
+        print(f"the base: {folder}")
 
         assistant = Assistant(config={"base": folder})
         data = {"prompt": [p for p, _ in PAIRS] * 16, "completion": [c for _, c in PAIRS] * 16}
