@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -241,7 +242,8 @@ class Servable:
             failed = replica_failures(self.name)  # what a replica raised, not only Serve's summary
             why = f"its replicas failed to start: {failed} (Serve: {exc})" if failed else str(exc)
             if new:  # nothing half-deployed stays behind: a failed application would hold its route
-                serve.delete(self.name)
+                with contextlib.suppress(Exception):  # the deploy's own error is what to say
+                    serve.delete(self.name)
             raise ServeError(f"Could not deploy `{self.info['class']}` at `{self.route}`: {why}") from exc
         # The application runs on the new checkpoint now: the ones it replaced are not needed any more.
         folder = serve_folder(self.name)
