@@ -38,6 +38,7 @@ import requests
 from models import Recorder
 
 import raymodel as rm
+from raymodel.jobs._request import pool_kind
 
 TRIAL = {"resources_per_worker": {"CPU": 0.95}}
 CRASH_EPOCH = 3
@@ -97,6 +98,9 @@ class Case:
     tuned: Callable[[], Any] | None = None
     #: The trials' training settings.
     tune_train: dict[str, Any] = dataclasses.field(default_factory=lambda: {**TRIAL, "batch_size": 32})
+    #: The job the used-pool test runs in between on the case's pool, when not one of the case's own: another
+    #: backend's of the same pool kind (a Lightning job on workers that ran a torch job).
+    between: Callable[[], Any] | None = None
     #: Checks of `CHECKS` that do not apply to this backend: name -> why.
     not_applicable: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -229,10 +233,14 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
     def test_a_used_pool_trains_exactly_as_a_fresh_one(trained, tmp_path):
         case, model, result, data, _ = trained
         case.unless_not_applicable("used_pool")
-        (pool,) = [p for p in rm.jobs.pools() if p.backend == model.backend.name]
-        case.train(seed=11, progress=False)  # another job in between, on the same workers
+        kind = pool_kind(model.backend)
+        (pool,) = [p for p in rm.jobs.pools() if p.backend == kind]
+        if case.between is None:
+            case.train(seed=11, progress=False)  # another job in between, on the same workers
+        else:
+            case.between()  # another framework's job on the same workers
         again_model, again, _ = case.train(callbacks=[Recorder(str(tmp_path))], progress=False)
-        (used,) = [p for p in rm.jobs.pools() if p.backend == model.backend.name]
+        (used,) = [p for p in rm.jobs.pools() if p.backend == kind]
         assert used.id == pool.id and used.jobs_run == pool.jobs_run + 2, (pool, used)
         assert [row["epoch"] for row in again.history] == [row["epoch"] for row in result.history]
         for fresh_row, used_row in zip(result.history, again.history):

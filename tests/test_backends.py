@@ -19,6 +19,8 @@ import raymodel as rm
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
+import lightning_digits  # noqa: E402 - from examples/
+import torch_digits  # noqa: E402
 
 RL_EPOCHS, RL_MIN_RETURN = 5, 60.0  # a random policy: about 22; after 5 iterations, 120 measured
 
@@ -33,7 +35,7 @@ CASES = [
     ),
     # Lightning's `sync_dist` averages the 2 workers' means of their unequal halves of the validation
     # split (180 and 179 rows): 1 row's weight off the whole split's mean that scoring reports.
-    Case.example("lightning", "lightning_digits", scored_abs=0.005),
+    Case.example("lightning", "lightning_digits", scored_abs=0.005, between=lambda: digits_job()),
     Case.example("tensorflow", "keras_iris"),
     Case.example("xgboost", "xgboost_breast_cancer"),
     Case.example("lightgbm", "lightgbm_breast_cancer"),
@@ -72,9 +74,16 @@ CASES = [
         table=lambda rows: ray_data().from_items([{"text": t} for t in rows], override_num_blocks=6),
         set_up_on_driver=True,
         tune_train={**TRIAL, "batch_size": 16},  # each trial trains in its actor, as every case's does
+        between=lambda: lightning_digits.train(num_epochs=1, progress=False),
     ),
 ]
 install(globals(), CASES)
+
+
+def digits_job():
+    """The torch example, 2 epochs: between two Lightning jobs on their pool (torch's kind: both frameworks')."""
+    model, result, _ = torch_digits.train(num_epochs=2, progress=False)
+    assert [row["epoch"] for row in result.history] == [1, 2]
 
 
 def rl_train(model=None, **settings):

@@ -37,7 +37,11 @@ def test_warm_pools_parse_from_text_a_list_the_environment_and_auto(monkeypatch)
     class Tagger(rm.RayTransformersModel):
         pass
 
-    # the backends of the classes defined, in order (RLlib's has no pool), as many as the CPUs hold
+    class Lit(rm.RayLightningModel):
+        pass
+
+    # the backends of the classes defined, in order (RLlib's has no pool), as many as the CPUs hold; Lightning's
+    # jobs take transformers' pool (torch's kind): no second pool for it
     assert parse_warm("auto", cpus=8) == (("xgboost", 2), ("transformers", 2))
     assert parse_warm("auto", cpus=3) == (("xgboost", 2), ("transformers", 1))
     monkeypatch.setattr(_table, "_DEFINED", {})
@@ -51,6 +55,41 @@ def test_warm_pools_parse_from_text_a_list_the_environment_and_auto(monkeypatch)
     assert parse_warm(None, cpus=4) == (("lightgbm", 2),)
     monkeypatch.delenv("RAYMODEL_WARM")
     assert parse_warm(None, cpus=2) == (("torch", 2),)  # unset: auto
+
+
+def test_torch_lightning_and_transformers_jobs_share_pools_of_torchs_kind_and_no_other_does():
+    """A job's pool key names the kind of worker group it runs on: torch's for torch, Lightning and
+    transformers (the same trainer, process group and collective), so a warm `torch:2` pool takes a
+    Lightning job; `torch:2,lightning:2` is one pool whose workers import what each one's first job would."""
+    from ray.train import ScalingConfig
+
+    from raymodel.contract import backends
+    from raymodel.jobs._request import pool_kind
+    from raymodel.jobs._warm import cpus_needed, warm_pool, warm_pools
+
+    kinds: dict[str, list] = {}
+    for backend in backends():
+        if backend.on_ray_train:
+            kinds.setdefault(pool_kind(backend), []).append(backend)
+    assert sorted(b.name for b in kinds["torch"]) == ["lightning", "torch", "transformers"]
+    assert all([b.name] == [m.name for m in kinds[b.name]] for b in backends() if b.name in kinds and b.name != "torch")
+    for members in kinds.values():  # what a pool's run is made of is the same for each backend of its kind
+        made = set()
+        for b in members:
+            trainer, options = b.own_trainer(ScalingConfig(num_workers=2)) or (b.trainer, b.trainer_options())
+            made.add((trainer, tuple(sorted((k, type(v).__name__) for k, v in options.items())), b.native_collective))
+        assert len(made) == 1, (members, made)
+
+    keys = {name: warm_pool(name, 2)[0]["key"] for name in ("torch", "lightning", "transformers", "xgboost")}
+    assert keys == {
+        **dict.fromkeys(("torch", "lightning", "transformers"), "torch/2x[CPU=1]"),
+        "xgboost": "xgboost/2x[CPU=1]",
+    }
+    ((spec, needs),) = warm_pools([("torch", 2), ("lightning", 2)]).values()
+    assert spec["names"] == ("torch", "lightning") and needs == {"CPU": 2.0}
+    assert "raymodel.backends._torch.loop" in spec["imports"] and "raymodel.backends.lightning._loop" in spec["imports"]
+    assert cpus_needed([("torch", 2), ("lightning", 2), ("transformers", 2)]) == 2.0
+    assert cpus_needed([("torch", 1), ("lightning", 2)]) == 3.0
 
 
 @pytest.mark.parametrize(

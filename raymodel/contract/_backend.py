@@ -54,6 +54,9 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     worker_imports: ClassVar[tuple[str, ...]] = ()
     #: Modules the server's next job runner imports ahead, past ``imports`` (what setting a model up imports).
     runner_imports: ClassVar[tuple[str, ...]] = ()
+    #: The pools its jobs share with other backends' (the same trainer, process group and collective: torch's
+    #: is Lightning's and transformers'); ``""``: its own ``name`` (``jobs/_request.py``'s ``pool_kind``).
+    pool_family: ClassVar[str] = ""
     #: Distribution names whose versions are recorded in checkpoints.
     packages: ClassVar[tuple[str, ...]] = ()
     #: The Ray Train V2 trainer class, ``"module.Class"`` (``""``: runs are not Ray Train's; ``make_run``'s).
@@ -265,11 +268,8 @@ class WorkerLoop:
 
     # ---------------------------------------------------------------- state
     def get_state(self) -> dict[str, Any]:
-        """The training state to checkpoint: the model's, plus optimizers and the like.
-
-        Called on every worker when a checkpoint is due (a framework may save
-        collectively); rank 0's is written.
-        """
+        """The training state to checkpoint: the model's, plus optimizers and the like. Called on every worker
+        when a checkpoint is due (a framework may save collectively); rank 0's is written."""
         return self.model.backend.get_state(self.model)
 
     def set_state(self, state: dict[str, Any]) -> None:

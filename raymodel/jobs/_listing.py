@@ -19,7 +19,8 @@ class Pool:
     Attributes:
         id: The pool's id (its Ray Train run's name).
         key: What its workers are: backend, number of workers, resources of each.
-        backend: The backend whose trainer runs it (``"torch"``, ...).
+        backend: The kind of backend whose jobs it runs (``"torch"``: torch's, Lightning's and transformers',
+            whose runs are the same worker group; ``"xgboost"``, ...).
         num_workers: Its workers.
         resources: What it holds in all (e.g. ``{"CPU": 2.0}``).
         state: ``"busy"`` (running a job), ``"idle"``, ``"starting"`` (a warm pool whose workers
@@ -86,10 +87,14 @@ def wait_warm(specs: Sequence[tuple[str, int]], timeout_s: float = 600.0) -> flo
     """Wait until the server holds a ready warm pool of each ``(backend, workers)`` in ``specs`` (one
     that a job has already taken counts); the seconds waited. A ``RayModelError`` names those not ready
     after ``timeout_s`` (the server keeps warming them: ``raymodel server status`` shows them)."""
+    from raymodel.jobs._request import pool_kind
+    from raymodel.jobs._warm import pool_backends
+
+    kinds = {b: pool_kind(pool_backends()[b]) for b, _ in specs}  # lightning:2 is a pool of torch's kind
     began = time.monotonic()
     while True:
         held = [p for p in pools() if p.warm and p.state in ("idle", "busy")]
-        missing = [(b, n) for b, n in specs if not any(p.backend == b and p.num_workers == n for p in held)]
+        missing = [(b, n) for b, n in specs if not any(p.backend == kinds[b] and p.num_workers == n for p in held)]
         waited = time.monotonic() - began
         if not missing:
             return waited

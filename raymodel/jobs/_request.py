@@ -17,10 +17,31 @@ from raymodel.jobs import _store
 from raymodel.train import TrainSettings, initial_state, worker_resources
 
 
-def pool_key(backend: str, num_workers: int, resources: dict[str, float]) -> str:
+def pool_key(kind: str, num_workers: int, resources: dict[str, float]) -> str:
     """What a job's workers need, as one string: jobs with the same key share a pool."""
     shown = ",".join(f"{k}={v:g}" for k, v in sorted(resources.items()))
-    return f"{backend}/{num_workers}x[{shown}]"
+    return f"{kind}/{num_workers}x[{shown}]"
+
+
+def pool_kind(backend: Any) -> str:
+    """The pools ``backend``'s jobs run on: its ``pool_family`` (``"torch"`` for torch, Lightning and
+    transformers, whose runs are the same worker group, process group and collective), or its own name."""
+    return backend.pool_family or backend.name
+
+
+def pool_spec(backend: Any, settings: TrainSettings, per_worker: dict[str, float]) -> dict[str, Any]:
+    """What the server starts a pool for a job of ``backend`` and ``settings`` from (its key first)."""
+    return {
+        "key": pool_key(pool_kind(backend), settings.max_workers, per_worker),
+        "backend": serialization.dumps(backend, type(backend)),
+        "backend_name": backend.name,
+        "kind": pool_kind(backend),
+        "names": (backend.name,),  # the backends it was started for (warm: each named); `imports`: what they import
+        "imports": tuple(backend.worker_imports),
+        "num_workers": settings.num_workers,
+        "per_worker": per_worker,
+        "use_gpu": settings.use_gpu,
+    }
 
 
 def train_request(
@@ -85,14 +106,7 @@ def train_request(
     backend = model.backend
     # Else the job's runner runs it (RLlib: in an actor of its own; a release: one-off runs, then its scoring).
     if settings.on_pool and backend.on_ray_train and kind == "train":
-        request["pool"] = {
-            "key": pool_key(backend.name, settings.max_workers, per_worker),
-            "backend": serialization.dumps(backend, type(backend)),
-            "backend_name": backend.name,
-            "num_workers": settings.num_workers,
-            "per_worker": per_worker,
-            "use_gpu": settings.use_gpu,
-        }
+        request["pool"] = pool_spec(backend, settings, per_worker)
     return serialization.dumps(payload, type(model), *settings.callbacks), request
 
 

@@ -4,7 +4,8 @@
 ``RAYMODEL_WARM``) names a backend and a number of workers for each pool. The
 server starts them in the background once it is up, each as a job of that
 backend with default placement would (``TrainSettings(num_workers=n)``: one CPU
-per worker): a job with those settings takes the pool, ready or still starting,
+per worker): a job with those settings, of that backend or another of its pool
+kind (torch's: Lightning, transformers), takes the pool, ready or still starting,
 instead of starting one of its own. A warm pool does not end for being idle; it
 ends when other work needs its resources, and starts again once the server has
 had no job and the cluster room for it for a while (``jobs/_pools/keeper.py``).
@@ -82,6 +83,7 @@ def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
     process has defined (none for RLlib's: it has no pool), or for torch where it has defined none and
     torch is installed; as many as the cluster's CPUs hold."""
     from raymodel.contract import defined_backends
+    from raymodel.jobs._request import pool_kind
 
     poolable = pool_backends()
     names = [n for n in defined_backends() if n in poolable]
@@ -89,9 +91,13 @@ def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
         names = ["torch"]
     out: list[WarmSpec] = []
     left = int(cpus)
+    kinds: set[str] = set()
     for name in names:
         if left < 1:
             break
+        if pool_kind(poolable[name]) in kinds:  # Lightning's after torch's: one pool takes the jobs of both
+            continue
+        kinds.add(pool_kind(poolable[name]))
         out.append((name, min(2, left)))
         left -= out[-1][1]
     return tuple(out)
@@ -100,22 +106,26 @@ def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
 def warm_pool(name: str, workers: int) -> tuple[dict[str, Any], dict[str, float]]:
     """``(pool spec, needs)`` of a warm pool: what a job of backend ``name`` with
     ``TrainSettings(num_workers=workers)`` asks for (``jobs/_request.py``), so that such a job takes it."""
-    from raymodel._internal import serialization
-    from raymodel.jobs._request import pool_key
+    from raymodel.jobs._request import pool_spec
     from raymodel.train import TrainSettings, worker_resources
 
     backend = pool_backends()[name]
     settings = TrainSettings(num_workers=workers)
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
-    spec = {
-        "key": pool_key(name, settings.max_workers, per_worker),
-        "backend": serialization.dumps(backend, type(backend)),
-        "backend_name": name,
-        "num_workers": workers,
-        "per_worker": per_worker,
-        "use_gpu": False,
-    }
-    return spec, dict(backend.run_needs(settings))
+    return pool_spec(backend, settings, per_worker), dict(backend.run_needs(settings))
+
+
+def warm_pools(specs: Sequence[WarmSpec]) -> dict[str, tuple[dict[str, Any], dict[str, float]]]:
+    """``{pool key: (pool spec, needs)}`` of ``specs``: ``torch:2,lightning:2`` is one pool (torch's kind),
+    whose workers import what a first job of each would."""
+    out: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
+    for name, workers in specs:
+        spec, needs = warm_pool(name, int(workers))
+        if spec["key"] in out:
+            earlier = out[spec["key"]][0]
+            spec = {**spec, **{k: tuple(dict.fromkeys((*earlier[k], *spec[k]))) for k in ("imports", "names")}}
+        out[spec["key"]] = (spec, needs)
+    return out
 
 
 def runner_imports(names: Sequence[str]) -> tuple[str, ...]:
@@ -128,8 +138,9 @@ def runner_imports(names: Sequence[str]) -> tuple[str, ...]:
 
 
 def cpus_needed(specs: Sequence[WarmSpec]) -> float:
-    """The CPUs the warm pools of ``specs`` hold together, once all are started."""
-    return sum(warm_pool(name, workers)[1].get("CPU", 0.0) for name, workers in specs)
+    """The CPUs the warm pools of ``specs`` hold together, once all are started (``torch:2,lightning:2``:
+    one pool, which takes the jobs of both)."""
+    return sum(needs.get("CPU", 0.0) for _, needs in warm_pools(specs).values())
 
 
 def shown(specs: Sequence[WarmSpec]) -> str:

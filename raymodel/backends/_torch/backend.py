@@ -24,6 +24,7 @@ class TorchBackend(Backend):
     extra = "torch"
     imports: ClassVar[tuple[str, ...]] = ("torch",)
     worker_imports: ClassVar[tuple[str, ...]] = ("raymodel.backends._torch.loop", "torch._dynamo")  # 1st optimizer
+    pool_family = "torch"  # Lightning's and transformers' runs are this one's worker group: their jobs share pools
     packages: ClassVar[tuple[str, ...]] = ("torch",)
     trainer = "ray.train.torch.TorchTrainer"
     accepts: ClassVar[tuple[str, ...]] = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")

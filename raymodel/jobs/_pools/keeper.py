@@ -65,13 +65,10 @@ class PoolKeeper(ServerState):
     def warm(self, specs: list[tuple[str, int]]) -> list[str]:
         """Keep a pool of each ``(backend, workers)`` warm from now on (``jobs/_warm.py``; ``[]``: none):
         those not running start now, in the background. Returns the ids of the pools started."""
-        from raymodel.jobs._warm import warm_pool
+        from raymodel.jobs._warm import warm_pools
 
         with self.lock:
-            self.warm_pools = {}
-            for name, workers in specs:
-                spec, needs = warm_pool(name, int(workers))
-                self.warm_pools[spec["key"]] = (spec, needs)
+            self.warm_pools = warm_pools(specs)
             for pool in self.pools.values():
                 pool["warm"] = pool["key"] in self.warm_pools
             if self.spare is not None:  # the next job's runner imports their frameworks meanwhile
@@ -82,7 +79,7 @@ class PoolKeeper(ServerState):
     def _start_pool(self, record: dict[str, Any]) -> str:
         spec = self.extras[record["id"]]["pool"]
         pool_id = self._new_pool(spec, record["needs"], job_id=record["id"])
-        self._log(record["id"], f"starting pool {pool_id} of {spec['num_workers']} {spec['backend_name']} worker(s)")
+        self._log(record["id"], f"starting pool {pool_id} of {spec['num_workers']} {_kind(spec)} worker(s)")
         return pool_id
 
     def _new_pool(self, spec: dict[str, Any], needs: dict[str, float], job_id: str | None) -> str:
@@ -93,7 +90,9 @@ class PoolKeeper(ServerState):
         actor: Any = (  # an actor handle: its methods' `.remote` are made at run time
             ray.remote(num_cpus=0)(PoolActor)
             .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id, scheduling_strategy=cluster.on_this_node())
-            .remote(pool_id, spec["backend"], spec["num_workers"], spec["per_worker"], spec["use_gpu"])
+            .remote(
+                pool_id, spec["backend"], spec["num_workers"], spec["per_worker"], spec["use_gpu"], spec.get("imports")
+            )
         )
         actor.start.remote()
         self.pool_actors[pool_id] = actor
@@ -103,7 +102,7 @@ class PoolKeeper(ServerState):
         self.pools[pool_id] = {
             "id": pool_id,
             "key": spec["key"],
-            "backend": spec["backend_name"],
+            "backend": _kind(spec),
             "num_workers": spec["num_workers"],
             "needs": dict(needs),
             "state": "starting" if job_id else "idle",
@@ -145,7 +144,7 @@ class PoolKeeper(ServerState):
                 continue
             available = {k: available.get(k, 0.0) - needs.get(k, 0.0) for k in set(available) | set(needs)}
             pool_id = self._new_pool(spec, needs, job_id=None)
-            print(f"warming pool {pool_id} of {spec['num_workers']} {spec['backend_name']} worker(s)", flush=True)
+            print(f"warming pool {pool_id} of {spec['num_workers']} {_kind(spec)} worker(s)", flush=True)
             started.append(pool_id)
         self._warmed = time.monotonic()
         return started
@@ -276,3 +275,8 @@ def pending_groups() -> list[tuple[list[dict[str, float]], int]]:
         size = len(table.get(group.pg_id or "", {}).get("bundles") or {}) or len(waiting)
         out.append((waiting, max(size, len(waiting))))
     return out
+
+
+def _kind(spec: dict[str, Any]) -> str:
+    """The pool's kind (``jobs/_request.py``'s ``pool_kind``); a job recorded before kinds, its backend."""
+    return spec.get("kind") or spec["backend_name"]

@@ -1,14 +1,13 @@
 """Pools: resident worker groups of the training server, which run jobs one after another.
 
-A pool is one long-lived Ray Train run (``raymodel/train/_ray_train_run.py``: the
-backend's own trainer, ``TorchTrainer``, ``XGBoostTrainer``, ...), started by a ``PoolActor``. Its
-``train_loop_per_worker`` (``pool_worker``) takes the pool's jobs one at a time
-and runs each through the same ``WorkerRun`` lifecycle as a one-off run, placed
-by a ``PoolSession``: checkpoints go to the job's own storage (rank 0 uploads
-them, a manifest last, and applies ``keep_checkpoints``), rows go to the
-server (and to the job's hub, for a blocking call's progress or a Tune trial),
-and the newest complete checkpoint in the job's storage is where a restarted
-worker group resumes.
+A pool is one long-lived Ray Train run (``raymodel/train/_ray_train_run.py``: the backend's own trainer,
+``TorchTrainer``, ``XGBoostTrainer``, ...), started by a ``PoolActor``. Its ``train_loop_per_worker``
+(``pool_worker``) takes the pool's jobs one at a time (of any backend of its kind: torch's pools run
+Lightning's and transformers' jobs too) and runs each through the same ``WorkerRun`` lifecycle as a
+one-off run, with the job's own backend, placed by a ``PoolSession``: checkpoints go to the job's own
+storage (rank 0 uploads them, a manifest last, and applies ``keep_checkpoints``), rows go to the server
+(and to the job's hub, for a blocking call's progress or a Tune trial), and the newest complete
+checkpoint in the job's storage is where a restarted worker group resumes.
 
 Faults: a worker that dies makes Ray Train restart the pool's worker group
 (the pool's ``FailureConfig`` retries forever); the new workers take the same
@@ -42,9 +41,18 @@ _FAILURE_GRACE_S = 1.5
 class PoolActor:
     """Starts a pool's Ray Train run and hands its workers one job at a time."""
 
-    def __init__(self, pool_id: str, backend: bytes, num_workers: int, per_worker: dict[str, float], use_gpu: bool):
+    def __init__(
+        self,
+        pool_id: str,
+        backend: bytes,
+        num_workers: int,
+        per_worker: dict[str, float],
+        use_gpu: bool,
+        imports: tuple[str, ...] | None = None,
+    ):
         self.pool_id = pool_id
-        self.backend = serialization.loads(backend)
+        self.backend = serialization.loads(backend)  # the first job's, or a warm pool's (of its kind: its trainer)
+        self.imports = self.backend.worker_imports if imports is None else tuple(imports)
         self.num_workers, self.per_worker, self.use_gpu = num_workers, per_worker, use_gpu
         self.cond = threading.Condition()
         self.job: dict[str, Any] | None = None
@@ -80,7 +88,7 @@ class PoolActor:
             name=self.pool_id,
             storage=locations.home_path("pools"),  # Ray Train's own files: no job writes here
             loop=pool_worker,
-            loop_config={"pool": me, "gather_hub": self.gather_hub, "imports": self.backend.worker_imports},
+            loop_config={"pool": me, "gather_hub": self.gather_hub, "imports": self.imports},
             num_workers=self.num_workers,
             use_gpu=self.use_gpu,
             resources_per_worker=resources or None,

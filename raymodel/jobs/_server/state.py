@@ -51,7 +51,7 @@ class ServerState:
         """The modules a job on one of the warm pools imports (its runner imports them ahead)."""
         from raymodel.jobs._warm import runner_imports
 
-        return runner_imports([spec["backend_name"] for spec, _ in self.warm_pools.values()])
+        return runner_imports([name for spec, _ in self.warm_pools.values() for name in spec["names"]])
 
     def ended(self) -> list[Any]:
         """The watched calls that have ended (a job's, a pool's end or readiness), without waiting."""
