@@ -19,7 +19,8 @@ Two situations, the sides in turns, medians of ``--reps``:
   its warm pool is ready; none for RLlib) against ``ray start --head``; then new processes, one after
   another, each joining it and running the same job. Before that, for a backend with a pool: one
   process launched as soon as a plain ``raymodel server start --warm <backend>:2`` returns (its pool
-  still starting), on a server of its own.
+  still starting), on a server of its own. ``--server-warm auto``: the servers warm what a plain
+  ``raymodel server start`` does (torch's pool, which a transformers job takes too).
 
 Then, in one process joined to the torch server: a warm job's wall (``train(wait=False)`` to
 ``job.wait()``) and its first row, p50 and p95 of ``--warm-jobs``.
@@ -236,14 +237,14 @@ def nothing_running(backends: list[str], reps: int, env: dict[str, str]) -> dict
     return runs
 
 
-def with_server(backend: str, processes: int, env: dict[str, str]) -> dict[str, object]:
-    """``raymodel server start --warm`` then ``processes`` raymodel processes; ``ray start --head`` then as
-    many hand-written ones."""
+def with_server(backend: str, processes: int, env: dict[str, str], warm: str = "") -> dict[str, object]:
+    """``raymodel server start --warm`` (``warm``, else the backend's own pool) then ``processes`` raymodel
+    processes; ``ray start --head`` then as many hand-written ones."""
     raymodel = str(Path(sys.executable).with_name("raymodel"))
     ray = str(Path(sys.executable).with_name("ray"))
     _no_ray_left()
-    warm = "none" if backend == "rllib" else f"{backend}:2"
-    out: dict[str, object] = {}
+    warm = warm or ("none" if backend == "rllib" else f"{backend}:2")
+    out: dict[str, object] = {"warm_spec": warm}
     if warm != "none":  # a process launched as a start that does not wait returns: its pool still starting
         out["plain_start"] = _cli([raymodel, "server", "start", "--warm", warm], env)
         try:
@@ -274,6 +275,12 @@ def main() -> None:
     parser.add_argument("--warm-jobs", type=int, default=20)
     parser.add_argument("--only", default=",".join(BACKENDS))
     parser.add_argument("--phases", default="cold,server", help="cold (nothing running), server, or both")
+    parser.add_argument(
+        "--server-warm",
+        default="",
+        help="the servers' --warm (default: the backend's own pool, BACKEND:2; `auto`: what a plain "
+        "`raymodel server start` warms, torch's pool, which takes Lightning's and transformers' jobs too)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -287,7 +294,7 @@ def main() -> None:
     runs = nothing_running(backends, args.reps, env) if "cold" in phases else {}
     servers = {}
     for backend in backends if "server" in phases else ():
-        servers[backend] = with_server(backend, args.processes, env)
+        servers[backend] = with_server(backend, args.processes, env, args.server_warm)
         print(f"  server for {backend} done", flush=True)
     if runs:
         report_cold(backends, runs)
@@ -329,6 +336,7 @@ def report_servers(servers: dict[str, dict[str, object]], warm_jobs: int) -> Non
     for backend, out in servers.items():
         rm_walls = [r["wall"] for r in out["rm"]]  # type: ignore[union-attr]
         hand_walls = [r["wall"] for r in out["hand"]]  # type: ignore[union-attr]
+        print(f"{backend:>13}: warm pools `--warm {out['warm_spec']}`")
         if "at_start" in out:
             print(f"{backend:>13}: `raymodel server start` (not waiting) {out['plain_start']:.1f} s, then a process "
                   f"at once {out['at_start']['wall']:.1f} s (its warm pool still starting)")  # type: ignore[index]  # fmt: skip

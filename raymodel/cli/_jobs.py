@@ -52,7 +52,7 @@ def add_commands(sub: Any) -> None:
         "--warm",
         default=None,
         help="pools to start at once and keep warm, BACKEND:WORKERS[,...] (e.g. torch:2,lightning:1; 'none'); "
-        "default: RAYMODEL_WARM, else 'auto' (torch:2 where torch is installed)",
+        "default: RAYMODEL_WARM, else 'auto' (torch:2 where torch is installed: Lightning's and transformers' too)",
     )
     start.add_argument(
         "--wait",

@@ -99,7 +99,8 @@ def init(
             ``"none"``, or ``"auto"``: 2 workers for the backend of each model
             class this process has defined (torch's where none). A job
             with that backend and ``num_workers`` (default placement) takes the
-            pool, ready or still starting. Default: ``RAYMODEL_WARM``, else
+            pool, ready or still starting; a pool of torch's takes Lightning
+            and transformers jobs too (one kind of worker group). Default: ``RAYMODEL_WARM``, else
             ``"auto"`` for a local instance started here; a cluster joined
             keeps what its server was given.
         **ray_init_kwargs: Passed to ``ray.init`` (e.g. ``num_cpus=2``).

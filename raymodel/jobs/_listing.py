@@ -18,7 +18,7 @@ class Pool:
 
     Attributes:
         id: The pool's id (its Ray Train run's name).
-        key: What its workers are: backend, number of workers, resources of each.
+        key: What its workers are: the kind of backend (``backend``), number of workers, resources of each.
         backend: The kind of backend whose jobs it runs (``"torch"``: torch's, Lightning's and transformers',
             whose runs are the same worker group; ``"xgboost"``, ...).
         num_workers: Its workers.
