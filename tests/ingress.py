@@ -66,15 +66,20 @@ def serve_once(port: int) -> dict:
     server = json.loads(Path(os.environ["RAYMODEL_SERVER_FILE"]).read_text())
     folder = server["haproxy_dir"]
     # Serve reloads HAProxy when a route changes: the process it replaces lingers a moment with its
-    # listeners closed. Read the processes and their sockets until the new one answers for them.
+    # listeners closed. Read the processes and their sockets until the new one answers for them. Serve
+    # also writes each new config before it runs the HAProxy (raymodel's script) that rewrites and reads
+    # it: a config read between the two still says Ray's `mode 666` (clean-clone run 44). Read it until it
+    # is the one HAProxy runs with; the admin socket's own mode says what HAProxy made of it.
     deadline = time.monotonic() + 30
     while True:
         pids = set(haproxy_processes(folder))
         sockets = listening(pids)
-        if sockets or time.monotonic() > deadline:
+        config = next(Path(folder).glob("*/haproxy.cfg")).read_text()
+        rewritten = " mode 666 " not in config
+        if sockets and rewritten or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    config = next(Path(folder).glob("*/haproxy.cfg")).read_text()
+    socket_modes = [oct(stat.S_IMODE(os.stat(path).st_mode)) for path in Path(folder).glob("*/admin.sock")]
     ray.shutdown()
     return {
         "status": answer.status_code,
@@ -84,6 +89,7 @@ def serve_once(port: int) -> dict:
         "haproxy": sorted(pids),
         "listening": sockets,
         "stats_socket": [line.strip() for line in config.splitlines() if "stats socket" in line],
+        "socket_modes": socket_modes,
         # Serve's fallback proxy: where HAProxy sends the requests of a replica it marked down
         "fallback": [line.strip() for line in config.splitlines() if line.strip().endswith(" check backup")],
     }

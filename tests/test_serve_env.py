@@ -115,7 +115,8 @@ def test_the_ingress_listens_where_the_routes_do_and_ends_with_the_server(lane):
     assert first["haproxy"] and first["listening"], first
     assert all(address.startswith("127.0.0.1:") for address in first["listening"]), first["listening"]
     assert f"127.0.0.1:{result['http']}" in first["listening"]
-    assert first["folder_mode"] == "0o700" and all("mode 600 level admin" in s for s in first["stats_socket"])
+    assert first["folder_mode"] == "0o700" and first["socket_modes"] == ["0o600"], first
+    assert first["stats_socket"] and all("mode 600 level admin" in s for s in first["stats_socket"]), first
     # its own fallback proxy, not Ray's fixed 8500 (another instance's, on a machine of two)
     assert first["fallback"] and not any(line.endswith(":8500 check backup") for line in first["fallback"]), first
     assert after == {"haproxy": [], "port": ""}, after  # no HAProxy outlives the server, the port is free
