@@ -263,9 +263,11 @@ def test_declared_schemas_validate_requests_and_publish_openapi(ray_session, dig
 
 
 def test_an_outside_load_generator_gets_only_good_answers(served, digits):
-    """`wrk` (not our client): 8 keep-alive connections for 4 s, every answer a 2xx within wrk's 10-s
-    timeout (a timeout is a socket error), batches formed. Latency is benchmarks/model_server.py's to
-    measure: on a loaded 2-core CI machine this test's p99 reached 2.0 s with every answer good."""
+    """`wrk` (not our client): 8 keep-alive connections, rounds of 4 s until at least 100 answers, every
+    answer a 2xx within wrk's 10-s timeout (a timeout is a socket error), batches formed. Latency and
+    throughput are benchmarks/model_server.py's to measure: on a loaded 2-core CI machine this test's p99
+    reached 2.0 s with every answer good, and one round got 27 answers (clean-clone run 46: the replica, a
+    Ray worker at nice 15, beside the busy processes of the other session)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from loadgen import available, wrk
 
@@ -273,9 +275,14 @@ def test_an_outside_load_generator_gets_only_good_answers(served, digits):
         pytest.fail("wrk is not installed: `make tools` installs it (`apt-get install wrk`)")
     model, app = served
     X, _ = digits
-    figures = wrk(app.url, {"pixels": X[:1].tolist()}, connections=8, seconds=4)
-    assert figures["non_2xx"] == 0 and figures["socket_errors"] == 0, figures  # wrk's timeouts included
-    assert figures["requests"] >= 100, figures
+    answered = 0
+    for _ in range(6):
+        figures = wrk(app.url, {"pixels": X[:1].tolist()}, connections=8, seconds=4)
+        assert figures["non_2xx"] == 0 and figures["socket_errors"] == 0, figures  # wrk's timeouts included
+        answered += figures["requests"]
+        if answered >= 100:
+            break
+    assert answered >= 100, figures
     info = requests.get(app.url + "/info", timeout=30).json()  # the last 1000 batches: wrk's, nearly all
     assert info["mean_batch_size"] > 1.5, info  # 8 concurrent clients: requests were batched
 
