@@ -31,11 +31,11 @@ def pool_kind(backend: Any) -> str:
 
 def pool_spec(backend: Any, settings: TrainSettings, per_worker: dict[str, float]) -> dict[str, Any]:
     """What the server starts a pool for a job of ``backend`` and ``settings`` from (its key first)."""
+    kind = pool_kind(backend)
     return {
-        "key": pool_key(pool_kind(backend), settings.max_workers, per_worker),
+        "key": pool_key(kind, settings.max_workers, per_worker),
         "backend": serialization.dumps(backend, type(backend)),
-        "backend_name": backend.name,
-        "kind": pool_kind(backend),
+        "kind": kind,
         "names": (backend.name,),  # the backends it was started for (warm: each named); `imports`: what they import
         "imports": tuple(backend.worker_imports),
         "num_workers": settings.num_workers,

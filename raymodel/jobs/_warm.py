@@ -95,9 +95,10 @@ def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
     for name in names:
         if left < 1:
             break
-        if pool_kind(poolable[name]) in kinds:  # Lightning's after torch's: one pool takes the jobs of both
+        kind = pool_kind(poolable[name])
+        if kind in kinds:  # Lightning's after torch's: one pool takes the jobs of both
             continue
-        kinds.add(pool_kind(poolable[name]))
+        kinds.add(kind)
         out.append((name, min(2, left)))
         left -= out[-1][1]
     return tuple(out)

@@ -278,5 +278,5 @@ def pending_groups() -> list[tuple[list[dict[str, float]], int]]:
 
 
 def _kind(spec: dict[str, Any]) -> str:
-    """The pool's kind (``jobs/_request.py``'s ``pool_kind``); a job recorded before kinds, its backend."""
+    """The pool's kind (``jobs/_request.py``'s ``pool_kind``); a job recorded before kinds: its backend's name."""
     return spec.get("kind") or spec["backend_name"]
