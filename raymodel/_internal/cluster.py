@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, MutableMapping
 
 from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
+from raymodel._internal.ray_start import dashboard_beside_raylet
 from raymodel.exceptions import RayModelError
 
 _QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
@@ -104,7 +105,8 @@ def init(
 ) -> bool:
     """Start a local Ray instance, or join a cluster, unless Ray is already running: ``rm.init``
     (``raymodel.jobs.init``) without the training server's settings; its docstring says what each
-    argument does. A local instance started here keeps Ray's dashboard (Train V2 needs its state API).
+    argument does. A local instance started here keeps Ray's dashboard (Train V2 needs its state API),
+    started beside its raylet rather than before it (``ray_start``).
     Returns whether it started a local instance."""
     import ray
 
@@ -142,13 +144,15 @@ def init(
             _enable_token_auth()
 
     kwargs.update(ray_init_kwargs)
-    ray.init(**kwargs)
+    local = kwargs.get("address") == "local"
+    with dashboard_beside_raylet() if local else contextlib.nullcontext():
+        ray.init(**kwargs)
     quiet(verbose)
     _EXIT.logs_to_driver = bool(kwargs["log_to_driver"])
     if not _EXIT.registered:  # after Ray's own hook (registered at its import): atexit runs this first
         atexit.register(_exit_quickly)
         _EXIT.registered = True
-    return kwargs.get("address") == "local"
+    return local
 
 
 class _Exit:

@@ -1,6 +1,7 @@
 """``raymodel server start|stop|status`` and ``raymodel jobs list|show|logs|stop|wait|update``.
 
-``server start`` runs a persistent local Ray head (``ray start --head``) plus
+``server start`` runs a persistent local Ray head (``ray start --head``, its dashboard started beside its
+raylet: ``raymodel/_internal/ray_start.py``) plus
 the training server, and writes where it is to ``$RAYMODEL_SERVER_FILE``
 (default ``~/.raymodel/server.json``); ``rm.init()`` and the ``jobs``
 commands in any process then attach to it (``RAY_ADDRESS`` overrides).
@@ -141,10 +142,11 @@ def _server_start(args: argparse.Namespace) -> None:
             f"`--wait`: the warm pools {shown_warm(warm)} hold {needed:g} CPUs together and this head "
             f"offers {_cpus(args):g}, so they can never all be ready: warm fewer workers, or leave out `--wait`."
         )
-    ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
     temp_dir = f"/tmp/rms-{args.port}"  # short: Ray's socket paths must fit in 107 bytes
-    cmd = [
-        ray_bin,
+    cmd = [  # `ray start`, its dashboard started beside its raylet (raymodel/_internal/ray_start.py)
+        sys.executable,
+        "-m",
+        "raymodel._internal.ray_start",
         "start",
         "--head",
         "--port",

@@ -86,6 +86,7 @@ class PoolKeeper(ServerState):
         """Start a pool of ``spec`` for the job ``job_id`` (``None``: a warm pool, idle until a job takes it)."""
         from raymodel.jobs._pools.pool import PoolActor
 
+        _coordinator_ahead()
         pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"
         actor: Any = (  # an actor handle: its methods' `.remote` are made at run time
             ray.remote(num_cpus=0)(PoolActor)
@@ -233,6 +234,34 @@ class PoolKeeper(ServerState):
         # pool that ends when nobody asked it to (its run failed, its process died) says what ended it.
         because = pool.get("ended_because") if pool is not None else None
         print(f"pool {pool_id} ended: {because if because and why == 'ended' else why}", flush=True)
+
+
+_COORDINATOR_ASKED = threading.Event()
+
+
+def _coordinator_ahead() -> None:
+    """Ask for Ray Data's autoscaling coordinator, once per server, as its first pool starts.
+
+    The controller of a Ray Train V2 run makes it (a detached actor, once per Ray instance, on the
+    controller's node: this one) and waits for it while it is constructed: a process that imports Ray
+    Data, 1-2 s on the critical path of the first pool of a Ray instance, after the pool's actor and
+    the controller's own start. Asked for here, it starts beside them, and the controller finds it made.
+    Ray's own function makes it, with Ray's own name and options; where it cannot, the controller does."""
+    if _COORDINATOR_ASKED.is_set():
+        return
+    _COORDINATOR_ASKED.set()
+
+    def make() -> None:
+        try:
+            from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+                get_or_create_autoscaling_coordinator,
+            )
+
+            get_or_create_autoscaling_coordinator()
+        except Exception:  # noqa: BLE001 - the run's controller makes it, as without this
+            pass
+
+    threading.Thread(target=make, name="raymodel-autoscaling-coordinator", daemon=True).start()
 
 
 def _demand() -> Any:
