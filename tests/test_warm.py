@@ -341,12 +341,20 @@ def test_what_a_pools_workers_import_ahead_exists():
 
 #: A hook registered before ``rm.init`` runs after raymodel's exit hook (``atexit`` runs the last registered
 #: first) and before Ray's own (registered when ``ray`` was imported, earlier still): it sees what
-#: raymodel's hook left.
+#: raymodel's hook left, and the order in which Ray's node (of an instance started here) ended its processes.
 _AT_EXIT = """
 import atexit, gc, json, sys
 import ray
+from ray._private.node import Node
 import raymodel as rm
-seen = lambda: {"attached": ray.is_initialized(), "frozen": gc.get_freeze_count()}
+ended = []
+kill = Node._kill_process_type
+def record(node, kind, **kw):
+    if kind in node.all_processes:
+        ended.append(kind)
+    kill(node, kind, **kw)
+Node._kill_process_type = record
+seen = lambda: {"attached": ray.is_initialized(), "frozen": gc.get_freeze_count(), "ended": ended}
 atexit.register(lambda: print("AT EXIT " + json.dumps(seen())))
 rm.init(verbose=sys.argv[1] == "verbose")
 assert ray.is_initialized() and gc.get_freeze_count() == 0
@@ -358,10 +366,13 @@ def test_a_process_that_rm_init_attached_leaves_ray_at_once_and_skips_the_final_
     """Ray's exit hook waits 0.5 s for workers' log lines that a quiet process did not ask for, and the
     interpreter's last garbage collections walk torch's objects (2.1 s from a joined process's last line
     to its exit, 0.55 s without both): a quiet process has left Ray before Ray's hook runs, and every
-    process ``rm.init`` attached has frozen what was left."""
-    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}  # joins this session's
+    process ``rm.init`` attached has frozen what was left. A process that started its own instance ends
+    its autoscaler monitor first: Ray ends it after the GCS, and its SIGTERM handler, which reports to the
+    GCS, waited out Ray's second before it was killed (Ray's shutdown 1.72 s, 0.46 s with it ended first)."""
+    joined = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}  # this session's
+    own = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAYMODEL_WARM": "none"}
     seen = {}
-    for mode in ("quiet", "verbose"):
+    for mode, env in (("quiet", joined), ("verbose", joined), ("own", own)):
         args = [sys.executable, "-c", _AT_EXIT, mode]
         done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -370,3 +381,7 @@ def test_a_process_that_rm_init_attached_leaves_ray_at_once_and_skips_the_final_
     assert seen["quiet"]["attached"] is False  # left without Ray's wait
     assert seen["verbose"]["attached"] is True  # asked for the workers' lines: Ray's hook waits for them
     assert seen["quiet"]["frozen"] > 10_000 and seen["verbose"]["frozen"] > 10_000
+    assert seen["quiet"]["ended"] == []  # a joined process ends none of the cluster's processes
+    assert seen["own"]["attached"] is False and seen["own"]["frozen"] > 10_000
+    ended = seen["own"]["ended"]
+    assert ended[0] == "monitor" and {"raylet", "gcs_server"} <= set(ended[1:]), ended

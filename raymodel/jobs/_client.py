@@ -81,7 +81,9 @@ def init(
     0.5 s wait for its workers' log lines (unless ``verbose``: it asked for
     them) and freezes its objects, so that Python's last garbage collections
     do not walk them (``__del__`` is not promised at exit; ``atexit`` hooks
-    and ``weakref.finalize`` still run).
+    and ``weakref.finalize`` still run). A process that started its own
+    instance ends that instance's autoscaler monitor before Ray's shutdown,
+    which would give it a second to end (it reports to the GCS, ended first).
 
     Args:
         address: A Ray cluster address, e.g. ``"ray://head:10001"`` or ``"auto"``.
