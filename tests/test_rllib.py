@@ -129,6 +129,35 @@ def test_a_killed_algorithm_actor_resumes_from_its_newest_checkpoint_each_iterat
     assert "worker 0 failed after epoch" in log and "ActorDiedError" in log and "resumed" in log, log
 
 
+def _algorithm_actors() -> list:
+    from ray.util.state import list_actors
+
+    return list_actors(filters=[("class_name", "=", "AlgorithmActor"), ("state", "=", "ALIVE")], detail=True)
+
+
+@pytest.mark.integration
+def test_a_jobs_runner_keeps_its_algorithm_actor_for_the_next_rl_job_which_trains_as_in_a_new_one(ray_session):
+    """The next RL job's Algorithm is built in the actor of the one before (RLlib and torch imported, the
+    process started: 2-3 s of a core each, then the next job's runner), kept idle holding no resources
+    (a job's placement group holds its learner's CPU), and it trains exactly as in a new actor."""
+    import ray
+
+    rm.jobs.release_pools()
+    for actor in _algorithm_actors():  # kept by an earlier test's job: the first job here starts a new one
+        ray.kill(ray.get_actor(actor.name, namespace=actor.ray_namespace))
+    until(lambda: not _algorithm_actors(), timeout=60)
+    settings = {"num_workers": 0, "num_epochs": 2, "progress": False}
+    first = QuickBalancer().train(settings, wait=False).wait(timeout=300)  # a job: the server's runner runs it
+    (kept,) = until(_algorithm_actors, timeout=60)  # alive after its job: kept, not ended
+    assert not kept.required_resources, kept.required_resources  # idle, it holds no CPU
+    second = QuickBalancer().train(settings, wait=False).wait(timeout=300)
+    (again,) = _algorithm_actors()
+    assert (again.actor_id, again.pid) == (kept.actor_id, kept.pid)  # the second job's Algorithm ran in it
+    keys = ("episode_return_mean", "env_steps_total", "loss", "policy_loss", "vf_loss")
+    for one, two in zip(first.history, second.history, strict=True):
+        assert {k: one[k] for k in keys} == pytest.approx({k: two[k] for k in keys}, rel=1e-6), (one, two)
+
+
 @pytest.mark.parametrize("env_runners", [0, 1, 2])
 def test_a_trial_holds_the_bundles_rllib_asks_for_its_algorithm_and_env_runners(ray_session, env_runners):
     """A trial's placement group is RLlib's own request (``Algorithm.default_resource_request``): the

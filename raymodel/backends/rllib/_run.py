@@ -9,10 +9,19 @@ of their own. Checkpoints go straight into the run's folder (``LocalSession``, w
 
 A killed actor (or its node) is started again, within ``max_failures``, and the run goes on from its
 newest complete checkpoint, each iteration once in the history.
+
+A job's runner (an actor the training server keeps for the next job) keeps the Algorithm's actor of a run
+that ended well for its next RLlib run (``_Kept``): the next Algorithm is built in a process that has
+RLlib, torch and the learner's modules imported (2-3 s of a core each time on 2 cores, and the process's
+start). So that an idle kept actor holds no CPU, a CPU-only run's learner CPU is held by a placement
+group of the run's own, for as long as the run, and its actor, which holds none itself, runs on that
+group's node; a run with a GPU gets a new actor that holds its GPU, as does a run in any other process.
 """
 
 from __future__ import annotations
 
+import threading
+import uuid
 from typing import Any
 
 import ray
@@ -36,11 +45,49 @@ class _Reported(LocalSession):
 
 
 class AlgorithmActor:
-    """Runs one RLlib training run's ``WorkerRun`` (the Algorithm is built and trained here)."""
+    """Runs one RLlib training run's ``WorkerRun`` (the Algorithm is built and trained here), run after run
+    where it is kept."""
 
     def run(self, plan: RunPlan) -> dict[str, Any]:
         session = _Reported(plan.path, plan.keep_checkpoints, plan.events)
         return WorkerRun(plan.loop_config, session=session).run()
+
+    def node(self) -> str:
+        """The node it runs on (and an answer: it is alive)."""
+        return str(ray.get_runtime_context().get_node_id())
+
+
+class _Kept:
+    """The Algorithm actor a job's runner keeps between runs, with the node it runs on."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.actor: Any = None
+        self.env: dict[str, str] = {}
+
+    def take(self, node: str, env: dict[str, str]) -> Any:
+        """The kept actor if it runs on ``node`` with ``env`` and answers (else it is ended); it is no
+        longer kept."""
+        with self.lock:
+            actor, self.actor = self.actor, None
+        if actor is None:
+            return None
+        try:
+            if self.env == env and ray.get(actor.node.remote(), timeout=30) == node:
+                return actor
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        ray.kill(actor)
+        return None
+
+    def keep(self, actor: Any, env: dict[str, str]) -> None:
+        with self.lock:
+            actor, self.actor, self.env = self.actor, actor, env
+        if actor is not None:
+            ray.kill(actor)
+
+
+_KEPT = _Kept()
 
 
 class AlgorithmRun:
@@ -52,19 +99,25 @@ class AlgorithmRun:
         self.env = env or {}
 
     def fit(self) -> RunOutcome:
+        # Kept by a job's runner (an actor); not by a user's process, where nothing runs next.
+        keeps = not self.actor_resources.get("GPU") and ray.get_runtime_context().get_actor_id() is not None
+        reserve = ray.util.placement_group([{"CPU": self.actor_resources.get("CPU", 1.0)}]) if keeps else None
+        try:
+            return RunOutcome.from_storage(self.plan.path, self._attempts(reserve))
+        finally:
+            if reserve is not None:
+                ray.util.remove_placement_group(reserve)
+
+    def _attempts(self, reserve: Any) -> dict[str, Any]:
         plan = self.plan
         failures, limit = 0, plan.max_failures
-        remote = ray.remote(AlgorithmActor).options(
-            name=f"raymodel-algorithm-{plan.name}",
-            num_cpus=self.actor_resources.get("CPU", 1.0),
-            num_gpus=self.actor_resources.get("GPU", 0.0),
-            runtime_env={"env_vars": self.env},  # the env runners it starts inherit it
-        )
         while True:
-            actor: Any = remote.remote()
+            actor = self._actor(reserve)
+            ended_well = False
             try:
                 returned: dict[str, Any] = ray.get(actor.run.remote(plan))
-                break
+                ended_well = True
+                return returned
             except ray.exceptions.RayActorError as exc:  # the actor (or its node) died
                 failures += 1
                 for events in plan.events:
@@ -78,8 +131,36 @@ class AlgorithmRun:
                 error = exc.cause if exc.cause is not None else exc
                 raise TrainingError(f"Training failed: {type(error).__name__}: {error}") from exc
             finally:
-                ray.kill(actor)
-        return RunOutcome.from_storage(plan.path, returned)
+                if ended_well and reserve is not None:
+                    _KEPT.keep(actor, self.env)  # its Algorithm stopped (``RLlibLoop.close``): the next run's
+                else:
+                    ray.kill(actor)
+
+    def _actor(self, reserve: Any) -> Any:
+        """The run's actor: on ``reserve``'s node, the kept one if it runs there (else a new one, named for
+        no run, holding no resources of its own); without ``reserve``, a new one holding the learner's."""
+        remote = ray.remote(AlgorithmActor)
+        env = {"runtime_env": {"env_vars": self.env}}  # the env runners it starts inherit it
+        if reserve is None:
+            return remote.options(
+                name=f"raymodel-algorithm-{self.plan.name}-{uuid.uuid4().hex[:6]}",
+                num_cpus=self.actor_resources.get("CPU", 1.0),
+                num_gpus=self.actor_resources.get("GPU", 0.0),
+                **env,
+            ).remote()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ray.get(reserve.ready())  # placed (again, after its node's loss) once the cluster has the CPU
+        node = ray.util.placement_group_table(reserve)["bundles_to_node_id"][0]
+        kept = _KEPT.take(node, self.env)
+        if kept is not None:
+            return kept
+        return remote.options(
+            name=f"raymodel-algorithm-{uuid.uuid4().hex[:8]}",
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            **env,
+        ).remote()
 
 
 def _cause(exc: BaseException) -> str:
