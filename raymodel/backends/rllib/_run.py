@@ -58,7 +58,7 @@ class AlgorithmActor:
 
 
 class _Kept:
-    """The Algorithm actor a job's runner keeps between runs, with the node it runs on."""
+    """The Algorithm actor a job's runner keeps between runs, and the environment it was started with."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -69,11 +69,11 @@ class _Kept:
         """The kept actor if it runs on ``node`` with ``env`` and answers (else it is ended); it is no
         longer kept."""
         with self.lock:
-            actor, self.actor = self.actor, None
+            actor, same_env, self.actor = self.actor, self.env == env, None
         if actor is None:
             return None
         try:
-            if self.env == env and ray.get(actor.node.remote(), timeout=30) == node:
+            if same_env and ray.get(actor.node.remote(), timeout=30) == node:
                 return actor
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             pass
