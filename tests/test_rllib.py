@@ -158,6 +158,28 @@ def test_a_jobs_runner_keeps_its_algorithm_actor_for_the_next_rl_job_which_train
         assert {k: one[k] for k in keys} == pytest.approx({k: two[k] for k in keys}, rel=1e-6), (one, two)
 
 
+@pytest.mark.integration
+def test_a_server_warmed_for_rllib_starts_the_algorithms_actor_before_any_rl_job_asks(ray_session):
+    """``--warm rllib`` (``rm.init(warm="rllib")``): the server's next job runner starts an Algorithm actor
+    at once, holding no resources; the first RL job's Algorithm is built in it."""
+    import ray
+
+    server = rm.jobs.server()
+    for actor in _algorithm_actors():  # kept by an earlier test's job
+        ray.kill(ray.get_actor(actor.name, namespace=actor.ray_namespace))
+    until(lambda: not _algorithm_actors(), timeout=60)
+    try:
+        ray.get(server.warm.remote([("rllib", 0)]))
+        (ahead,) = until(_algorithm_actors, timeout=60)  # before any job: started by the spare runner
+        assert not ahead.required_resources, ahead.required_resources
+        job = QuickBalancer().train({"num_workers": 0, "num_epochs": 1, "progress": False}, wait=False)
+        job.wait(timeout=300)
+        (ran,) = _algorithm_actors()
+        assert ran.actor_id == ahead.actor_id  # the job's Algorithm was built in it
+    finally:
+        ray.get(server.warm.remote([]))  # the session's: nothing warm
+
+
 @pytest.mark.parametrize("env_runners", [0, 1, 2])
 def test_a_trial_holds_the_bundles_rllib_asks_for_its_algorithm_and_env_runners(ray_session, env_runners):
     """A trial's placement group is RLlib's own request (``Algorithm.default_resource_request``): the

@@ -20,6 +20,8 @@ from raymodel.jobs import parse_warm
 
 def test_warm_pools_parse_from_text_a_list_the_environment_and_auto(monkeypatch):
     assert parse_warm("torch:2, lightning:1", cpus=4) == (("torch", 2), ("lightning", 1))
+    assert parse_warm("torch:2,rllib", cpus=4) == (("torch", 2), ("rllib", 0))  # no pool: warmed by name
+    assert parse_warm([("rllib", 0)], cpus=4) == (("rllib", 0),)
     assert parse_warm([("xgboost", 3)], cpus=4) == (("xgboost", 3),)
     for nothing in ("none", "", "off"):
         assert parse_warm(nothing, cpus=4) == ()
@@ -40,16 +42,16 @@ def test_warm_pools_parse_from_text_a_list_the_environment_and_auto(monkeypatch)
     class Lit(rm.RayLightningModel):
         pass
 
-    # the backends of the classes defined, in order (RLlib's has no pool), as many as the CPUs hold; Lightning's
-    # jobs take transformers' pool (torch's kind): no second pool for it
-    assert parse_warm("auto", cpus=8) == (("xgboost", 2), ("transformers", 2))
-    assert parse_warm("auto", cpus=3) == (("xgboost", 2), ("transformers", 1))
+    # the backends of the classes defined, in order, as many as the CPUs hold (RLlib's by name: no pool, no
+    # CPU); Lightning's jobs take transformers' pool (torch's kind): no second pool for it
+    assert parse_warm("auto", cpus=8) == (("rllib", 0), ("xgboost", 2), ("transformers", 2))
+    assert parse_warm("auto", cpus=3) == (("rllib", 0), ("xgboost", 2), ("transformers", 1))
     monkeypatch.setattr(_table, "_DEFINED", {})
 
     class OnlyRL(rm.RayRLlibModel):
         pass
 
-    assert parse_warm("auto", cpus=8) == ()
+    assert parse_warm("auto", cpus=8) == (("rllib", 0),)
     monkeypatch.setattr(_table, "_DEFINED", {})
     monkeypatch.setenv("RAYMODEL_WARM", "lightgbm:2")
     assert parse_warm(None, cpus=4) == (("lightgbm", 2),)
@@ -92,6 +94,25 @@ def test_torch_lightning_and_transformers_jobs_share_pools_of_torchs_kind_and_no
     assert cpus_needed([("torch", 1), ("lightning", 2)]) == 3.0
 
 
+def test_rllib_is_warmed_by_name_its_runner_starting_the_algorithms_actor_ahead():
+    """RLlib has no pool: `--warm rllib` has the server's next job runner start an Algorithm actor (its
+    ``runner_warm`` call), which holds no CPU; it adds no pool and no CPU to wait for."""
+    import importlib
+
+    from raymodel.backends.rllib import _run
+    from raymodel.jobs._warm import cpus_needed, runner_warms, shown, warm_pools
+
+    specs = [("torch", 2), ("rllib", 0)]
+    assert list(warm_pools(specs)) == ["torch/2x[CPU=1]"] and cpus_needed([("rllib", 0)]) == 0
+    (call,) = runner_warms(specs)
+    assert runner_warms([("torch", 2)]) == ()
+    module, _, function = call.partition(":")
+    assert callable(getattr(importlib.import_module(module), function))
+    assert shown(specs) == "torch:2,rllib"
+    for name in _run.ALGORITHM_IMPORTS:  # a name that does not resolve would be skipped in silence
+        assert importlib.util.find_spec(name) is not None, name
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [
@@ -100,13 +121,13 @@ def test_torch_lightning_and_transformers_jobs_share_pools_of_torchs_kind_and_no
         ("torch:1.5", "whole number >= 1"),
         ("torch:two", "whole number >= 1"),
         ("pytorch:2", "No backend `pytorch` runs on pools: warm one of "),
-        ("rllib:1", "RLlib's Algorithm starts with its job"),
+        ("rllib:1", "Warm `rllib:1`: rllib has no pool of workers to size; write `rllib` alone"),
     ],
 )
 def test_a_bad_warm_value_says_what_is_wrong(value, says):
     with pytest.raises(SettingsError, match=says.replace("(", r"\(").replace(")", r"\)")):
         parse_warm(value, cpus=2)
-    with pytest.raises(SettingsError, match="runs on pools|BACKEND:WORKERS|whole number"):
+    with pytest.raises(SettingsError, match="runs on pools|BACKEND:WORKERS|whole number|alone"):
         rm.init(warm=value)  # before Ray starts
 
 
@@ -205,17 +226,36 @@ def test_the_next_jobs_runner_imports_the_warm_pools_frameworks_while_it_waits(m
     JobRunner().warm(("colorsys", "no_such_framework"))  # one that is not installed: the job says so
     assert "colorsys" in sys.modules
 
-    told: list[tuple[str, ...]] = []
+    told: list[tuple[tuple[str, ...], ...]] = []
 
     class Spare:  # the handle of the server's spare runner
         class warm:
-            remote = staticmethod(told.append)
+            remote = staticmethod(lambda *args: told.append(args))
 
     server = object.__new__(JobServer)  # its state, without its actor's threads and runners
     server.warm_pools, server.pools, server.lock, server.spare = {}, {}, threading.RLock(), Spare()
     server._start_warm = lambda check_room=True: []  # type: ignore[method-assign]
     server.warm([("torch", 2)])
-    assert told == [("torch", "raymodel.backends._torch.backend")]
+    assert told == [(("torch", "raymodel.backends._torch.backend"), ())]
+    server.warm([("rllib", 0)])  # no pool: the runner's call starts RLlib's Algorithm actor
+    assert told[-1] == ((), ("raymodel.backends.rllib:warm_algorithm_actor",))
+
+    _MADE.clear()
+    runner = JobRunner()
+    runner.job_id = "a job ran here: its imports are in"  # a used runner, the spare again
+    runner.warm((), (f"{__name__}:_call_me", f"{__name__}:_fails", "no_such_module:call"))
+    assert _MADE == ["called"]  # each call made (one that fails: the job starts what it needs itself)
+
+
+_MADE: list[str] = []
+
+
+def _call_me() -> None:
+    _MADE.append("called")
+
+
+def _fails() -> None:
+    raise RuntimeError("cannot start it here")
 
 
 def test_a_job_that_arrives_while_its_runner_imports_ahead_waits_for_those_imports(monkeypatch):

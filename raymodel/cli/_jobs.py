@@ -52,8 +52,9 @@ def add_commands(sub: Any) -> None:
     start.add_argument(
         "--warm",
         default=None,
-        help="pools to start at once and keep warm, BACKEND:WORKERS[,...] (e.g. torch:2,lightning:1; 'none'); "
-        "default: RAYMODEL_WARM, else 'auto' (torch:2 where torch is installed: Lightning's and transformers' too)",
+        help="pools to start at once and keep warm, BACKEND:WORKERS[,...] (e.g. torch:2,lightning:1; 'none'), and "
+        "rllib by name alone (its Algorithm's process, started ahead); default: RAYMODEL_WARM, else 'auto' "
+        "(torch:2 where torch is installed: Lightning's and transformers' too)",
     )
     start.add_argument(
         "--wait",

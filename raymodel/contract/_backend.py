@@ -54,6 +54,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     worker_imports: ClassVar[tuple[str, ...]] = ()
     #: Modules the server's next job runner imports ahead, past ``imports`` (what setting a model up imports).
     runner_imports: ClassVar[tuple[str, ...]] = ()
+    #: ``"module:function"`` a job's runner calls ahead where the backend is warm without a pool (``--warm rllib``).
+    runner_warm: ClassVar[str] = ""
     #: The pools its jobs share with other backends' (the same trainer, process group and collective: torch's
     #: is Lightning's and transformers'); ``""``: its own ``name`` (``jobs/_request.py``'s ``pool_kind``).
     pool_family: ClassVar[str] = ""
@@ -65,8 +67,7 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     accepts: ClassVar[tuple[str, ...]] = ("arrays",)
     #: Methods a user's subclass must define (checked before any Ray resource is taken).
     required_methods: ClassVar[tuple[str, ...]] = ("setup",)
-    #: Name of the "epoch" unit in progress output.
-    epoch_unit: ClassVar[str] = "epoch"
+    epoch_unit: ClassVar[str] = "epoch"  #: Name of the "epoch" unit in progress output.
     #: How this backend calls hooks, where it differs from "yes": hook name -> note.
     #: A note starting with "no" means the hook is never called (the docs' hook table reads this).
     hook_notes: ClassVar[Mapping[str, str]] = {}

@@ -99,7 +99,8 @@ def init(
             keeps warm, so that a first job finds its workers started:
             ``"torch:2"``, ``"torch:2,lightning:1"``, ``[("torch", 2)]``,
             ``"none"``, or ``"auto"``: 2 workers for the backend of each model
-            class this process has defined (torch's where none). A job
+            class this process has defined (torch's where none). ``"rllib"``
+            (no pool, by name alone): the Algorithm's actor started ahead. A job
             with that backend and ``num_workers`` (default placement) takes the
             pool, ready or still starting; a pool of torch's takes Lightning
             and transformers jobs too (one kind of worker group). Default: ``RAYMODEL_WARM``, else

@@ -90,6 +90,7 @@ def wait_warm(specs: Sequence[tuple[str, int]], timeout_s: float = 600.0) -> flo
     from raymodel.jobs._request import pool_kind
     from raymodel.jobs._warm import pool_backends
 
+    specs = [(b, n) for b, n in specs if b in pool_backends()]  # `rllib`: warmed by name, no pool to wait for
     kinds = {b: pool_kind(pool_backends()[b]) for b, _ in specs}  # lightning:2 is a pool of torch's kind
     began = time.monotonic()
     while True:

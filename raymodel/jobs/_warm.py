@@ -10,9 +10,13 @@ instead of starting one of its own. A warm pool does not end for being idle; it
 ends when other work needs its resources, and starts again once the server has
 had no job and the cluster room for it for a while (``jobs/_pools/keeper.py``).
 
+A backend without pools is warmed by name alone (``--warm torch:2,rllib``): the server's next job
+runner starts ahead what its job would start (``Backend.runner_warm``: RLlib's, the Algorithm's actor
+with RLlib imported), holding no resources while it waits.
+
 Without a setting, the default is ``auto``: a pool of 2 workers (1 on a one-CPU
 cluster) for the backend of each model class the process has defined (RLlib's
-has no pool), or for torch where it has defined none; ``none`` warms nothing.
+warmed by name: it has no pool), or for torch where it has defined none; ``none`` warms nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Sequence
 
 from raymodel.exceptions import SettingsError
 
-#: ``(backend name, workers)`` of each warm pool.
+#: ``(backend name, workers)`` of each warm pool; ``(name, 0)``: a backend without pools, warmed by name.
 WarmSpec = tuple[str, int]
 
 ENV = "RAYMODEL_WARM"
@@ -44,6 +48,9 @@ def parse_warm(value: str | Sequence[WarmSpec] | None, cpus: float) -> tuple[War
         pairs: list[tuple[str, Any]] = []
         for part in (p.strip() for p in text.split(",") if p.strip()):
             name, sep, count = part.partition(":")
+            if not sep and part in by_name():
+                pairs.append((part, 0))
+                continue
             if not sep:
                 raise SettingsError(
                     f"Warm pool `{part}` needs a number of workers: BACKEND:WORKERS, e.g. `torch:2` "
@@ -57,10 +64,17 @@ def parse_warm(value: str | Sequence[WarmSpec] | None, cpus: float) -> tuple[War
 
 def _checked(name: str, count: Any) -> WarmSpec:
     poolable = pool_backends()
+    if name in by_name() and count == 0:
+        return name, 0
+    if name in by_name():
+        raise SettingsError(
+            f"Warm `{name}:{count}`: {name} has no pool of workers to size; write `{name}` alone (its job's "
+            "runner starts its process ahead)."
+        )
     if name not in poolable:
         raise SettingsError(
-            f"No backend `{name}` runs on pools: warm one of {', '.join(sorted(poolable))}"
-            + (" (RLlib's Algorithm starts with its job: it has no pool)." if name == "rllib" else ".")
+            f"No backend `{name}` runs on pools: warm one of {', '.join(sorted(poolable))}, or "
+            f"{', '.join(sorted(by_name())) or 'none'} by name alone."
         )
     try:
         workers = int(count)
@@ -78,9 +92,17 @@ def pool_backends() -> dict[str, Any]:
     return {b.name: b for b in backends() if b.on_ray_train}
 
 
+def by_name() -> dict[str, Any]:
+    """``{name: Backend}`` of every registered backend without pools that its job's runner warms
+    (``Backend.runner_warm``): warmed by name alone."""
+    from raymodel.contract import backends
+
+    return {b.name: b for b in backends() if not b.on_ray_train and b.runner_warm}
+
+
 def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
     """``auto``: a pool of 2 workers (1 on a one-CPU cluster) for the backend of each model class this
-    process has defined (none for RLlib's: it has no pool), or for torch where it has defined none and
+    process has defined (RLlib's by name: it has no pool), or for torch where it has defined none and
     torch is installed; as many as the cluster's CPUs hold."""
     from raymodel.contract import defined_backends
     from raymodel.jobs._request import pool_kind
@@ -89,7 +111,7 @@ def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
     names = [n for n in defined_backends() if n in poolable]
     if not defined_backends() and importlib.util.find_spec("torch") is not None:
         names = ["torch"]
-    out: list[WarmSpec] = []
+    out: list[WarmSpec] = [(n, 0) for n in dict.fromkeys(defined_backends()) if n in by_name()]
     left = int(cpus)
     kinds: set[str] = set()
     for name in names:
@@ -121,6 +143,8 @@ def warm_pools(specs: Sequence[WarmSpec]) -> dict[str, tuple[dict[str, Any], dic
     whose workers import what a first job of each would."""
     out: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
     for name, workers in specs:
+        if name not in pool_backends():  # warmed by name: no pool
+            continue
         spec, needs = warm_pool(name, int(workers))
         if spec["key"] in out:
             earlier = out[spec["key"]][0]
@@ -138,6 +162,12 @@ def runner_imports(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for b in found for m in (*b.imports, type(b).__module__, *b.runner_imports)))
 
 
+def runner_warms(specs: Sequence[WarmSpec]) -> tuple[str, ...]:
+    """The ``runner_warm`` calls of the backends in ``specs`` warmed by name (``jobs/_server/runner.py``)."""
+    warmed = by_name()
+    return tuple(dict.fromkeys(warmed[name].runner_warm for name, _ in specs if name in warmed))
+
+
 def cpus_needed(specs: Sequence[WarmSpec]) -> float:
     """The CPUs the warm pools of ``specs`` hold together, once all are started (``torch:2,lightning:2``:
     one pool, which takes the jobs of both)."""
@@ -145,4 +175,4 @@ def cpus_needed(specs: Sequence[WarmSpec]) -> float:
 
 
 def shown(specs: Sequence[WarmSpec]) -> str:
-    return ",".join(f"{name}:{n}" for name, n in specs) or "none"
+    return ",".join(f"{name}:{n}" if n else name for name, n in specs) or "none"

@@ -45,11 +45,20 @@ def learner_resources(use_gpu: bool) -> dict[str, float]:
     return {"CPU": 1.0, **({"GPU": 1.0} if use_gpu else {})}
 
 
+def warm_algorithm_actor() -> None:
+    """In a job's runner, ahead of its next job (``--warm rllib``): an Algorithm actor started on its
+    node, importing what building an Algorithm imports, kept for the runner's next RLlib run."""
+    from raymodel.backends.rllib._run import warm_kept
+
+    warm_kept({NO_TF[0]: NO_TF[1]})
+
+
 class RLlibBackend(TorchBackend):
     name = "rllib"
     extra = "rllib"
     imports = ("torch", "gymnasium", "ray.rllib")
     worker_imports = ()  # no pool
+    runner_warm = "raymodel.backends.rllib:warm_algorithm_actor"  # `--warm rllib`: the Algorithm's process
     packages = ("torch", "gymnasium")
     trainer = ""  # not a Ray Train run: make_run gives an AlgorithmRun (rllib/_run.py)
     accepts = ()

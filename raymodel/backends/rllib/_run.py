@@ -20,12 +20,14 @@ group's node; a run with a GPU gets a new actor that holds its GPU, as does a ru
 
 from __future__ import annotations
 
+import importlib
 import threading
 import uuid
 from typing import Any
 
 import ray
 
+from raymodel._internal import cluster
 from raymodel.contract import RunEvents, RunOutcome, RunPlan, failure_text
 from raymodel.exceptions import TrainingError
 from raymodel.train import LocalSession, WorkerRun
@@ -56,6 +58,27 @@ class AlgorithmActor:
         """The node it runs on (and an answer: it is alive)."""
         return str(ray.get_runtime_context().get_node_id())
 
+    def warm(self) -> None:
+        """Import ahead what building and training an Algorithm imports (``ALGORITHM_IMPORTS``)."""
+        for module in ALGORITHM_IMPORTS:
+            try:
+                importlib.import_module(module)
+            except ImportError:  # the run imports it, and says what is missing
+                pass
+
+
+#: What building a PPO Algorithm of the user's networks and its first update import in its actor: RLlib,
+#: its PPO learner and env runner, gymnasium, and ``torch._dynamo`` (the optimizer's first step).
+ALGORITHM_IMPORTS = (
+    "gymnasium",
+    "torch._dynamo",
+    "ray.rllib.algorithms.ppo",
+    "ray.rllib.algorithms.ppo.torch.ppo_torch_learner",
+    "ray.rllib.env.single_agent_env_runner",
+    "raymodel.backends.rllib._loop",
+    "raymodel.backends.rllib._module",
+)
+
 
 class _Kept:
     """The Algorithm actor a job's runner keeps between runs, and the environment it was started with."""
@@ -73,7 +96,7 @@ class _Kept:
         if actor is None:
             return None
         try:
-            if same_env and ray.get(actor.node.remote(), timeout=30) == node:
+            if same_env and ray.get(actor.node.remote(), timeout=120) == node:  # after its imports ahead
                 return actor
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             pass
@@ -86,8 +109,41 @@ class _Kept:
         if actor is not None:
             ray.kill(actor)
 
+    def ensure(self, env: dict[str, str]) -> None:
+        """Keep a new actor, on this process's node, importing ahead (``AlgorithmActor.warm``), unless one
+        is kept that has not died (one still importing ahead counts)."""
+        with self.lock:
+            if self.actor is not None:
+                answered, _ = ray.wait([self.actor.node.remote()], timeout=5)
+                try:
+                    ray.get(answered)  # nothing yet (busy importing), or its node: alive
+                    return
+                except ray.exceptions.RayActorError:
+                    pass
+            self.actor, self.env = new_actor(env, cluster.on_this_node()), env
+            self.actor.warm.remote()
+
 
 _KEPT = _Kept()
+
+
+def warm_kept(env: dict[str, str]) -> None:
+    """An Algorithm actor kept by this process (a job's runner) for its next run, started now."""
+    _KEPT.ensure(env)
+
+
+def new_actor(env: dict[str, str], strategy: Any) -> Any:
+    """A new Algorithm actor of no run (a kept one's), holding no resources of its own, placed by ``strategy``."""
+    return (
+        ray.remote(AlgorithmActor)
+        .options(
+            name=f"raymodel-algorithm-{uuid.uuid4().hex[:8]}",
+            num_cpus=0,
+            scheduling_strategy=strategy,
+            runtime_env={"env_vars": env},  # the env runners it starts inherit it
+        )
+        .remote()
+    )
 
 
 class AlgorithmRun:
@@ -139,28 +195,23 @@ class AlgorithmRun:
     def _actor(self, reserve: Any) -> Any:
         """The run's actor: on ``reserve``'s node, the kept one if it runs there (else a new one, named for
         no run, holding no resources of its own); without ``reserve``, a new one holding the learner's."""
-        remote = ray.remote(AlgorithmActor)
-        env = {"runtime_env": {"env_vars": self.env}}  # the env runners it starts inherit it
         if reserve is None:
-            return remote.options(
-                name=f"raymodel-algorithm-{self.plan.name}-{uuid.uuid4().hex[:6]}",
-                num_cpus=self.actor_resources.get("CPU", 1.0),
-                num_gpus=self.actor_resources.get("GPU", 0.0),
-                **env,
-            ).remote()
+            return (
+                ray.remote(AlgorithmActor)
+                .options(
+                    name=f"raymodel-algorithm-{self.plan.name}-{uuid.uuid4().hex[:6]}",
+                    num_cpus=self.actor_resources.get("CPU", 1.0),
+                    num_gpus=self.actor_resources.get("GPU", 0.0),
+                    runtime_env={"env_vars": self.env},  # the env runners it starts inherit it
+                )
+                .remote()
+            )
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         ray.get(reserve.ready())  # placed (again, after its node's loss) once the cluster has the CPU
         node = ray.util.placement_group_table(reserve)["bundles_to_node_id"][0]
         kept = _KEPT.take(node, self.env)
-        if kept is not None:
-            return kept
-        return remote.options(
-            name=f"raymodel-algorithm-{uuid.uuid4().hex[:8]}",
-            num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            **env,
-        ).remote()
+        return kept if kept is not None else new_actor(self.env, NodeAffinitySchedulingStrategy(node, soft=False))
 
 
 def _cause(exc: BaseException) -> str:

@@ -65,14 +65,14 @@ class PoolKeeper(ServerState):
     def warm(self, specs: list[tuple[str, int]]) -> list[str]:
         """Keep a pool of each ``(backend, workers)`` warm from now on (``jobs/_warm.py``; ``[]``: none):
         those not running start now, in the background. Returns the ids of the pools started."""
-        from raymodel.jobs._warm import warm_pools
+        from raymodel.jobs._warm import runner_warms, warm_pools
 
         with self.lock:
-            self.warm_pools = warm_pools(specs)
+            self.warm_pools, self.warm_runs = warm_pools(specs), runner_warms(specs)
             for pool in self.pools.values():
                 pool["warm"] = pool["key"] in self.warm_pools
             if self.spare is not None:  # the next job's runner imports their frameworks meanwhile
-                self.spare.warm.remote(self.warm_imports())
+                self.spare.warm.remote(self.warm_imports(), self.warm_runs)
             return self._start_warm(check_room=False)
 
     # ---------------------------------------------------------- from runners

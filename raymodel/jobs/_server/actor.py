@@ -1,17 +1,14 @@
 """The training server: a named Ray actor that owns the job records and runs each job.
 
-Each job runs in its own ``JobRunner`` actor (no resources of its own; the
-run's workers or trials hold them). A training job runs on a pool (a resident
-worker group, ``jobs/_pools/pool.py``) that fits what its workers need: an idle one,
-or a new one when the cluster's free resources allow; ``pool=False`` jobs and
-tune jobs call the blocking verb (``Trainable.fit`` or ``Tunable.fit``) as
-``model.train()`` and ``model.tune()`` do. Either way every epoch row reaches
-the server. A PENDING job waits, by priority then first in first out
-(``jobs/_server/queue.py``), with the reason; a job that cannot fit preempts running
-jobs of lower priority. Running jobs are changed, stopped and watched through
-``JobControl`` (``jobs/_server/control.py``). An idle pool ends after
-``pool_idle_s``, at once when a job or anything else (Ray reports pending
-demand) needs its resources, or on ``release_pools``.
+Each job runs in its own ``JobRunner`` actor (no resources of its own; the run's workers or trials hold them).
+A training job runs on a pool (a resident worker group, ``jobs/_pools/pool.py``) that fits what its workers
+need: an idle one, or a new one when the cluster's free resources allow; ``pool=False`` jobs and tune jobs
+call the blocking verb (``Trainable.fit`` or ``Tunable.fit``) as ``model.train()`` and ``model.tune()`` do.
+Either way every epoch row reaches the server. A PENDING job waits, by priority then first in first out
+(``jobs/_server/queue.py``), with the reason; a job that cannot fit preempts running jobs of lower priority.
+Running jobs are changed, stopped and watched through ``JobControl`` (``jobs/_server/control.py``). An idle
+pool ends after ``pool_idle_s``, at once when a job or anything else (Ray reports pending demand) needs its
+resources, or on ``release_pools``.
 
 Durable: every record and payload is in storage (``jobs/_store.py``) before
 ``submit`` answers. The actor restarts by itself when it dies (Ray's actor
@@ -68,7 +65,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
         self.pool_actors = {}
         self.pool_refs = {}  # each pool's end
         self.ready_refs = {}  # each pool's readiness
-        self.warm_pools = {}  # kept warm (`warm`)
+        self.warm_pools, self.warm_runs = {}, ()  # kept warm (`warm`)
         self._warmed = -1e9
         self._room_seen = False
         self._demand_checked = 0.0
@@ -330,10 +327,13 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
                 if record["status"] != "PENDING":
                     self.extras.pop(job_id, None)
             if runner is not None:
+                finished = runner
                 with self.lock:  # the finished job's process waits for the next job (its imports done)
                     runner, self.spare = (runner, None) if self.spare is not None else (None, runner)
                 if runner is not None:
                     ray.kill(runner)
+                elif self.warm_runs:  # the spare again: it starts ahead what it ended with its job
+                    finished.warm.remote((), self.warm_runs)
 
     def _finish(
         self, job_id: str, status: str, result: Any = None, error: str | None = None, detail: str | None = None

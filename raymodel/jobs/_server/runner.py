@@ -13,12 +13,13 @@ from raymodel._internal import cluster
 from raymodel.jobs._address import NAMESPACE
 
 
-def new_runner(imports: Sequence[str] = ()) -> Any:
-    """A runner that imports what every job needs, and ``imports``, while it waits for its job."""
+def new_runner(imports: Sequence[str] = (), calls: Sequence[str] = ()) -> Any:
+    """A runner that imports what every job needs, and ``imports``, and makes ``calls``, while it waits
+    for its job."""
     runner: Any = JobRunnerActor.options(
         namespace=NAMESPACE, max_concurrency=8, scheduling_strategy=cluster.on_this_node()
     ).remote()
-    runner.warm.remote(tuple(imports))
+    runner.warm.remote(tuple(imports), tuple(calls))
     return runner
 
 
@@ -31,12 +32,20 @@ class JobRunner:
         self.server: Any = None
         self.warming = threading.Lock()  # a job starts once the imports ahead are in (or not begun)
 
-    def warm(self, imports: tuple[str, ...] = ()) -> None:
+    def warm(self, imports: tuple[str, ...] = (), calls: tuple[str, ...] = ()) -> None:
         """Import what every job needs, and look the server up, before a job arrives; then ``imports``:
         the frameworks of the server's warm pools, which a job's payload imports as it is unpickled
         (torch: about 1 s of the first job on a warm pool, before any of its epochs). A job that arrives
         meanwhile waits for them: a framework imported by two threads at once can fail (transformers'
-        lazy module: "cannot import name 'PreTrainedTokenizerFast'", seen)."""
+        lazy module: "cannot import name 'PreTrainedTokenizerFast'", seen). ``calls`` (``"module:function"``,
+        ``Backend.runner_warm``) start what a job of a backend without pools starts (RLlib's Algorithm
+        actor), kept by this process for its next job; a runner used before makes them again."""
+        for call in calls:
+            module, _, function = call.partition(":")
+            try:
+                getattr(importlib.import_module(module), function)()
+            except Exception:  # noqa: BLE001 - the job starts what it needs itself
+                pass
         with self.warming:
             if self.job_id:  # a job came first (a second call, late): it imports what it needs itself
                 return

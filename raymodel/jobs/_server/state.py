@@ -29,6 +29,7 @@ class ServerState:
     alive_nodes: set[str]
     lost_nodes: dict[str, float]  # node id -> when it was seen dead
     spare: Any  # a started JobRunner for the next job, or None
+    warm_runs: tuple[str, ...]  # what the spare runner starts ahead (`Backend.runner_warm`: `--warm rllib`)
     lock: threading.RLock
     changed: threading.Condition  # a row, a status: wakes the clients' long polls
     wake: threading.Event  # a watched call ended (``watch``): ends the loop's wait
