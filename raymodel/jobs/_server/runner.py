@@ -39,14 +39,14 @@ class JobRunner:
         meanwhile waits for them: a framework imported by two threads at once can fail (transformers'
         lazy module: "cannot import name 'PreTrainedTokenizerFast'", seen). ``calls`` (``"module:function"``,
         ``Backend.runner_warm``) start what a job of a backend without pools starts (RLlib's Algorithm
-        actor), kept by this process for its next job; a runner used before makes them again."""
-        for call in calls:
-            module, _, function = call.partition(":")
-            try:
-                getattr(importlib.import_module(module), function)()
-            except Exception:  # noqa: BLE001 - the job starts what it needs itself
-                pass
+        actor), kept by this process for its next job, first; a runner used before makes them again."""
         with self.warming:
+            for call in calls:
+                module, _, function = call.partition(":")
+                try:
+                    getattr(importlib.import_module(module), function)()
+                except Exception:  # noqa: BLE001 - the job starts what it needs itself
+                    pass
             if self.job_id:  # a job came first (a second call, late): it imports what it needs itself
                 return
             import raymodel.jobs._server.execute
