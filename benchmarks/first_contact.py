@@ -16,10 +16,11 @@ Two situations, the sides in turns, medians of ``--reps``:
   script does: define the model class, ``rm.init()`` (which warms a pool for that class's backend:
   ``--warm`` auto), make the data, ``model.train``;
 - **a server started earlier**: ``raymodel server start --warm <backend>:2 --wait`` (which returns once
-  its warm pool is ready; none for RLlib) against ``ray start --head``; then new processes, one after
-  another, each joining it and running the same job. Before that, for a backend with a pool: one
-  process launched as soon as a plain ``raymodel server start --warm <backend>:2`` returns (its pool
-  still starting), on a server of its own. ``--server-warm auto``: the servers warm what a plain
+  its warm pool is ready; ``--warm rllib`` for RLlib, which has no pool: its Algorithm's actor started
+  ahead, not waited for) against ``ray start --head``; then new processes, one after another, each
+  joining it and running the same job. Before that: one process launched as soon as a plain
+  ``raymodel server start --warm <backend>:2`` returns (its pool still starting), on a server of its own.
+  ``--server-warm auto``: the servers warm what a plain
   ``raymodel server start`` does (torch's pool, which a transformers job takes too).
 
 Then, in one process joined to the torch server: a warm job's wall (``train(wait=False)`` to
@@ -243,7 +244,7 @@ def with_server(backend: str, processes: int, env: dict[str, str], warm: str = "
     raymodel = str(Path(sys.executable).with_name("raymodel"))
     ray = str(Path(sys.executable).with_name("ray"))
     _no_ray_left()
-    warm = warm or ("none" if backend == "rllib" else f"{backend}:2")
+    warm = warm or ("rllib" if backend == "rllib" else f"{backend}:2")
     out: dict[str, object] = {"warm_spec": warm}
     if warm != "none":  # a process launched as a start that does not wait returns: its pool still starting
         out["plain_start"] = _cli([raymodel, "server", "start", "--warm", warm], env)
