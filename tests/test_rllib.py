@@ -243,5 +243,7 @@ def test_rllibs_private_api_is_used_in_one_module_only():
 
 
 def _own(parts: list[str]) -> bool:
-    """``self._x`` or ``model._x`` (raymodel's own attributes) or a raymodel module: not RLlib's."""
-    return (parts[0] in ("self", "model") and len(parts) == 2) or parts[0] == "raymodel"
+    """``self._x`` or ``model._x`` (raymodel's own attributes), a raymodel module, or ``torch._dynamo`` (the
+    name of torch's module that an optimizer's first step imports, imported ahead): not RLlib's."""
+    own = parts[0] in ("self", "model") and len(parts) == 2
+    return own or parts[0] == "raymodel" or parts == ["torch", "_dynamo"]
