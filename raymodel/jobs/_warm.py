@@ -64,9 +64,9 @@ def parse_warm(value: str | Sequence[WarmSpec] | None, cpus: float) -> tuple[War
 
 def _checked(name: str, count: Any) -> WarmSpec:
     poolable = pool_backends()
-    if name in by_name() and count == 0:
-        return name, 0
     if name in by_name():
+        if count == 0:
+            return name, 0
         raise SettingsError(
             f"Warm `{name}:{count}`: {name} has no pool of workers to size; write `{name}` alone (its job's "
             "runner starts its process ahead)."

@@ -120,7 +120,7 @@ class _Kept:
                     return
                 except ray.exceptions.RayActorError:
                     pass
-            self.actor, self.env = new_actor(env, cluster.on_this_node()), env
+            self.actor, self.env = new_actor(env, num_cpus=0, scheduling_strategy=cluster.on_this_node()), env
             self.actor.warm.remote()
 
 
@@ -132,15 +132,15 @@ def warm_kept(env: dict[str, str]) -> None:
     _KEPT.ensure(env)
 
 
-def new_actor(env: dict[str, str], strategy: Any) -> Any:
-    """A new Algorithm actor of no run (a kept one's), holding no resources of its own, placed by ``strategy``."""
+def new_actor(env: dict[str, str], name: str = "", **resources: Any) -> Any:
+    """A new Algorithm actor named ``raymodel-algorithm-<name>-<id>`` (no name: a kept one's, of no run),
+    holding ``resources`` (Ray's actor options: ``num_cpus``, ``scheduling_strategy``, ...)."""
     return (
         ray.remote(AlgorithmActor)
         .options(
-            name=f"raymodel-algorithm-{uuid.uuid4().hex[:8]}",
-            num_cpus=0,
-            scheduling_strategy=strategy,
+            name="-".join(filter(None, ("raymodel-algorithm", name, uuid.uuid4().hex[:8]))),
             runtime_env={"env_vars": env},  # the env runners it starts inherit it
+            **resources,
         )
         .remote()
     )
@@ -196,22 +196,15 @@ class AlgorithmRun:
         """The run's actor: on ``reserve``'s node, the kept one if it runs there (else a new one, named for
         no run, holding no resources of its own); without ``reserve``, a new one holding the learner's."""
         if reserve is None:
-            return (
-                ray.remote(AlgorithmActor)
-                .options(
-                    name=f"raymodel-algorithm-{self.plan.name}-{uuid.uuid4().hex[:6]}",
-                    num_cpus=self.actor_resources.get("CPU", 1.0),
-                    num_gpus=self.actor_resources.get("GPU", 0.0),
-                    runtime_env={"env_vars": self.env},  # the env runners it starts inherit it
-                )
-                .remote()
-            )
+            cpus, gpus = self.actor_resources.get("CPU", 1.0), self.actor_resources.get("GPU", 0.0)
+            return new_actor(self.env, self.plan.name, num_cpus=cpus, num_gpus=gpus)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         ray.get(reserve.ready())  # placed (again, after its node's loss) once the cluster has the CPU
         node = ray.util.placement_group_table(reserve)["bundles_to_node_id"][0]
         kept = _KEPT.take(node, self.env)
-        return kept if kept is not None else new_actor(self.env, NodeAffinitySchedulingStrategy(node, soft=False))
+        on_node = NodeAffinitySchedulingStrategy(node, soft=False)
+        return kept if kept is not None else new_actor(self.env, num_cpus=0, scheduling_strategy=on_node)
 
 
 def _cause(exc: BaseException) -> str:
