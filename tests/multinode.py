@@ -93,6 +93,8 @@ def main() -> None:
     serve_checkpoints = [first, second, storage.listdir(locations.home_path("serve", "direct"))]
     del direct
 
+    sizes = two_sizes(data)
+
     nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
     print(
         "RESULT",
@@ -113,6 +115,7 @@ def main() -> None:
                 "trial_paths": [t["path"] for t in tuned.trials],
                 "serve_checkpoints": serve_checkpoints,
                 "direct_status": direct_status,
+                "two_sizes": sizes,
             }
         ),
         flush=True,
@@ -120,6 +123,31 @@ def main() -> None:
     serve.shutdown()
     ray.shutdown()
     cluster.shutdown()
+
+
+def two_sizes(data: rm.data.DataSpec) -> dict:
+    """Warm pools of 2 and 1 torch workers (``auto``'s where the CPUs hold both: these nodes' 4 do): the
+    second starts once the first is ready, and a 1-worker job after a 2-worker one takes its own."""
+    import ray
+    from models import DigitsNet
+
+    rm.jobs.release_pools()
+    started = ray.get(rm.jobs.server().warm.remote([("torch", 2), ("torch", 1)]))
+    first = [(p.num_workers, p.state) for p in rm.jobs.pools()]
+    rm.jobs.wait_warm([("torch", 2), ("torch", 1)], timeout_s=300)
+    warm = {p.num_workers: p.id for p in rm.jobs.pools()}
+    logs = {}
+    for workers in (2, 1):
+        DigitsNet().train({"num_workers": workers, "num_epochs": 1, "batch_size": 64, "progress": False}, data=data)
+        logs[workers] = rm.jobs.get(rm.jobs.records()[-1]["id"]).logs()
+    after = sorted((p.num_workers, p.id, p.jobs_run) for p in rm.jobs.pools())
+    ray.get(rm.jobs.server().warm.remote([]))
+    return {
+        "started": len(started),
+        "first": first,
+        "took_own": {n: f"started on pool {warm[n]}" in logs[n] and " starting pool " not in logs[n] for n in warm},
+        "after": [(n, pool_id == warm[n], jobs) for n, pool_id, jobs in after],
+    }
 
 
 class NodeLog(rm.Callback):

@@ -26,7 +26,9 @@ def test_warm_pools_parse_from_text_a_list_the_environment_and_auto(monkeypatch)
     for nothing in ("none", "", "off"):
         assert parse_warm(nothing, cpus=4) == ()
     monkeypatch.setattr(_table, "_DEFINED", {})
-    assert parse_warm("auto", cpus=8) == (("torch", 2),)  # no model class defined: torch (installed here)
+    assert parse_warm("auto", cpus=2) == (("torch", 2),)  # no model class defined: torch (installed here)
+    assert parse_warm("auto", cpus=8) == (("torch", 2), ("torch", 1))  # room for a 1-worker pool beside it
+    assert parse_warm("auto", cpus=3) == (("torch", 2), ("torch", 1))
     assert parse_warm("auto", cpus=1) == (("torch", 1),)
     assert parse_warm("auto", cpus=0) == ()
 
@@ -44,14 +46,16 @@ def test_warm_pools_parse_from_text_a_list_the_environment_and_auto(monkeypatch)
 
     # the backends of the classes defined, in order, as many as the CPUs hold (RLlib's by name: no pool, no
     # CPU); Lightning's jobs take transformers' pool (torch's kind): no second pool for it
-    assert parse_warm("auto", cpus=8) == (("rllib", 0), ("xgboost", 2), ("transformers", 2))
+    both = (("rllib", 0), ("xgboost", 2), ("transformers", 2))
+    assert parse_warm("auto", cpus=8) == (*both, ("xgboost", 1), ("transformers", 1))
+    assert parse_warm("auto", cpus=5) == (*both, ("xgboost", 1))
     assert parse_warm("auto", cpus=3) == (("rllib", 0), ("xgboost", 2), ("transformers", 1))
     monkeypatch.setattr(_table, "_DEFINED", {})
 
     class OnlyRL(rm.RayRLlibModel):
         pass
 
-    assert parse_warm("auto", cpus=8) == (("rllib", 0),)
+    assert parse_warm("auto", cpus=8) == (("rllib", 0),)  # no pool: no 1-worker one either
     monkeypatch.setattr(_table, "_DEFINED", {})
     monkeypatch.setenv("RAYMODEL_WARM", "lightgbm:2")
     assert parse_warm(None, cpus=4) == (("lightgbm", 2),)
@@ -363,6 +367,49 @@ def test_two_sizes_of_one_backend_are_two_warm_pools_each_taken_by_its_own_size(
         model = TinyNet()
         checked, data = prepare(model, rm.TrainSettings(num_workers=workers, progress=False), tiny_data)
         assert train_request(model, checked, data)[1]["pool"]["key"] == keys[workers]
+
+
+def test_warm_pools_of_one_kind_start_one_after_another_each_once_the_one_before_is_ready(monkeypatch, capsys):
+    """``torch:2,xgboost:1,torch:1`` (``auto`` where the CPUs hold both sizes): torch's and xgboost's first
+    pools start at once, torch's 1-worker pool once its 2-worker pool is ready, where the cluster has room
+    for it then. The server's logic in-process; on Ray: tests/multinode.py."""
+    import threading
+    from types import SimpleNamespace
+
+    from raymodel.jobs._pools import keeper
+    from raymodel.jobs._warm import warm_pools
+
+    free = {"CPU": 1.0}
+    monkeypatch.setattr(keeper, "ray", SimpleNamespace(available_resources=lambda: dict(free), get=lambda ref: ref))
+
+    class Keeper(keeper.PoolKeeper):
+        def __init__(self, specs):
+            self.pools, self.warm_pools, self.draining = {}, warm_pools(specs), False
+            self.lock = threading.RLock()
+            self.changed = threading.Condition(self.lock)
+
+        def _new_pool(self, spec, needs, job_id):
+            pool_id = f"{spec['kind']}:{spec['num_workers']}"
+            self.pools[pool_id] = {"key": spec["key"], "state": "idle", "ready": False, "job": job_id, "started": 0}
+            return pool_id
+
+    server = Keeper([("torch", 2), ("xgboost", 1), ("torch", 1)])
+    assert server._start_warm(check_room=False) == ["torch:2", "xgboost:1"]  # not torch:1: behind torch:2
+    server._pool_ready("xgboost:1", True)
+    assert list(server.pools) == ["torch:2", "xgboost:1"]  # another kind's readiness does not start it
+    server._pool_ready("torch:2", True)
+    assert list(server.pools) == ["torch:2", "xgboost:1", "torch:1"]
+    assert "warming pool torch:1 of 1 torch worker(s)" in capsys.readouterr().out
+
+    free["CPU"] = 0.0  # no room when the first is ready: not started (the server's re-warming looks later)
+    server = Keeper([("torch", 2), ("torch", 1)])
+    assert server._start_warm(check_room=False) == ["torch:2"]
+    server._pool_ready("torch:2", True)
+    assert list(server.pools) == ["torch:2"]
+    free["CPU"] = 1.0
+    assert server._start_warm(check_room=False) == ["torch:1"]  # the 2-worker one ready: not behind now
+    server.pools["torch:2"]["state"] = "ending"
+    assert server._behind(next(reversed(server.warm_pools)))  # behind again while the first is not running
 
 
 def test_what_a_pools_workers_import_ahead_exists():

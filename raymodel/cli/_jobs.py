@@ -54,7 +54,8 @@ def add_commands(sub: Any) -> None:
         default=None,
         help="pools to start at once and keep warm, BACKEND:WORKERS[,...] (e.g. torch:2,lightning:1; 'none'), and "
         "rllib by name alone (its Algorithm's process, started ahead); default: RAYMODEL_WARM, else 'auto' "
-        "(torch:2 where torch is installed: Lightning's and transformers' too)",
+        "(torch:2 where torch is installed: Lightning's and transformers' too; torch:2,torch:1 where the CPUs "
+        "hold both)",
     )
     start.add_argument(
         "--wait",

@@ -99,7 +99,8 @@ def init(
             keeps warm, so that a first job finds its workers started:
             ``"torch:2"``, ``"torch:2,lightning:1"``, ``[("torch", 2)]``,
             ``"none"``, or ``"auto"``: 2 workers for the backend of each model
-            class this process has defined (torch's where none). ``"rllib"``
+            class this process has defined (torch's where none), and 1 worker
+            of each too where the CPUs hold both sizes. ``"rllib"``
             (no pool, by name alone): the Algorithm's actor started ahead. A job
             with that backend and ``num_workers`` (default placement) takes the
             pool, ready or still starting; a pool of torch's takes Lightning

@@ -16,7 +16,10 @@ with RLlib imported), holding no resources while it waits.
 
 Without a setting, the default is ``auto``: a pool of 2 workers (1 on a one-CPU
 cluster) for the backend of each model class the process has defined (RLlib's
-warmed by name: it has no pool), or for torch where it has defined none; ``none`` warms nothing.
+warmed by name: it has no pool), or for torch where it has defined none, and,
+where the cluster's CPUs have room for both, a pool of 1 worker of each too;
+``none`` warms nothing. Pools of one kind start one after another, in the order
+given (``PoolKeeper._behind``).
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ def by_name() -> dict[str, Any]:
 def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
     """``auto``: a pool of 2 workers (1 on a one-CPU cluster) for the backend of each model class this
     process has defined (RLlib's by name: it has no pool), or for torch where it has defined none and
-    torch is installed; as many as the cluster's CPUs hold."""
+    torch is installed; as many as the cluster's CPUs hold. Where the CPUs hold more, a pool of 1 worker
+    of each such backend too (it starts once the 2-worker pool of its kind is ready)."""
     from raymodel.contract import defined_backends
     from raymodel.jobs._request import pool_kind
 
@@ -123,6 +127,10 @@ def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
         kinds.add(kind)
         out.append((name, min(2, left)))
         left -= out[-1][1]
+    for name, workers in list(out):  # room for both: a 1-worker job after a 2-worker one finds its own
+        if workers == 2 and left >= 1:
+            out.append((name, 1))
+            left -= 1
     return tuple(out)
 
 

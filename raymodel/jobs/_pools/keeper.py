@@ -118,10 +118,12 @@ class PoolKeeper(ServerState):
         return pool_id
 
     def _start_warm(self, check_room: bool = True) -> list[str]:
-        """Start each warm pool that is not running. With ``check_room``: only once the server has had no
-        job and the cluster room for them, with nothing waiting for resources, at two looks ``_REWARM_S``
-        apart (so not in a gap between another's tasks or trials)."""
-        missing = [k for k in self.warm_pools if not any(p["key"] == k for p in self.pools.values())]
+        """Start each warm pool that is not running (of one kind, one at a time: ``_behind``). With
+        ``check_room``: only once the server has had no job and the cluster room for them, with nothing
+        waiting for resources, at two looks ``_REWARM_S`` apart (so not in a gap between another's tasks
+        or trials)."""
+        running = {p["key"] for p in self.pools.values()}
+        missing = [k for k in self.warm_pools if k not in running and not self._behind(k)]
         if not missing or self.draining:
             return []
         if check_room and time.monotonic() - self._warmed < _REWARM_S:
@@ -144,11 +146,44 @@ class PoolKeeper(ServerState):
             if check_room and fits(needs, available) is not None:
                 continue
             available = {k: available.get(k, 0.0) - needs.get(k, 0.0) for k in set(available) | set(needs)}
-            pool_id = self._new_pool(spec, needs, job_id=None)
-            print(f"warming pool {pool_id} of {spec['num_workers']} {_kind(spec)} worker(s)", flush=True)
-            started.append(pool_id)
+            started.append(self._new_warm(key))
         self._warmed = time.monotonic()
         return started
+
+    def _new_warm(self, key: str) -> str:
+        spec, needs = self.warm_pools[key]
+        pool_id = self._new_pool(spec, needs, job_id=None)
+        print(f"warming pool {pool_id} of {spec['num_workers']} {_kind(spec)} worker(s)", flush=True)
+        return pool_id
+
+    def _behind(self, key: str) -> bool:
+        """Whether the warm pool ``key`` waits for one of its kind named before it (``torch:2,torch:1``) that
+        is not running or still starting: pools of one kind start one after another, in the order given,
+        so that a first job of that kind, most likely of the first size, does not share the CPUs with the
+        second's start. It starts when that one is ready (``_pool_ready``)."""
+        kind = _kind(self.warm_pools[key][0])
+        for earlier, (spec, _) in self.warm_pools.items():
+            if earlier == key:
+                return False
+            if _kind(spec) == kind and not any(
+                p["key"] == earlier and p.get("ready") and p["state"] != "ending" for p in self.pools.values()
+            ):
+                return True
+        return False
+
+    def _start_behind(self, key: str) -> None:
+        """The pool of warm key ``key`` is ready: start the next warm pool of its kind (``_behind``), where
+        the cluster has room for it now; otherwise the server starts it once it has (``_rewarm``)."""
+        if self.draining or key not in self.warm_pools:
+            return
+        kind, running = _kind(self.warm_pools[key][0]), {p["key"] for p in self.pools.values()}
+        available = {k: float(v) for k, v in ray.available_resources().items()}
+        for later, (spec, needs) in self.warm_pools.items():
+            if _kind(spec) != kind or later in running or self._behind(later):
+                continue
+            if fits(needs, available) is None:
+                self._new_warm(later)
+                return
 
     def _pool_ready(self, pool_id: str, ref: Any) -> None:
         """The pool's ``wait_ready`` answered: ``True`` once every worker has started and asked for a job."""
@@ -161,6 +196,7 @@ class PoolKeeper(ServerState):
             if pool is not None and ready:
                 pool["ready"] = True
                 print(f"pool {pool_id} ready in {time.time() - pool['started']:.1f} s", flush=True)
+                self._start_behind(pool["key"])
                 self.changed.notify_all()
 
     def _end_pool(self, pool_id: str, why: str, force: bool = False) -> None:
