@@ -263,6 +263,34 @@ def digits_data():
     return rm.data.from_numpy((X / 16.0).astype(np.float32), y, valid_fraction=0.2)
 
 
+_FITTED: dict[str, torch.Tensor] = {}
+
+
+def digits_version(seed: int) -> DigitsNet:
+    """Version ``seed`` of a registry's `digits`: a DigitsNet fit here for a moment (60 full-batch Adam
+    steps, about 1 s), then moved by seeded noise, so versions answer alike mostly but not always; and
+    no job that starts from scratch (its config's seed) could give these weights back."""
+    model = DigitsNet(config={"seed": 0})
+    model.ensure_setup()
+    if not _FITTED:
+        from sklearn.datasets import load_digits
+
+        X, y = load_digits(return_X_y=True)
+        x, t = torch.tensor((X / 16.0).astype(np.float32)), torch.tensor(y)
+        optimizer = torch.optim.Adam(model.net.parameters(), lr=0.01)
+        for _ in range(60):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model.net(x), t).backward()
+            optimizer.step()
+        _FITTED.update({k: v.detach().clone() for k, v in model.net.state_dict().items()})
+    model.net.load_state_dict(_FITTED)
+    noise = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.net.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=noise))
+    return model
+
+
 class SlowNet(TinyNet):
     """``TinyNet`` whose every training step sleeps ``step_s`` (default 0.2 s): epochs long enough to
     kill something in the middle of one."""

@@ -4,46 +4,16 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 import requests
+from browser import ARTIFACTS, browse, chromium
 from models import TinyNet
 
 import raymodel as rm
-
-ARTIFACTS = Path(__file__).parent / "artifacts"  # screenshots: look at them (not committed)
-
-
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    pytest.fail("no chromium: `make tools` installs it (`apt-get install chromium`)")
-
-
-def _browser(binary: str, url: str, *args: str, budget_ms: int = 4000) -> str:
-    """The page's DOM after its scripts ran (``--dump-dom``), or a screenshot with ``--screenshot=``."""
-    with tempfile.TemporaryDirectory() as profile:
-        command = [
-            binary,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            f"--user-data-dir={profile}",
-            f"--virtual-time-budget={budget_ms}",
-            *(args or ["--dump-dom"]),
-            url,
-        ]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)  # a busy 2-core machine
-    assert done.returncode == 0 and (done.stdout or args), f"{url}: {done.stderr[-2000:]}"
-    return done.stdout
 
 
 def _points(dom: str, series: str) -> int:
@@ -57,7 +27,7 @@ def _points(dom: str, series: str) -> int:
 def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(ray_session, tiny_data, registry):
     from s3server import free_port
 
-    browser = _chromium()
+    browser = chromium()
     url = rm.dashboard(port=free_port())
     base, token = url.split("/?token=")
     assert base.startswith("http://127.0.0.1:") and rm.dashboard(port=int(base.rsplit(":", 1)[1])) == url
@@ -67,7 +37,7 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
             if row["epoch"] >= 3:
                 break
         ARTIFACTS.mkdir(exist_ok=True)
-        listing = _browser(browser, f"{base}/#/jobs")
+        listing = browse(browser, f"{base}/#/jobs")
         row = re.search(rf'<tr data-job="{job.id}">(.*?)</tr>', listing, re.S)
         assert row and '<span class="status RUNNING">' in row.group(1) and "<td>1 CPU</td>" in row.group(1)
         assert re.search(r'<td class="eta">ends in ~\d+ s</td>', row.group(1))  # its ETA, from its epoch times
@@ -75,19 +45,19 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
         assert {"id": job.id, "kind": "train", "resources": {"CPU": 1.0}} in held["jobs"]
         (pool,) = held["pools"]  # the job runs on a pool of the training server
         assert (pool["state"], pool["job"], pool["workers"], pool["resources"]) == ("busy", job.id, 1, {"CPU": 1.0})
-        shown = _browser(browser, f"{base}/#/resources")
+        shown = browse(browser, f"{base}/#/resources")
         assert pool["id"] in shown and "torch/1x[CPU=1]" in shown and "busy:" in shown
         page = f"{base}/?token={token}#/jobs/{job.id}"
-        first = _browser(browser, page)
+        first = browse(browser, page)
         assert f'<span class="job-id">{job.id}</span> <span class="status RUNNING">' in first
         before = _points(first, "loss")
         assert before >= 3 and _points(first, "val_acc") >= 3
         shown = len(job.history())
         while len(job.history()) < shown + 3:  # more epochs end...
             time.sleep(0.2)
-        after = _points(_browser(browser, page), "loss")
+        after = _points(browse(browser, page), "loss")
         assert after > before, f"the curve did not gain points ({before} -> {after})"
-        _browser(browser, page, "--window-size=1280,900", f"--screenshot={ARTIFACTS / 'dashboard-job.png'}")
+        browse(browser, page, "--window-size=1280,900", f"--screenshot={ARTIFACTS / 'dashboard-job.png'}")
         assert (ARTIFACTS / "dashboard-job.png").stat().st_size > 10_000
 
         # A change from the job page's form goes through the same API: guarded, checked, then applied.
@@ -99,7 +69,7 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
         assert requests.post(update, json={"config": {"lr": 0.01}}, headers=auth, timeout=10).status_code == 200
         while job.changes[0]["epoch"] is None:  # applied at the next epoch boundary
             time.sleep(0.1)
-        changed = _browser(browser, page)
+        changed = browse(browser, page)
         assert "<h2>Changes</h2>" in changed and "<code>lr=0.01</code>" in changed
 
         stop = f"{base}/api/jobs/{job.id}/stop"
@@ -115,13 +85,11 @@ def test_the_dashboard_shows_a_running_job_its_growing_curves_and_the_registry(r
     assert resources["cluster"]["CPU"]["total"] == 2.0
 
     registry.put(result, "dash-digits", alias="production")
-    _browser(
-        browser, f"{base}/#/models", "--window-size=1280,700", f"--screenshot={ARTIFACTS / 'dashboard-models.png'}"
-    )
-    models = _browser(browser, f"{base}/#/models")
+    browse(browser, f"{base}/#/models", "--window-size=1280,700", f"--screenshot={ARTIFACTS / 'dashboard-models.png'}")
+    models = browse(browser, f"{base}/#/models")
     assert '<h2 class="model-key">dash-digits</h2>' in models and "@production" in models
     assert f'href="#/jobs/{job.id}"' in models  # lineage: the job that produced the version
-    _browser(browser, f"{base}/#/jobs", "--window-size=1280,500", f"--screenshot={ARTIFACTS / 'dashboard-jobs.png'}")
+    browse(browser, f"{base}/#/jobs", "--window-size=1280,500", f"--screenshot={ARTIFACTS / 'dashboard-jobs.png'}")
 
 
 def test_a_tune_jobs_trials_best_and_early_stops_are_worked_out_from_its_record():

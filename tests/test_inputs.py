@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from in_process import StoringSession
 from models import DigitsNet, PairDataset, TinyNet
 
 import raymodel as rm
@@ -233,7 +234,6 @@ def test_the_data_knows_the_signature_of_its_inputs(tiny):
 
 
 def test_the_signature_is_recorded_at_training_and_checked_before_forward(tmp_path, tiny):
-    from test_lifecycle import StoringSession
 
     from raymodel.train import Trainable, WorkerRun
     from raymodel.train._driver import worker_payload

@@ -2,7 +2,8 @@
 they hold on the code, they fail on an upward import (inside a function or under TYPE_CHECKING too)
 and on a cross-package private import, and no import circle remains in raymodel/ (counted with grimp,
 lazy and TYPE_CHECKING imports included). Only raymodel/jobs/ knows the training server's actor, and no
-two modules define a class of the same name."""
+two modules define a class of the same name. The test modules read alone: none imports another (what
+they share lives in helper modules beside them)."""
 
 from __future__ import annotations
 
@@ -160,6 +161,25 @@ def test_every_module_of_raymodel_is_under_400_lines():
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "raymodel").rglob("*.py")}
     assert len(sizes) > 100
     assert not {path: n for path, n in sizes.items() if n >= 400}
+
+
+def test_no_test_module_imports_another():
+    """A test module is read as a specification on its own: shared models and helpers live in the helper
+    modules of tests/ (models.py, traffic.py, browser.py, in_process.py, ...), not in another test module."""
+    tests = ROOT / "tests"
+    names = {p.stem for p in tests.glob("test_*.py")}
+    found = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported = [node.module]
+            elif isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [f"{path.name}: {name}" for name in imported if name.split(".")[0] in names]
+    assert len(names) > 40
+    assert found == [], found
 
 
 def test_the_architecture_map_names_every_module_of_the_package():

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-import torch
-from models import DigitsData, DigitsNet
+from browser import ARTIFACTS, browse, chromium
+from models import DigitsData, DigitsNet, digits_version
 from ray import serve
 from sklearn.datasets import load_digits
 from waiting import until
@@ -167,7 +167,7 @@ def test_jobs_by_reference_refuse_bad_names_data_and_keys_before_anything_starts
         split_sets({"batchsize": 3}, "train", {"lr": 0.01})
     monkeypatch.setenv("RAYMODEL_REGISTRY", str(tmp_path / "registry"))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    rm.registry.put(_digits_net(1), "digits", alias="production")
+    rm.registry.put(digits_version(1), "digits", alias="production")
     for args, says in (
         (["digits@nope", "--data", "models:digits_data"], "`digits` has no alias `nope`; aliases: production->1"),
         (["digits", "--data", "models:nothing"], "`models` has no `nothing`"),
@@ -186,8 +186,8 @@ def test_jobs_by_reference_refuse_bad_names_data_and_keys_before_anything_starts
 
 def test_a_route_of_several_versions_is_checked_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYMODEL_REGISTRY", str(tmp_path / "registry"))
-    rm.registry.put(_digits_net(1), "digits", alias="production")
-    rm.registry.put(_digits_net(2), "digits", alias="candidate")
+    rm.registry.put(digits_version(1), "digits", alias="production")
+    rm.registry.put(digits_version(2), "digits", alias="candidate")
     for make, error, says in (
         (lambda: rm.Servable({"digits@production": 0.8, "digits@candidate": 0.1}, "/d"), SettingsError, "sum to 1"),
         (lambda: rm.Servable({"digits@production": 0.5, "digits@nope": 0.5}, "/d"), RegistryError, "no alias `nope`"),
@@ -219,39 +219,13 @@ def test_a_route_of_several_versions_is_checked_before_anything_starts(tmp_path,
 
 
 # ---------------------------------------------------------------- on the session's Ray
-_BASE: dict[str, torch.Tensor] = {}
-
-
-def _digits_net(seed: int) -> DigitsNet:
-    """Version ``seed``: a DigitsNet fit here for a moment (60 full-batch Adam steps, about 1 s), then
-    moved by seeded noise, so versions answer alike mostly but not always; and no job that starts
-    from scratch (its config's seed) could give these weights back."""
-    model = DigitsNet(config={"seed": 0})
-    model.ensure_setup()
-    if not _BASE:
-        X, y = load_digits(return_X_y=True)
-        x, t = torch.tensor((X / 16.0).astype(np.float32)), torch.tensor(y)
-        optimizer = torch.optim.Adam(model.net.parameters(), lr=0.01)
-        for _ in range(60):
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model.net(x), t).backward()
-            optimizer.step()
-        _BASE.update({k: v.detach().clone() for k, v in model.net.state_dict().items()})
-    model.net.load_state_dict(_BASE)
-    noise = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.net.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=noise))
-    return model
-
-
 @pytest.fixture(scope="module")
 def versions(ray_session, tmp_path_factory):
     """``digits`` 1 (production), 2 (candidate) and 3 in a registry of the module's own."""
     saved = os.environ.get("RAYMODEL_REGISTRY")
     os.environ["RAYMODEL_REGISTRY"] = str(tmp_path_factory.mktemp("model_server") / "registry")
     for seed, alias in ((1, "production"), (2, "candidate"), (3, None)):
-        rm.registry.put(_digits_net(seed), "digits", alias=alias)
+        rm.registry.put(digits_version(seed), "digits", alias=alias)
     X, _ = load_digits(return_X_y=True)
     yield {"X": (X / 16.0).astype(np.float32), "local": {n: rm.registry.get("digits", n) for n in (1, 2, 3)}}
     if saved is None:
@@ -360,12 +334,11 @@ def test_a_shadow_is_compared_with_the_answered_version_and_never_answers(versio
 def _dashboard_shows(served, shadow, expected) -> None:
     """The dashboard's routes view (headless chromium) has a row per version and the shadow's agreement."""
     from s3server import free_port
-    from test_dashboard import ARTIFACTS, _browser, _chromium
 
-    browser = _chromium()
+    browser = chromium()
     base, token = rm.dashboard(port=free_port()).split("/?token=")
     page = f"{base}/?token={token}#/routes"
-    dom = _browser(browser, page)
+    dom = browse(browser, page)
     assert '<table class="versions">' in dom and "<code>/shadowed</code>" in dom
     row = re.search(
         r"<tr><td><code>digits:1</code></td><td>digits@production 100%</td>\s*<td class=\"num\">(\d+)</td>", dom
@@ -373,7 +346,7 @@ def _dashboard_shows(served, shadow, expected) -> None:
     assert row and int(row.group(1)) >= 200, dom[-3000:]
     assert f"agreement {100 * expected:.1f}% of {shadow['compared']}" in dom and "shadow of digits:1" in dom
     ARTIFACTS.mkdir(exist_ok=True)
-    _browser(browser, page, f"--screenshot={ARTIFACTS / 'routes_versions.png'}", "--window-size=1280,800")
+    browse(browser, page, f"--screenshot={ARTIFACTS / 'routes_versions.png'}", "--window-size=1280,800")
 
 
 @pytest.mark.integration

@@ -13,7 +13,9 @@ import lane
 import pytest
 import ray
 import requests
+from in_process import StoringSession, run_in_process
 from models import TinyNet
+from traffic import Clients
 from waiting import until
 
 import raymodel as rm
@@ -86,7 +88,6 @@ def test_a_model_that_cannot_be_served_on_the_route_is_refused_before_ray_is_ask
 def test_an_evaluation_run_scores_a_checkpoint_as_training_validated_it_and_trains_nothing(tmp_path, tiny):
     """``WorkerRun``'s evaluate mode, in-process (the real torch loop): the last checkpoint's figures
     are the last epoch's validation, the validation hooks run, no epoch, no report, no checkpoint."""
-    from test_lifecycle import StoringSession, run_in_process
 
     from raymodel.train import TrainSettings, WorkerRun
     from raymodel.train._driver import worker_payload
@@ -124,7 +125,6 @@ def test_an_evaluation_run_scores_a_checkpoint_as_training_validated_it_and_trai
 
 
 def test_scoring_without_held_out_data_says_how_to_give_it(tmp_path, tiny):
-    from test_lifecycle import StoringSession, run_in_process
 
     from raymodel.train import TrainSettings, WorkerRun
     from raymodel.train._driver import worker_payload
@@ -192,11 +192,28 @@ def released(ray_session, tmp_path_factory):
         os.environ["RAYMODEL_REGISTRY"] = before
 
 
+def any_score_release(released: dict[str, Any], rollout: Any) -> Any:
+    """A one-epoch release of a DigitsNet onto `/release` whose gate passes any score, rolled out by ``rollout``."""
+    from models import DigitsNet
+
+    return DigitsNet().release(
+        data=released["data"],
+        settings={**TRAIN, "num_epochs": 1},
+        register="digits",
+        gate=rm.Gate(metric="val_acc", against="digits@production", min_delta=-1.0),
+        route="/release",
+        rollout=rollout,
+    )
+
+
+def running_rollouts() -> list[Any]:
+    return [r for r in rm.serve.rollouts() if r.state()["status"] == "running"]
+
+
 @pytest.mark.integration
 @pytest.mark.beside  # rollouts' steps and jobs' waits: the second session (tests/beside.py)
 def test_a_better_candidate_goes_from_data_to_production_in_one_job_while_every_request_is_answered(released):
     from models import DigitsNet
-    from test_rollouts import Clients
 
     clients = Clients(released["served"].url, released["body"], n=2)
     try:
@@ -256,9 +273,36 @@ def test_a_worse_candidate_is_rejected_at_the_gate_with_both_figures_and_nothing
 
 @pytest.mark.integration
 @pytest.mark.beside  # rollouts' steps and jobs' waits: the second session (tests/beside.py)
+def test_a_release_whose_server_and_rollout_controller_die_in_its_rollout_goes_on_to_promote(released):
+    """On the route the releases above promoted and rejected on: the training server's actor and the
+    rollout controller's are killed (Ray restarts them) while the release is in its rollout. The job
+    goes on: the new controller takes the rollout up from storage, the new runner follows it, and the
+    candidate is promoted; it never stays RUNNING with nothing happening."""
+
+    from raymodel.jobs._address import NAME, NAMESPACE
+    from raymodel.serve._rollout import CONTROLLER
+
+    versions = len(rm.registry.list("digits"))
+    clients = Clients(released["served"].url, released["body"], n=2)
+    try:
+        job = any_score_release(released, rm.RolloutPlan(steps=(0.5, 1.0), step_s=4, guard=rm.Guard(min_requests=10)))
+        until(lambda: job.stage == "rollout" and running_rollouts(), 300)
+        ray.kill(ray.get_actor(NAME, namespace=NAMESPACE), no_restart=False)
+        ray.kill(ray.get_actor(CONTROLLER, namespace=NAMESPACE), no_restart=False)
+        result = job.wait(timeout=300)
+    finally:
+        answers = clients.stop()
+    assert result.status == "SUCCEEDED", (result.status, result.reason, job.logs()[-2000:])
+    assert [row["stage"] for row in result.stages] == list(STAGES)
+    assert len(rm.registry.list("digits")) == versions + 1  # registered once
+    assert rm.registry.show("digits", "production").version == int(result.version.split(":")[1])
+    assert {status for _, status, _ in answers} == {200}, answers[-5:]
+
+
+@pytest.mark.integration
+@pytest.mark.beside  # rollouts' steps and jobs' waits: the second session (tests/beside.py)
 def test_a_candidate_that_breaks_its_guard_is_rolled_back_and_no_alias_moves(released):
     from models import FlakyDigits
-    from test_rollouts import Clients
 
     production = rm.registry.show("digits", "production").version
     clients = Clients(released["served"].url, released["body"], n=2)
@@ -288,20 +332,11 @@ def test_a_rollout_stopped_by_another_hand_fails_the_release_and_moves_no_alias(
     """Not ``job.stop()``: ``rollout.stop()`` (an operator's, or the controller's when the route does not
     come back after a restart) ends the rollout, the route back to what it served; the release did not
     reach production, so it ends FAILED, saying so, not SUCCEEDED without promoting."""
-    from models import DigitsNet
 
     production = rm.registry.show("digits", "production").version
-    job = DigitsNet().release(
-        data=released["data"],
-        settings={**TRAIN, "num_epochs": 1},
-        register="digits",
-        gate=rm.Gate(metric="val_acc", against="digits@production", min_delta=-1.0),  # any score passes
-        route="/release",
-        rollout=rm.RolloutPlan(steps=(0.5, 1.0), step_s=600, guard=rm.Guard(min_requests=5)),
-    )
-    going = lambda: [r for r in rm.serve.rollouts() if r.state()["status"] == "running"]  # noqa: E731
-    until(lambda: job.stage == "rollout" and going() and going()[0].state()["step"] == 1, 300)
-    (rollout,) = going()
+    job = any_score_release(released, rm.RolloutPlan(steps=(0.5, 1.0), step_s=600, guard=rm.Guard(min_requests=5)))
+    until(lambda: job.stage == "rollout" and running_rollouts() and running_rollouts()[0].state()["step"] == 1, 300)
+    (rollout,) = running_rollouts()
     rollout.stop()  # by another hand than the job's
     with pytest.raises(TrainingError, match="ended without promoting it: stopped at step 1"):
         job.wait(timeout=120)
@@ -379,7 +414,6 @@ def test_a_release_whose_server_is_killed_while_it_trains_ends_with_each_epoch_o
 def test_a_candidate_is_registered_once_whatever_runner_registers_it(tmp_path, tiny):
     """A runner started again after it registered (its row not written yet) finds the version whose
     lineage names the job: no second version."""
-    from test_lifecycle import StoringSession, run_in_process
 
     from raymodel.jobs._server.release import _register
 
@@ -552,7 +586,6 @@ def test_a_tuned_release_gates_the_best_trial_and_a_stop_in_its_rollout_leaves_t
     """`tune=`: the best trial's checkpoint (with its config) is the candidate; `job.stop()` during the
     rollout sets the route back to what it served; the dashboard's job view has the stages."""
     from models import DigitsNet
-    from test_rollouts import Clients
 
     from raymodel.web import _api
 
@@ -570,8 +603,7 @@ def test_a_tuned_release_gates_the_best_trial_and_a_stop_in_its_rollout_leaves_t
             route="/release",
             rollout=rm.RolloutPlan(steps=(0.5, 1.0), step_s=600, guard=rm.Guard(min_requests=5)),
         )
-        going = lambda: [r for r in rm.serve.rollouts() if r.state()["status"] == "running"]  # noqa: E731
-        until(lambda: job.stage == "rollout" and going() and going()[0].state()["step"] == 1, 300)
+        until(lambda: job.stage == "rollout" and running_rollouts() and running_rollouts()[0].state()["step"] == 1, 300)
         job.stop()
         result = job.wait(timeout=120)
     finally:

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import ray
 import requests
-from models import FlakyDigits
+from browser import ARTIFACTS, browse, chromium
+from models import FlakyDigits, digits_version
 from sklearn.datasets import load_digits
-from test_model_server import _digits_net
+from traffic import Clients
 from waiting import until
 
 import raymodel as rm
@@ -103,10 +104,10 @@ def registry(ray_session, tmp_path_factory):
     """``digits`` 1 (production, stable), 2 (candidate) and 3, and 4: a candidate failing a third of its requests."""
     saved = os.environ.get("RAYMODEL_REGISTRY")
     os.environ["RAYMODEL_REGISTRY"] = str(tmp_path_factory.mktemp("rollouts") / "registry")
-    rm.registry.put(_digits_net(1), "digits", alias="production")
+    rm.registry.put(digits_version(1), "digits", alias="production")
     rm.registry.set_alias("digits", "stable", 1)
-    rm.registry.put(_digits_net(2), "digits", alias="candidate")
-    rm.registry.put(_digits_net(3), "digits")
+    rm.registry.put(digits_version(2), "digits", alias="candidate")
+    rm.registry.put(digits_version(3), "digits")
     flaky = FlakyDigits(config={"seed": 0})
     flaky.ensure_setup()
     flaky.net.load_state_dict(rm.registry.get("digits", 1).net.state_dict())  # it answers as production does
@@ -117,33 +118,6 @@ def registry(ray_session, tmp_path_factory):
         os.environ.pop("RAYMODEL_REGISTRY", None)
     else:
         os.environ["RAYMODEL_REGISTRY"] = saved
-
-
-class Clients:
-    """``n`` clients sending requests with keys, one after another each, until stopped; every answer's
-    status and version, in order."""
-
-    def __init__(self, url: str, body: dict, n: int = 4) -> None:
-        self.url, self.body = url, body
-        self.answers: list[tuple[float, int, str | None]] = []
-        self.stopped = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
-        for t in self.threads:
-            t.start()
-
-    def _run(self, who: int) -> None:
-        with requests.Session() as s:
-            i = 0
-            while not self.stopped.is_set():
-                a = s.post(self.url, json=self.body, headers={"x-raymodel-key": f"user-{who}-{i}"}, timeout=30)
-                self.answers.append((time.monotonic(), a.status_code, a.headers.get("x-raymodel-model")))
-                i += 1
-
-    def stop(self) -> list[tuple[float, int, str | None]]:
-        self.stopped.set()
-        for t in self.threads:
-            t.join()
-        return self.answers
 
 
 @pytest.mark.integration
@@ -176,12 +150,11 @@ def _dashboard_shows(rollout_id: str) -> None:
     import re
 
     from s3server import free_port
-    from test_dashboard import ARTIFACTS, _browser, _chromium
 
-    browser = _chromium()
+    browser = chromium()
     base, token = rm.dashboard(port=free_port()).split("/?token=")
     page = f"{base}/?token={token}#/routes"
-    dom = _browser(browser, page)
+    dom = browse(browser, page)
     row = re.search(r'<table class="rollouts">.*?</table>', dom, re.S)
     assert row, dom[-3000:]
     text = row.group(0)
@@ -190,7 +163,7 @@ def _dashboard_shows(rollout_id: str) -> None:
     assert "digits@production 100%" in text and "errors ≤ 1.0%, 20 requests a step" in text
     assert re.search(r"\d+ requests, \d+ failed \(\d+\.\d%\)", text) and "rolled back at step 1 (20%)" in text
     ARTIFACTS.mkdir(exist_ok=True)
-    _browser(browser, page, f"--screenshot={ARTIFACTS / 'routes_rollouts.png'}", "--window-size=1280,900")
+    browse(browser, page, f"--screenshot={ARTIFACTS / 'routes_rollouts.png'}", "--window-size=1280,900")
 
 
 @pytest.mark.integration

@@ -49,6 +49,6 @@ def restore() -> list[str]:
         return []
     said = serve_declared()
     if running:
-        taken = ray.get(controller(create=True).take_up.remote(Servable))
-        said.append(f"rollouts going on: {', '.join(taken)}")
+        ray.get(controller(create=True).running.remote(""))  # started: it takes up what it finds running
+        said.append(f"rollouts going on: {', '.join(running)}")
     return said

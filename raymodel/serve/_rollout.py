@@ -114,6 +114,10 @@ def controller(create: bool = False) -> Any:
             get_if_exists=True,
             num_cpus=0,
             max_concurrency=32,
+            # Killed, it comes back and takes up its running rollouts from storage (``_resume``); a call
+            # made meanwhile waits for it (every call is a read, or one that the state makes idempotent).
+            max_restarts=-1,
+            max_task_retries=-1,
         )
         .remote()
     )

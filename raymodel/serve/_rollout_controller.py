@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import builtins  # `list` in the class is the clients' call
 import json
 import threading
 import time
@@ -63,7 +62,6 @@ class RolloutController:
         # at once (a rollout's step and a request to start another) fail with "... is not registered
         # for pickle by value". The controller's threads call Serve one at a time.
         self.serve_calls = threading.RLock()
-        self.waiting: set[str] = set()  # rollouts kept running by an earlier controller, not driven yet
         self._resume()
 
     # ------------------------------------------------------------ the API
@@ -198,22 +196,19 @@ class RolloutController:
 
     def _resume(self) -> None:
         """The rollouts an earlier controller kept: ended ones are listed; each running one goes on from its
-        step, with its shares, once its route is served again (``_declared.py``; its figures start anew)."""
+        step, with its shares, once its route is served again (``_declared.py``; its figures start anew).
+
+        The controller takes them up itself, whoever started it (Ray restarting it after its death, a
+        release's runner following its rollout, or a new head's ``restore``): a rollout kept as running
+        and driven by no one would leave the release that follows it waiting in silence."""
+        from raymodel.serve._driver import Servable
+
         for state in _kept():
             self.rollouts[state["id"]] = state
             self.figures[state["id"]] = {"candidate": _Figures(), "baseline": _Figures(), "step": _Figures()}
             if state["status"] == "running":
                 state["reason"] = f"resuming at step {max(state['step'], 1)} after a restart: waiting for the route"
-                self.waiting.add(state["id"])
-
-    def take_up(self, servable: Any) -> builtins.list[str]:
-        """Drive each rollout ``_resume`` found running (``servable``: the ``Servable`` class, with which it
-        sets the route's split); the ids."""
-        with self.lock:
-            ids, self.waiting = sorted(self.waiting), set()
-        for rollout_id in ids:
-            threading.Thread(target=self._go_on, args=(rollout_id, servable), daemon=True).start()
-        return ids
+                threading.Thread(target=self._go_on, args=(state["id"], Servable), daemon=True).start()
 
     def _go_on(self, rollout_id: str, servable_class: Any, wait_s: float = 300.0) -> None:
         state = self.rollouts[rollout_id]
