@@ -22,9 +22,11 @@ os.environ.update(LOG_NAME_UPDATE_INTERVAL_S="1", RAY_LOG_MONITOR_MANY_FILES_THR
 
 def pytest_configure(config: pytest.Config) -> None:
     import beside
+    import cpu_report
     import lane
 
     config.pluginmanager.register(lane, "raymodel-test-lane")  # the background lane (tests/lane.py)
+    config.pluginmanager.register(cpu_report, "raymodel-test-cpu")  # what the session cost (tests/cpu_report.py)
     config.pluginmanager.register(beside, "raymodel-test-beside")  # a second session (tests/beside.py)
     config.addinivalue_line(
         "markers", "after(name): runs right after the test `name` of its module (on the pool that test left idle)"

@@ -156,13 +156,6 @@ def test_the_jobs_package_init_is_its_face_only_and_the_server_is_looked_up_in_o
     assert lookups == ["raymodel/jobs/_address.py"], lookups
 
 
-def test_every_module_of_raymodel_is_under_400_lines():
-    """A module that outgrows 400 lines is split along its seams (as contract/_backend.py and model.py were)."""
-    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "raymodel").rglob("*.py")}
-    assert len(sizes) > 100
-    assert not {path: n for path, n in sizes.items() if n >= 400}
-
-
 def test_no_test_module_imports_another():
     """A test module is read as a specification on its own: shared models and helpers live in the helper
     modules of tests/ (models.py, traffic.py, browser.py, in_process.py, ...), not in another test module."""

@@ -82,7 +82,7 @@ def test_the_controllers_threads_build_serve_configs_one_at_a_time():
             for _ in range(100):
                 DeploymentConfig()  # what `serve.deployment()` and `serve.run` build
 
-    controller, failed = RolloutController(), []
+    controller, failed = RolloutController(Building), []
 
     def route():
         try:

@@ -12,9 +12,9 @@ that does not match ``output_schema``, with a ``request_id``; the replica keeps
 serving).
 """
 
-from raymodel.serve._driver import Servable, ServedModel, rollout
+from raymodel.serve._driver import Servable, ServedModel, rollout, rollouts
 from raymodel.serve._restore import restore
-from raymodel.serve._rollout import Guard, Rollout, check_steps, rollouts
+from raymodel.serve._rollout import Guard, Rollout, check_steps
 from raymodel.serve._rollout_controller import served_spec
 from raymodel.serve._settings import ServeSettings
 

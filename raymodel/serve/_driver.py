@@ -14,7 +14,7 @@ from raymodel.contract import training_server
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._declared import declare, forget
 from raymodel.serve._failures import replica_failures
-from raymodel.serve._rollout import Guard, Rollout, running_on, start_rollout
+from raymodel.serve._rollout import Guard, Rollout, known_rollouts, running_on, start_rollout
 from raymodel.serve._route_plan import _is_multiplexed, _plan, _routed_application
 from raymodel.serve._settings import ServeSettings, replica_needs, replica_options
 
@@ -116,6 +116,12 @@ def rollout(
     what ``raymodel serve rollout`` runs. Arguments as ``ServedModel.rollout``; the route must serve
     one registry version."""
     return start_rollout(route, ref, steps, step_s, guard, Servable)
+
+
+def rollouts(start: bool = False) -> list[Rollout]:
+    """Every rollout the cluster's controller knows (running and ended), oldest first. ``start``: start
+    the controller if it is not running (it takes up the rollouts kept in storage as running)."""
+    return known_rollouts(Servable if start else None)
 
 
 class Servable:

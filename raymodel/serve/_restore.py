@@ -49,6 +49,6 @@ def restore() -> list[str]:
         return []
     said = serve_declared()
     if running:
-        ray.get(controller(create=True).running.remote(""))  # started: it takes up what it finds running
+        ray.get(controller(Servable).running.remote(""))  # started: it takes up what it finds running
         said.append(f"rollouts going on: {', '.join(running)}")
     return said

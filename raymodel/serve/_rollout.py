@@ -97,11 +97,12 @@ def check_steps(steps: Any, step_s: Any) -> tuple[tuple[float, ...], float]:
     return tuple(out), float(step_s)
 
 
-def controller(create: bool = False) -> Any:
-    """The rollout controller's handle (``create``: start it if it is not running)."""
+def controller(servable: type | None = None) -> Any:
+    """The rollout controller's handle. Given ``servable`` (the ``Servable`` class, with which it sets
+    routes' splits), it is started if it is not running."""
     import ray
 
-    if not create:
+    if servable is None:
         return ray.get_actor(CONTROLLER, namespace=NAMESPACE)
     from raymodel.serve._rollout_controller import RolloutController
 
@@ -119,7 +120,7 @@ def controller(create: bool = False) -> Any:
             max_restarts=-1,
             max_task_retries=-1,
         )
-        .remote()
+        .remote(servable)
     )
 
 
@@ -132,7 +133,7 @@ def start_rollout(route: str, ref: str, steps: Any, step_s: Any, guard: Any, ser
         raise SettingsError(f"A rollout's candidate is a registry reference like 'digits@candidate' (got {ref!r}).")
     import ray
 
-    handle = controller(create=True)
+    handle = controller(servable)
     state = ray.get(handle.start.remote(route, str(ref), steps, step_s, dataclasses.asdict(guard), servable))
     if isinstance(state, Exception):
         raise state
@@ -150,11 +151,12 @@ def running_on(route: str) -> str | None:
     return ray.get(handle.running.remote(route))
 
 
-def rollouts(start: bool = False) -> list[Rollout]:
-    """Every rollout the cluster's controller knows (running and ended), oldest first. ``start``: start
-    the controller if it is not running (after a head restart it takes up the rollouts kept in storage)."""
+def known_rollouts(servable: type | None = None) -> list[Rollout]:
+    """Every rollout the cluster's controller knows (running and ended), oldest first. Given ``servable``
+    (the ``Servable`` class), the controller is started if it is not running (it takes up the rollouts
+    kept in storage as running)."""
     try:
-        handle = controller(create=start)
+        handle = controller(servable)
     except ValueError:
         return []
     import ray

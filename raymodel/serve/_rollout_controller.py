@@ -52,7 +52,7 @@ class _Figures:
 class RolloutController:
     """The cluster's rollouts (see the module's docstring); one thread drives each."""
 
-    def __init__(self) -> None:
+    def __init__(self, servable: Any) -> None:
         self.rollouts: dict[str, dict[str, Any]] = {}
         self.figures: dict[str, dict[str, _Figures]] = {}  # id -> {"candidate", "baseline", "step"}
         self.stopping: set[str] = set()
@@ -62,7 +62,7 @@ class RolloutController:
         # at once (a rollout's step and a request to start another) fail with "... is not registered
         # for pickle by value". The controller's threads call Serve one at a time.
         self.serve_calls = threading.RLock()
-        self._resume()
+        self._resume(servable)
 
     # ------------------------------------------------------------ the API
     def start(
@@ -194,21 +194,20 @@ class RolloutController:
             state = json.dumps(self.rollouts[rollout_id])
         storage.write_bytes(storage.join(_folder(), f"{rollout_id}.json"), state.encode())
 
-    def _resume(self) -> None:
+    def _resume(self, servable: Any) -> None:
         """The rollouts an earlier controller kept: ended ones are listed; each running one goes on from its
         step, with its shares, once its route is served again (``_declared.py``; its figures start anew).
 
         The controller takes them up itself, whoever started it (Ray restarting it after its death, a
         release's runner following its rollout, or a new head's ``restore``): a rollout kept as running
-        and driven by no one would leave the release that follows it waiting in silence."""
-        from raymodel.serve._driver import Servable
-
+        and driven by no one would leave the release that follows it waiting in silence. ``servable``:
+        the ``Servable`` class, with which it sets the route's split (Ray restarts the actor with it)."""
         for state in _kept():
             self.rollouts[state["id"]] = state
             self.figures[state["id"]] = {"candidate": _Figures(), "baseline": _Figures(), "step": _Figures()}
             if state["status"] == "running":
                 state["reason"] = f"resuming at step {max(state['step'], 1)} after a restart: waiting for the route"
-                threading.Thread(target=self._go_on, args=(state["id"], Servable), daemon=True).start()
+                threading.Thread(target=self._go_on, args=(state["id"], servable), daemon=True).start()
 
     def _go_on(self, rollout_id: str, servable_class: Any, wait_s: float = 300.0) -> None:
         state = self.rollouts[rollout_id]
