@@ -238,11 +238,14 @@ def test_train_settings_that_would_fail_on_the_workers_fail_here(settings, fragm
     assert fragment in str(info.value)
 
 
-def test_serve_and_tune_ranges():
+def test_serve_settings_take_only_finite_non_negative_numbers():
     with pytest.raises(SettingsError, match=r"ray_actor_options\['num_cpus'\]` must be a finite number >= 0"):
         rm.ServeSettings(ray_actor_options={"num_cpus": -1})
     with pytest.raises(SettingsError, match="finite"):
         rm.ServeSettings(batch_wait_timeout_s=math.inf)
+
+
+def test_tune_settings_take_only_a_finite_time_budget():
     with pytest.raises(SettingsError, match="finite"):
         rm.TuneSettings(time_budget_s=math.nan)
 

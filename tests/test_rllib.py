@@ -67,9 +67,12 @@ def test_bad_models_fail_before_ray_naming_the_problem(no_ray, model, error, fra
     assert fragment in str(caught.value)
 
 
-def test_data_is_refused_and_a_missing_rllib_names_its_extra(no_ray, monkeypatch):
+def test_data_given_to_an_rl_model_is_refused_naming_its_environment(no_ray):
     with pytest.raises(DataError, match=r"makes its own data \(`Balancer.make_env`\); leave `data=` out"):
         Balancer().train({"num_epochs": 1}, data={"train": ([[0.0]], [0])})
+
+
+def test_a_missing_rllib_names_its_extra(no_ray, monkeypatch):
     monkeypatch.setitem(sys.modules, "gymnasium", None)  # as if not installed
     with pytest.raises(MissingDependencyError, match=r"pip install 'raymodel\[rllib\]'"):
         Balancer().train({"num_epochs": 1})

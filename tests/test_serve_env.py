@@ -14,12 +14,15 @@ from raymodel._internal import ingress
 from raymodel.exceptions import SettingsError
 
 
-def test_haproxy_is_the_default_and_a_bad_name_fails_before_ray_starts(monkeypatch):
+def test_haproxy_is_the_default_ingress_and_the_environment_or_an_argument_chooses_another(monkeypatch):
     monkeypatch.delenv("RAYMODEL_SERVE_INGRESS", raising=False)
     assert ingress.resolve_ingress(None) == "haproxy"
     monkeypatch.setenv("RAYMODEL_SERVE_INGRESS", "proxy")
     assert ingress.resolve_ingress(None) == "proxy"
     assert ingress.resolve_ingress("haproxy") == "haproxy"
+
+
+def test_an_unknown_ingress_fails_before_ray_starts():
     with pytest.raises(SettingsError, match="serve_ingress.*'haproxy', 'proxy'.*'nginx'"):
         rm.init(serve_ingress="nginx")
 

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import requests
+import shared_runs
 from hf_models import POEMS, Poet, Sentiment, Writer, sentiment_data, sentiment_rows, story_rows
 from waiting import until
 
@@ -207,8 +208,7 @@ def test_more_epochs_asked_mid_run_go_on_with_a_stretched_schedule(ray_session):
 def test_a_tiny_bert_learns_on_two_workers_and_its_weights_travel_everywhere(ray_session, registry, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = Sentiment()
-    result = model.train(TWO, data=sentiment_data())
+    model, result, _ = shared_runs.once("sentiment", lambda: shared_runs.sentiment(progress=False))  # TWO's
     assert [row["epoch"] for row in result.history] == [1, 2, 3]
     for row in result.history:
         assert {"loss", "val_loss", "val_accuracy"} <= set(row), row
