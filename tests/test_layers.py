@@ -142,12 +142,15 @@ def test_no_two_modules_define_a_class_of_the_same_name():
     assert not twice, f"classes of one name in several modules (rename one): {twice}"
 
 
-def test_the_jobs_package_init_is_its_face_only_and_the_server_is_looked_up_in_one_place():
-    """``raymodel/jobs/__init__.py`` re-exports what its modules define (it defines nothing), and one
-    function of ``jobs/_address.py`` (``find``) looks the training server's actor up."""
+def test_the_jobs_package_init_defines_nothing():
+    """``raymodel/jobs/__init__.py`` re-exports what its modules define (it defines nothing)."""
     init = ast.parse((ROOT / "raymodel/jobs/__init__.py").read_text())
     defined = [n.name for n in init.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     assert defined == [], f"raymodel/jobs/__init__.py defines {defined}: move them into a module of the package"
+
+
+def test_the_training_server_is_looked_up_in_one_place():
+    """One function of ``jobs/_address.py`` (``find``) looks the training server's actor up."""
     lookups = [
         str(path.relative_to(ROOT))
         for path in sorted((ROOT / "raymodel/jobs").glob("*.py"))

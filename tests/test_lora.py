@@ -49,6 +49,9 @@ def test_a_lora_declaration_defaults_alpha_to_twice_the_rank_and_its_config_keys
     assert rm.LoRA(r=4).resolved({"lora_r": 2, "lora_alpha": 7}) == (2, 7.0)
     assert rm.LoRA(target_modules="c_attn").target_modules == ("c_attn",)
     assert rm.LoRA().resolved({"lora_r": np.int64(4), "lora_alpha": np.float32(2)}) == (4, 2.0)  # a searcher's
+
+
+def test_a_bad_lora_declaration_or_config_key_is_refused_naming_it():
     for bad, says in (
         ({"r": 0}, "rank is a whole number"),
         ({"alpha": -1}, "alpha is a number > 0"),

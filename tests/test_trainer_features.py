@@ -140,14 +140,20 @@ def test_step_settings_are_checked_before_anything_runs(tiny):
         Trees().train({"accumulate_grad_batches": 2}, data=rm.data.from_numpy(X, y))
 
 
-def test_early_stopping_counts_and_is_checked():
+def test_early_stopping_needs_a_patience_of_one_epoch_or_more():
     with pytest.raises(SettingsError, match="patience"):
         rm.callbacks.EarlyStopping(patience=0)
+
+
+def test_early_stopping_stops_after_patience_epochs_not_min_delta_better():
     stop = rm.callbacks.EarlyStopping("val_loss", patience=2, min_delta=0.05)
     stop.context = rm.RunContext()
     for epoch, value in enumerate([1.0, 0.9, 0.88, 0.87], start=1):  # 0.88 and 0.87: not 0.05 better
         stop.after_epoch(epoch, {"val_loss": value})
     assert stop.context.should_stop and stop.best == 0.9 and stop.stopped_epoch == 4
+
+
+def test_early_stopping_on_a_metric_the_run_does_not_report_names_it():
     with pytest.raises(ModelDefinitionError, match="watches `val_acc`"):
         rm.callbacks.EarlyStopping("val_acc", mode="max").after_epoch(1, {"val_loss": 1.0})
 
