@@ -278,9 +278,8 @@ def test_a_release_whose_server_and_rollout_controller_die_in_its_rollout_goes_o
     rollout controller's are killed (Ray restarts them) while the release is in its rollout. The job
     goes on: the new controller takes the rollout up from storage, the new runner follows it, and the
     candidate is promoted; it never stays RUNNING with nothing happening."""
-
     from raymodel.jobs._address import NAME, NAMESPACE
-    from raymodel.serve._rollout import CONTROLLER
+    from raymodel.serve._rollout import CONTROLLER, NAMESPACE as ROLLOUTS_NAMESPACE
 
     versions = len(rm.registry.list("digits"))
     clients = Clients(released["served"].url, released["body"], n=2)
@@ -288,7 +287,7 @@ def test_a_release_whose_server_and_rollout_controller_die_in_its_rollout_goes_o
         job = any_score_release(released, rm.RolloutPlan(steps=(0.5, 1.0), step_s=4, guard=rm.Guard(min_requests=10)))
         until(lambda: job.stage == "rollout" and running_rollouts(), 300)
         ray.kill(ray.get_actor(NAME, namespace=NAMESPACE), no_restart=False)
-        ray.kill(ray.get_actor(CONTROLLER, namespace=NAMESPACE), no_restart=False)
+        ray.kill(ray.get_actor(CONTROLLER, namespace=ROLLOUTS_NAMESPACE), no_restart=False)
         result = job.wait(timeout=300)
     finally:
         answers = clients.stop()
