@@ -35,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import requests
+import shared_runs
 from models import Recorder
 
 import raymodel as rm
@@ -101,6 +102,9 @@ class Case:
     #: The job the used-pool test runs in between on the case's pool, when not one of the case's own: another
     #: backend's of the same pool kind (a Lightning job on workers that ran a torch job).
     between: Callable[[], Any] | None = None
+    #: Another module checks the same training: the run is kept for it (``shared_runs``, as
+    #: ``conformance:<backend>``; only where one reads it, since a kept model keeps what it holds).
+    shared: bool = False
     #: Checks of `CHECKS` that do not apply to this backend: name -> why.
     not_applicable: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -211,6 +215,8 @@ def install(namespace: dict[str, Any], cases: list[Case]) -> None:
         calls = tmp_path_factory.mktemp(f"hooks-{case.backend}")
         rm.jobs.release_pools()  # this run is the first job of a fresh pool
         model, result, data = case.train(callbacks=[Recorder(str(calls))], progress=False)  # the case's epochs
+        if case.shared:
+            shared_runs.RUNS[f"conformance:{case.backend}"] = (model, result, data)
         return case, model, result, data, calls
 
     @pytest.mark.integration

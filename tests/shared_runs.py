@@ -1,8 +1,10 @@
 """Trainings that more than one test module checks, run once a session.
 
 A run's checks live where their subject does (the conformance suite's in `conformance.py`, a
-framework's own in its module), but the training under them is the same: the first module that needs
-it trains it and keeps it here, and the next one reads it. Selected alone, a module trains it itself.
+framework's own in its module), but the training under them is the same: the conformance suite keeps
+a case's run here (``conformance:<backend>``, for a case marked ``shared``), and a module that checks
+the same training reads it.
+Selected alone, a module trains it itself.
 """
 
 from __future__ import annotations

@@ -73,6 +73,7 @@ CASES = [
         bad_payload=lambda rows: {"text": [[0.1, 0.2]]},  # numbers where text goes
         table=lambda rows: ray_data().from_items([{"text": t} for t in rows], override_num_blocks=6),
         set_up_on_driver=True,
+        shared=True,  # test_transformers' tiny-BERT test checks this run too
         tune_train={**TRIAL, "batch_size": 16},  # each trial trains in its actor, as every case's does
         between=lambda: lightning_digits.train(num_epochs=1, progress=False),
     ),
@@ -94,12 +95,9 @@ def rl_train(model=None, **settings):
 
 
 def hf_train(**settings):
-    """A tiny BERT classifier on the generated sentiment set, two workers, three epochs. The case's first
-    run (its hooks recorded) is kept for test_transformers, which checks the same training."""
-    run = shared_runs.sentiment(**settings)
-    if not {"seed", "max_failures"} & set(settings):  # the case's own run (its hooks recorded), not a variant
-        shared_runs.RUNS.setdefault("sentiment", run)
-    return run
+    """A tiny BERT classifier on the generated sentiment set, two workers, three epochs (test_transformers
+    checks the case's run too)."""
+    return shared_runs.sentiment(**settings)
 
 
 def hf_accuracy(model, data) -> float:

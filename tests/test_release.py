@@ -88,7 +88,6 @@ def test_a_model_that_cannot_be_served_on_the_route_is_refused_before_ray_is_ask
 def test_an_evaluation_run_scores_a_checkpoint_as_training_validated_it_and_trains_nothing(tmp_path, tiny):
     """``WorkerRun``'s evaluate mode, in-process (the real torch loop): the last checkpoint's figures
     are the last epoch's validation, the validation hooks run, no epoch, no report, no checkpoint."""
-
     from raymodel.train import TrainSettings, WorkerRun
     from raymodel.train._driver import worker_payload
 
@@ -125,7 +124,6 @@ def test_an_evaluation_run_scores_a_checkpoint_as_training_validated_it_and_trai
 
 
 def test_scoring_without_held_out_data_says_how_to_give_it(tmp_path, tiny):
-
     from raymodel.train import TrainSettings, WorkerRun
     from raymodel.train._driver import worker_payload
 
@@ -331,7 +329,6 @@ def test_a_rollout_stopped_by_another_hand_fails_the_release_and_moves_no_alias(
     """Not ``job.stop()``: ``rollout.stop()`` (an operator's, or the controller's when the route does not
     come back after a restart) ends the rollout, the route back to what it served; the release did not
     reach production, so it ends FAILED, saying so, not SUCCEEDED without promoting."""
-
     production = rm.registry.show("digits", "production").version
     job = any_score_release(released, rm.RolloutPlan(steps=(0.5, 1.0), step_s=600, guard=rm.Guard(min_requests=5)))
     until(lambda: job.stage == "rollout" and running_rollouts() and running_rollouts()[0].state()["step"] == 1, 300)

@@ -208,7 +208,8 @@ def test_more_epochs_asked_mid_run_go_on_with_a_stretched_schedule(ray_session):
 def test_a_tiny_bert_learns_on_two_workers_and_its_weights_travel_everywhere(ray_session, registry, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model, result, _ = shared_runs.once("sentiment", lambda: shared_runs.sentiment(progress=False))  # TWO's
+    # The conformance suite's transformers case trains exactly this (TWO's settings, the same data).
+    model, result, _ = shared_runs.once("conformance:transformers", lambda: shared_runs.sentiment(progress=False))
     assert [row["epoch"] for row in result.history] == [1, 2, 3]
     for row in result.history:
         assert {"loss", "val_loss", "val_accuracy"} <= set(row), row

@@ -116,7 +116,7 @@ def controller(servable: type | None = None) -> Any:
             num_cpus=0,
             max_concurrency=32,
             # Killed, it comes back and takes up its running rollouts from storage (``_resume``); a call
-            # made meanwhile waits for it (every call is a read, or one that the state makes idempotent).
+            # made meanwhile waits for it and is made again there.
             max_restarts=-1,
             max_task_retries=-1,
         )

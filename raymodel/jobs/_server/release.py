@@ -207,24 +207,12 @@ def _roll_out(runner: Any, route: str, version: str, plan: Any) -> tuple[str, st
     if running is None and ended is not None:
         return ended.status, str(ended.reason)
     live = running or rollout(route, version, plan.steps, plan.step_s, plan.guard)
-    while (status := _status(live)) == "running":
+    while (status := live.status) == "running":
         if runner.stopping():
             live.stop()  # the route serves what it served before the rollout began
             return "stopped", str(live.reason)
         time.sleep(0.5)
     return status, str(live.reason)
-
-
-def _status(live: Any) -> str:
-    """The rollout's status; where its controller is gone for good (killed, not restarted), a new one
-    is started, which takes the rollout up from storage."""
-    from raymodel.serve import rollouts
-
-    try:
-        return str(live.status)
-    except ValueError:  # no actor of the controller's name
-        rollouts(start=True)
-        return str(live.status)
 
 
 def _promote(plan: dict[str, Any], version: str) -> str | None:
