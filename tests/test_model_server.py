@@ -97,6 +97,45 @@ def test_a_shadows_answers_are_compared_by_their_decisions_and_numbers():
     }
 
 
+def test_following_an_alias_never_puts_back_the_split_a_reconfiguration_replaced(monkeypatch):
+    """A replica follows its references every ``registry_poll_s``. A follow that begins while a new
+    split loads its version waits for it and then follows the new split, not the one it read before
+    the load (a rollout's step on a loaded 2-core CI machine: the load outlasted the poll, the follow
+    put the old split back, and the rollout stopped, its step "not taken" within 60 s)."""
+    from types import SimpleNamespace
+
+    from raymodel.registry import sources
+    from raymodel.serve._route_server import RouteServer, _Route
+
+    loading = threading.Event()
+
+    def load(source: dict, version: int) -> str:
+        if version == 2:
+            loading.set()
+            time.sleep(0.3)
+        return f"bard:{version} loaded"
+
+    monkeypatch.setattr(sources, "load", load)
+    server = RouteServer.__new__(RouteServer)
+    server.plan, server.loads, server._lock = {"shadow": None}, 0, threading.Lock()
+    aliases = {"production": 1}
+    server.registry = SimpleNamespace(uri="mem://", resolve=lambda key, version: aliases.get(version, version))
+    server.route = _Route([("bard@production", 1.0)], {"bard@production": "bard:1"}, {"bard:1": "bard:1 loaded"})
+    new = [("bard@production", 0.5), ("bard:2", 0.5)]
+    step = threading.Thread(target=server._apply, args=(new,))
+    step.start()
+    assert loading.wait(10)
+    assert server._follow_once() == {}  # a follow during the load: it waits, then holds the new split
+    step.join()
+    assert server.route.shares == new and server.route.labels == {"bard@production": "bard:1", "bard:2": "bard:2"}
+    assert server.loads == 1
+    aliases["production"] = 2  # the alias moves: followed, the version already held
+    assert server._follow_once() == {"bard@production": "bard:2"}
+    assert server.route.models == {"bard:2": "bard:2 loaded"} and server.route.shares == new
+    server.route = _Route([], {}, {})
+    assert server._follow_once() == {}  # before Serve's first reconfiguration: nothing to follow
+
+
 def test_a_routes_figures_are_its_requests_over_the_window_not_its_versions_worst():
     """The dashboard's route figures (``stats``): the requests answered within ``window_s`` (older
     ones left out), p50/p99 over all of them (not the slowest version's p50), and the mean size of the

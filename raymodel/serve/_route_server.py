@@ -99,13 +99,20 @@ class RouteServer(ModelServer):
     def _refs(self, shares: list[tuple[str, float]]) -> list[str]:
         return [ref for ref, _ in shares] + ([self.plan["shadow"]] if self.plan.get("shadow") else [])
 
-    def _apply(self, shares: list[tuple[str, float]]) -> None:
+    def _apply(self, shares: list[tuple[str, float]] | None) -> dict[str, str]:
         """Resolve every reference of ``shares`` (and the shadow), load the versions not held yet, then
-        swap the route whole. Versions no reference names any more are let go."""
+        swap the route whole. Versions no reference names any more are let go. ``None``: the route's
+        shares as they are once no other change runs (an alias followed), so that following never puts
+        back a split that a reconfiguration replaced meanwhile. The references that name another
+        version now, with it."""
         from raymodel.registry import sources
 
         with self._lock:
-            labels = {}
+            if shares is None:
+                if not self.route.shares:  # nothing to follow before Serve's first reconfiguration
+                    return {}
+                shares = self.route.shares
+            before, labels = self.route.labels, {}
             for ref in self._refs(shares):
                 key, version = parse_ref(ref)
                 labels[ref] = f"{key}:{self.registry.resolve(key, version)}"
@@ -119,6 +126,7 @@ class RouteServer(ModelServer):
                     models[label] = sources.load({"registry": self.registry.uri, "key": key}, int(n))
                     self.loads += 1
             self.route = _Route(shares, labels, models)
+            return {ref: label for ref, label in labels.items() if before.get(ref, label) != label}
 
     def _follow(self) -> None:
         """An alias (or a key's newest version) that moves is followed: the new version is loaded
@@ -126,14 +134,16 @@ class RouteServer(ModelServer):
         while True:
             time.sleep(self.plan.get("poll_s", 2.0))
             try:
-                before = self.route.labels
-                if before:
-                    self._apply(self.route.shares)
-                for ref, label in self.route.labels.items():
-                    if before.get(ref) != label:
-                        logger.info("%s now names %s", ref, label)
+                self._follow_once()
             except Exception:  # noqa: BLE001 - a registry hiccup never stops the route
                 logger.warning("could not follow the route's references\n%s", traceback.format_exc())
+
+    def _follow_once(self) -> dict[str, str]:
+        """One look at the route's references: those that name another version now, with it."""
+        moved = self._apply(None)
+        for ref, label in moved.items():
+            logger.info("%s now names %s", ref, label)
+        return moved
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
