@@ -279,10 +279,10 @@ class Servable:
         """Redeploy a running route with this servable's split (and rollout): a reconfiguration in
         place; returns once every replica answers with it.
 
-        Serve's controller hands the new ``user_config`` to each replica. Once in a clean-clone CI run
-        (2 cores, loaded) it did not within a minute, and the next redeploy went through at once; so a
-        replica still on the old split after ``PUSH_AFTER_S`` is handed the same split directly
-        (``RouteServer.take``, idempotent). ``user_config`` stays what a replica started later reads."""
+        Serve's controller hands the new ``user_config`` to each replica; a replica still on the old
+        split after ``PUSH_AFTER_S`` (a controller slow on a loaded head) is handed the same split
+        directly (``RouteServer.take``, idempotent). ``user_config`` stays what a replica started later
+        reads."""
         from ray import serve
 
         assert self.plan is not None
