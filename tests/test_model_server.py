@@ -100,8 +100,8 @@ def test_a_shadows_answers_are_compared_by_their_decisions_and_numbers():
 def test_following_an_alias_never_puts_back_the_split_a_reconfiguration_replaced(monkeypatch):
     """A replica follows its references every ``registry_poll_s``. A follow that begins while a new
     split loads its version waits for it and then follows the new split, not the one it read before
-    the load (a rollout's step on a loaded 2-core CI machine: the load outlasted the poll, the follow
-    put the old split back, and the rollout stopped, its step "not taken" within 60 s)."""
+    the load (else a load that outlasts the poll puts the old split back, and a rollout's step is
+    never taken)."""
     from types import SimpleNamespace
 
     from raymodel.registry import sources
