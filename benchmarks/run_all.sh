@@ -34,4 +34,5 @@ run lora benchmarks/lora.py --epochs 5
 run llm_serving benchmarks/llm_serving.py
 run first_contact benchmarks/first_contact.py --reps 3
 run second_size benchmarks/second_size.py --reps 3
+run idle_cost benchmarks/idle_cost.py
 run plain_ddp benchmarks/plain_ddp.py
