@@ -197,7 +197,7 @@ def run_child(name: str, env: dict[str, str]) -> dict[str, float]:
     return {"wall": wall, **json.loads(line[6:])}
 
 
-def _no_ray_left(timeout: float = 60.0) -> None:
+def no_ray_left(timeout: float = 60.0) -> None:
     """Wait until no raylet runs on the machine (a child's own local Ray has gone)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -207,7 +207,7 @@ def _no_ray_left(timeout: float = 60.0) -> None:
     raise SystemExit("a Ray instance is still running: stop it (`ray stop`) and run again with nothing else running")
 
 
-def _env(home: str) -> dict[str, str]:
+def side_env(home: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYMODEL_WARM")}
     token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
     if token or Path.home().joinpath(".ray", "auth_token").is_file():  # token auth, as raymodel turns it on
@@ -232,7 +232,7 @@ def nothing_running(backends: list[str], reps: int, env: dict[str, str]) -> dict
     for rep in range(reps):
         for backend in backends:
             for side in ("hand", "rm") if rep % 2 == 0 else ("rm", "hand"):
-                _no_ray_left()
+                no_ray_left()
                 runs[backend][side].append(run_child(f"{side}_{backend}", env))
                 print(f"  rep {rep + 1} {backend} {side}: {runs[backend][side][-1]['wall']:.1f} s", flush=True)
     return runs
@@ -243,7 +243,7 @@ def with_server(backend: str, processes: int, env: dict[str, str], warm: str = "
     processes; ``ray start --head`` then as many hand-written ones."""
     raymodel = str(Path(sys.executable).with_name("raymodel"))
     ray = str(Path(sys.executable).with_name("ray"))
-    _no_ray_left()
+    no_ray_left()
     warm = warm or ("rllib" if backend == "rllib" else f"{backend}:2")
     out: dict[str, object] = {"warm_spec": warm}
     if warm != "none":  # a process launched as a start that does not wait returns: its pool still starting
@@ -252,7 +252,7 @@ def with_server(backend: str, processes: int, env: dict[str, str], warm: str = "
             out["at_start"] = run_child(f"rm_{backend}", env)
         finally:
             _cli([raymodel, "server", "stop", "--grace-s", "0"], env)
-        _no_ray_left()
+        no_ray_left()
     out["start"] = _cli([raymodel, "server", "start", "--warm", warm, "--wait"], env)
     try:
         out["rm"] = [run_child(f"rm_{backend}", env) for _ in range(processes)]
@@ -260,7 +260,7 @@ def with_server(backend: str, processes: int, env: dict[str, str], warm: str = "
             out["warm"] = run_child("warm_jobs", env)
     finally:
         _cli([raymodel, "server", "stop", "--grace-s", "0"], env)
-    _no_ray_left()
+    no_ray_left()
     out["hand_start"] = _cli([ray, "start", "--head", "--port", "6391", "--disable-usage-stats"], env)
     try:
         out["hand"] = [run_child(f"hand_{backend}", {**env, "RAY_ADDRESS": "127.0.0.1:6391"}) for _ in range(processes)]
@@ -288,7 +288,7 @@ def main() -> None:
         return child(args.child)
     backends = [b for b in args.only.split(",") if b]
     home = tempfile.mkdtemp(prefix="first-contact-")
-    env = {**_env(home), "WARM_JOBS": str(args.warm_jobs)}
+    env = {**side_env(home), "WARM_JOBS": str(args.warm_jobs)}
     cpus = os.cpu_count()
     print(f"first contact: each side a fresh process, start to end; {cpus} CPUs; {args.reps} reps in turns")
     phases = args.phases.split(",")

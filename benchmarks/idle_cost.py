@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from first_contact import _env, _no_ray_left
+from first_contact import no_ray_left, side_env
 
 SIDES = ("hand", "raymodel-no-pool", "raymodel")
 LABELS = {"hand": "hand-written", "raymodel-no-pool": "raymodel, no pool", "raymodel": "raymodel (warm pool)"}
@@ -89,13 +89,13 @@ def measure(side: str, settle_s: float, window_s: float) -> dict[str, float]:
 
 def run_side(side: str, settle_s: float, window_s: float) -> dict[str, float]:
     home = tempfile.mkdtemp(prefix="rm-idle-")
-    env = {**_env(home), "HOME": home}  # a fresh home: no server of another run is joined
+    env = {**side_env(home), "HOME": home}  # a fresh home: no server of another run is joined
     args = [sys.executable, __file__, "--child", side, "--settle-s", str(settle_s), "--window-s", str(window_s)]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=settle_s + window_s + 300)
     if done.returncode:
         raise SystemExit(f"{side} failed:\n{done.stderr[-3000:]}")
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-    _no_ray_left()
+    no_ray_left()
     return json.loads(line[len("RESULT ") :])
 
 
@@ -108,7 +108,7 @@ def main() -> None:
     if args.child:
         print("RESULT " + json.dumps(measure(args.child, args.settle_s, args.window_s)), flush=True)
         os._exit(0)  # the instance ends with this process; its figures are out
-    _no_ray_left()
+    no_ray_left()
     results = {}
     for side in SIDES:
         said = f"settling {args.settle_s:.0f} s, measuring {args.window_s:.0f} s"

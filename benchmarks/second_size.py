@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from first_contact import EXAMPLES, HERE, TORCH, _cli, _digits, _env, _median, _no_ray_left, _ray_init
+from first_contact import EXAMPLES, HERE, TORCH, _cli, _digits, _median, _ray_init, no_ray_left, side_env
 
 SIZES = (2, 1)
 SIDES = ("auto", "torch:2", "hand")
@@ -85,7 +85,7 @@ def run_child(name: str, env: dict[str, str]) -> dict[str, float]:
 def one(side: str, env: dict[str, str]) -> dict[str, float]:
     """Start the side's head, run its process, stop the head."""
     bin_dir = Path(sys.executable).parent
-    _no_ray_left()
+    no_ray_left()
     if side == "hand":
         start = [str(bin_dir / "ray"), "start", "--head", "--port", "6391", "--num-cpus", "4", "--disable-usage-stats"]
         started = _cli(start, env)
@@ -116,7 +116,7 @@ def main() -> None:
         return
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="rm-second-size-") as home:
-        env = {**_env(home), "RAYMODEL_WARM": "auto"}
+        env = {**side_env(home), "RAYMODEL_WARM": "auto"}
         for rep in range(args.reps):
             for side in SIDES if rep % 2 == 0 else tuple(reversed(SIDES)):
                 runs[side].append(one(side, env))
