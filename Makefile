@@ -41,13 +41,14 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 
-# System tools the tests drive: Debian's chromium (the dashboard's browser test, headless) and wrk
-# (an outside HTTP load generator for the serving tests and benchmarks). Installed here when missing
-# (as root, with apt-get); a machine where they cannot be installed fails here, naming them, rather
-# than let the tests that need them pass untested.
-TOOLS := chromium wrk
+# System tools the tests drive: Debian's chromium (the dashboard's browser test, headless), wrk (an
+# outside HTTP load generator for the serving tests and benchmarks) and iproute2's `ip` (a network
+# namespace for the client off the cluster). Installed here when missing (as root, with apt-get); a
+# machine where they cannot be installed fails here, naming them, rather than let the tests that need
+# them pass untested.
+TOOLS := chromium:chromium wrk:wrk ip:iproute2
 tools:
-	@missing=""; for tool in $(TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	@missing=""; for pair in $(TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) || \

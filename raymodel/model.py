@@ -205,7 +205,9 @@ class RayModel(ModelHooks, Releases):
             from raymodel.jobs import submit_train
 
             return submit_train(self, settings, data)
-        if settings.on_pool:
+        from raymodel._internal import remote
+
+        if settings.on_pool or remote.active() is not None:  # off the cluster, the cluster's server runs it
             from raymodel.jobs import train_and_wait
 
             return train_and_wait(self, settings, data)

@@ -94,9 +94,10 @@ def marked(mark: str, variables: tuple[str, ...] = (SESSION_MARK, OUTER_MARK)) -
     return found
 
 
-def end_marked(mark: str, grace_s: float = 5.0) -> list[int]:
-    """End the processes marked ``mark``: SIGTERM, then SIGKILL what is left after ``grace_s``."""
-    pids = marked(mark)
+def end_marked(mark: str, grace_s: float = 5.0, variables: tuple[str, ...] = (SESSION_MARK, OUTER_MARK)) -> list[int]:
+    """End the processes marked ``mark`` (in one of ``variables``): SIGTERM, then SIGKILL what is left
+    after ``grace_s``."""
+    pids = marked(mark, variables)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:

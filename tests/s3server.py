@@ -27,15 +27,13 @@ ENV = {
 class S3Server:
     """``with S3Server() as s3: s3.uri("registry")`` is ``s3://models/registry?endpoint_override=...``."""
 
-    def __init__(self, bucket: str = "models") -> None:
-        self.bucket, self.port = bucket, free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+    def __init__(self, bucket: str = "models", host: str = "127.0.0.1") -> None:
+        self.bucket, self.port, self.host = bucket, free_port(), host
+        self.endpoint = f"http://{host}:{self.port}"
         self.process: subprocess.Popen | None = None
 
     def uri(self, path: str = "") -> str:
-        return (
-            f"s3://{self.bucket}/{path.strip('/')}?endpoint_override=127.0.0.1:{self.port}&scheme=http&region=us-east-1"
-        )
+        return f"s3://{self.bucket}/{path.strip('/')}?endpoint_override={self.host}:{self.port}&scheme=http&region=us-east-1"
 
     def client(self):
         import boto3
@@ -55,7 +53,7 @@ class S3Server:
     def __enter__(self) -> S3Server:
         os.environ.update(ENV)
         self.process = subprocess.Popen(
-            [sys.executable, __file__, str(self.port)],
+            [sys.executable, __file__, str(self.port), self.host],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -92,17 +90,15 @@ def conditional_writes_one_at_a_time(app):
     return serialized
 
 
-def main(port: int) -> None:
+def main(port: int, host: str = "127.0.0.1") -> None:
     """moto's server (as ``python -m moto.server`` runs it), its conditional writes atomic."""
     from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import run_simple
 
     os.environ.setdefault("MOTO_PORT", str(port))
     app = DomainDispatcherApplication(create_backend_app)
-    run_simple(
-        "127.0.0.1", port, conditional_writes_one_at_a_time(app), threaded=True, request_handler=MotoRequestHandler
-    )
+    run_simple(host, port, conditional_writes_one_at_a_time(app), threaded=True, request_handler=MotoRequestHandler)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), *sys.argv[2:3])

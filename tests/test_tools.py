@@ -1,5 +1,5 @@
 """`make tools` fails, naming what is missing, where it cannot install the system tools the tests
-drive (chromium, wrk): the tests that need them then fail rather than pass untested."""
+drive (chromium, wrk, iproute2's ip): the tests that need them then fail rather than pass untested."""
 
 from __future__ import annotations
 

@@ -52,11 +52,14 @@ def by_value(*objects: Any) -> Iterator[None]:
             module = sys.modules.get(name)
             if module is None or name == "__main__" or name.split(".")[0] in by_reference or name in registered:
                 continue
-            try:
-                cloudpickle.register_pickle_by_value(module)
-            except ValueError:  # already registered
-                continue
-            registered.append(name)
+            for each in (name, *_package_beside(name)):
+                if each in registered:
+                    continue
+                try:
+                    cloudpickle.register_pickle_by_value(sys.modules[each])
+                except ValueError:  # already registered
+                    continue
+                registered.append(each)
     try:
         yield
     finally:
@@ -65,6 +68,22 @@ def by_value(*objects: Any) -> Iterator[None]:
             if module is not None:
                 with contextlib.suppress(ValueError):
                     cloudpickle.unregister_pickle_by_value(module)
+
+
+def _package_beside(name: str) -> list[str]:
+    """The modules of the user's package that ``name`` is in (``pkg`` and ``pkg.*`` loaded from files
+    outside an installation's ``site-packages``): what a class of ``pkg.model`` may take from
+    ``pkg.layers``, which travels with it. A top-level module has none."""
+    top = name.split(".")[0]
+    if top == name:
+        return []
+    beside = []
+    for other, module in list(sys.modules.items()):
+        if other != name and (other == top or other.startswith(top + ".")) and module is not None:
+            path = getattr(module, "__file__", None) or ""
+            if path and "site-packages" not in path and "dist-packages" not in path:
+                beside.append(other)
+    return beside
 
 
 def dumps(obj: Any, *by_value_of: Any) -> bytes:

@@ -18,7 +18,38 @@ from raymodel.jobs._address import NAME, NAMESPACE, find, running_handle
 from raymodel.jobs._constants import DEFAULT_POOL_IDLE_S, DONE
 from raymodel.jobs._warm import parse_warm
 
-__all__ = ["NAME", "NAMESPACE", "running_handle", "server_handle", "init", "follow", "pool_idle_s"]
+__all__ = ["NAME", "NAMESPACE", "running_handle", "server_handle", "call", "init", "follow", "pool_idle_s"]
+
+
+class RemoteServer:
+    """The training server of a cluster this process is not a node of (``_internal/remote.py``): each
+    of its methods called is one call of the cluster's, which starts the server there if none runs."""
+
+    def call(self, method: str, *args: Any) -> Any:
+        from raymodel._internal import remote
+
+        return remote.call(_on_the_server, method, args)
+
+    def __repr__(self) -> str:
+        from raymodel._internal import remote
+
+        cluster = remote.active()
+        return f"RemoteServer({cluster.address if cluster else None!r})"
+
+
+def _on_the_server(method: str, args: tuple[Any, ...]) -> Any:
+    """On the cluster: ``server.<method>(*args)`` of the training server there."""
+    return call(server_handle(), method, *args)
+
+
+def call(handle: Any, method: str, *args: Any) -> Any:
+    """``server.<method>(*args)``, waited for: on the server's actor (``handle``), or as a call of the
+    cluster's where ``handle`` is a ``RemoteServer``."""
+    if isinstance(handle, RemoteServer):
+        return handle.call(method, *args)
+    import ray
+
+    return ray.get(getattr(handle, method).remote(*args))
 
 
 def pool_idle_s() -> float:
@@ -28,8 +59,11 @@ def pool_idle_s() -> float:
 
 def server_handle(start: bool = True) -> Any:
     """The training server's actor handle: the running one, or one started now (detached, on this
-    node); ``None`` with ``start=False`` when none runs."""
+    node); ``None`` with ``start=False`` when none runs. Off the cluster, a ``RemoteServer``."""
+    from raymodel._internal import remote
 
+    if remote.active() is not None:
+        return RemoteServer()
     cluster.ensure_ray(False)
     running = find()
     if running is not None or not start:
@@ -119,6 +153,11 @@ def init(
         os.environ["RAYMODEL_POOL_IDLE_S"] = str(float(pool_idle_s))
     if warm is not None:
         parse_warm(warm, cpus=1.0)  # a bad value fails before Ray starts
+    from raymodel._internal import remote
+
+    if remote.is_dashboard_address(address if address is not None else os.environ.get("RAY_ADDRESS")):
+        _init_off_cluster(address or os.environ["RAY_ADDRESS"], pool_idle_s, warm, ray_init_kwargs)
+        return
     local = cluster.init(address, verbose=verbose, serve_ingress=serve_ingress, **ray_init_kwargs)
     import ray
 
@@ -130,6 +169,23 @@ def init(
         specs = parse_warm(warm, cpus=float(ray.cluster_resources().get("CPU", 0.0)))
         if specs or warm is not None:
             server_handle().warm.remote(list(specs))  # the server starts them; nothing here waits
+
+
+def _init_off_cluster(address: str, pool_idle_s: float | None, warm: Any, ray_init_kwargs: dict[str, Any]) -> None:
+    """``rm.init(address="http://HEAD:8265")``: a client of that cluster, which runs no Ray here."""
+    from raymodel._internal import remote
+
+    runtime_env = ray_init_kwargs.pop("runtime_env", None)
+    if ray_init_kwargs:
+        raise SettingsError(
+            f"{sorted(ray_init_kwargs)} start or shape a Ray instance here; a client of the cluster at {address} "
+            "starts none (the cluster keeps its own settings). Leave them out."
+        )
+    remote.connect(address, runtime_env)
+    if pool_idle_s is not None:
+        call(server_handle(), "set_pool_idle_s", float(pool_idle_s))
+    if warm is not None and not (isinstance(warm, str) and warm.strip().lower() == "auto"):
+        call(server_handle(), "warm", list(parse_warm(warm, cpus=1.0)))  # "auto": the cluster's server's own
 
 
 def follow(job: Any, on_record: Callable[[dict[str, Any]], None], wait_s: float) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from raymodel._internal import serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
-from raymodel.jobs._client import server_handle
+from raymodel.jobs._client import call, server_handle
 from raymodel.jobs._constants import DONE
 from raymodel.jobs._views import LONG_POLL_S, Stream, held
 
@@ -42,7 +42,7 @@ class Job:
         said = False
         while True:
             try:
-                return ray.get(getattr(self._server, method).remote(*args))
+                return call(self._server, method, *args)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 if time.monotonic() > deadline:
                     raise RayModelError(
@@ -231,10 +231,8 @@ def _submit_checked(model: Any, settings: Any, spec: Any, hub: Any = None, extra
 def submit_request(kind: str, blob: bytes, info: dict[str, Any]) -> Job:
     """Hand the server a job (``kind``, its pickled payload and what the server reads of it); the
     record it answers with is in the server's books."""
-    import ray
-
     handle = server_handle()
-    job = Job(ray.get(handle.submit.remote(kind, blob, info)), handle)
+    job = Job(call(handle, "submit", kind, blob, info), handle)
     if info.get("not_durable") and not info.get("trial_id"):
         logger.warning("raymodel: job %s is not durable (a server restart fails it): %s.", job.id, info["not_durable"])
     return job

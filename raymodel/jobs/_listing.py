@@ -8,7 +8,7 @@ import time
 from typing import Any, Sequence
 
 from raymodel.exceptions import RayModelError
-from raymodel.jobs._client import server_handle
+from raymodel.jobs._client import call, server_handle
 from raymodel.jobs._job import Job, JobNotFound
 
 
@@ -48,12 +48,10 @@ class Pool:
 
 def pools() -> list[Pool]:
     """The training server's pools, oldest first (``[]`` when no server runs)."""
-    import ray
-
     handle = server_handle(start=False)
     if handle is None:
         return []
-    return [_as_pool(p) for p in ray.get(handle.pools_info.remote())]
+    return [_as_pool(p) for p in call(handle, "pools_info")]
 
 
 def _as_pool(info: dict[str, Any]) -> Pool:
@@ -77,10 +75,8 @@ def _as_pool(info: dict[str, Any]) -> Pool:
 
 def release_pools() -> list[str]:
     """End every idle pool now and return once their resources are back; the ids of those ended."""
-    import ray
-
     handle = server_handle(start=False)
-    return [] if handle is None else ray.get(handle.release_pools.remote())
+    return [] if handle is None else call(handle, "release_pools")
 
 
 def wait_warm(specs: Sequence[tuple[str, int]], timeout_s: float = 600.0) -> float:
@@ -117,17 +113,13 @@ def list_jobs() -> list[Job]:
 def records(handle: Any = None) -> list[dict[str, Any]]:
     """Every job's record as a dict (oldest first): what ``list_jobs()`` (``rm.jobs.list()``) wraps, for
     tables of many jobs."""
-    import ray
-
-    return ray.get((handle or server_handle()).list.remote())
+    return call(handle or server_handle(), "list")
 
 
 def get(job_id: str) -> Job:
     """The job ``job_id``; ``JobNotFound`` names the ids that exist when there is none."""
-    import ray
-
     handle = server_handle()
-    record = ray.get(handle.get.remote(job_id))
+    record = call(handle, "get", job_id)
     if record is None:
         known = [r["id"] for r in records()][-5:]
         raise JobNotFound(

@@ -108,13 +108,15 @@ class ProgressPrinter:
 
     def __enter__(self) -> ProgressPrinter:
         self._start = time.monotonic()
-        self._thread.start()
+        if self.hub is not None:  # without a hub, rows come to ``show``
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
-        self._poll(timeout=0.0)  # rows that arrived after the thread's last look
+        if self.hub is not None:
+            self._thread.join(timeout=5)
+            self._poll(timeout=0.0)  # rows that arrived after the thread's last look
         for bar in (self._batches, self._epochs):
             if bar is not None:
                 bar.close()
@@ -130,6 +132,10 @@ class ProgressPrinter:
             rows = ray.get(self.hub.pop.remote(timeout))
         except Exception:  # noqa: BLE001 - the hub going away ends progress output, not the run
             return
+        self.show(rows)
+
+    def show(self, rows: list[dict[str, Any]]) -> None:
+        """Show ``rows`` of the run (epoch rows, and batches' progress in a terminal)."""
         for row in rows:
             if row.get("_progress"):
                 if self.live:

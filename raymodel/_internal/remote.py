@@ -1,0 +1,373 @@
+"""A cluster this process is not a node of, reached through Ray's Jobs API on its dashboard's port.
+
+``rm.init(address="http://HEAD:8265")`` (or ``RAY_ADDRESS=http://HEAD:8265``) makes this process a
+client of a cluster: it runs no raylet and starts no Ray. Each thing it asks of the cluster (``call``)
+is a job of Ray's there: the function and its arguments, pickled here (the user's classes by value),
+travel as a small package of the job's runtime env, beside what the client's ``runtime_env`` names
+(``py_modules``, ``pip``, ``env_vars``); the job's driver (this module, run as ``python -m
+raymodel._internal.remote PACKAGE``) joins the cluster, runs the function and writes what it has to
+say to its standard output as marked lines. This process reads them as Ray streams the job's log (a
+websocket: nothing polls): events as they come (a row, what a job waits for), then the function's
+value or its exception, raised here as it was raised there.
+
+Connecting checks, before anything is submitted, that the address answers, that the cluster takes
+this process's token (Ray's token auth) and that the cluster runs the same raymodel, Ray and Python
+(the pickles that travel need all three the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import hashlib
+import importlib
+import os
+import re
+import shlex
+import signal
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from raymodel._internal import serialization
+from raymodel.exceptions import RayModelError, SettingsError
+
+#: What starts a line of the cluster's side meant for the client: a message's kind and its pickle.
+MARK = "\x1eraymodel-call "
+#: The lines Ray's job manager writes at a job's start, which say nothing to the user.
+_RAYS_OWN = ("Runtime env is setting up.", "Running entrypoint for job ")
+_RAYS_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+INFO ")
+
+
+class ClusterError(RayModelError, ConnectionError):
+    """The cluster at an address cannot be used: it does not answer, refuses the token, or runs other
+    versions than this process."""
+
+
+@dataclasses.dataclass
+class Cluster:
+    """The cluster this process is a client of."""
+
+    address: str
+    #: What every call's job carries besides its own package (``rm.init(runtime_env=...)``).
+    runtime_env: dict[str, Any]
+    #: raymodel's, Ray's and Python's versions on the cluster.
+    versions: dict[str, str]
+    client: Any = dataclasses.field(repr=False, default=None)
+
+
+_CLUSTER: list[Cluster] = []
+
+
+def is_dashboard_address(address: str | None) -> bool:
+    """Whether ``address`` names a cluster by its dashboard's HTTP address (the Jobs API's)."""
+    return isinstance(address, str) and address.startswith(("http://", "https://"))
+
+
+def active() -> Cluster | None:
+    """The cluster this process is a client of: the one ``connect`` reached, or the one that
+    ``RAY_ADDRESS=http://...`` names (reached now); ``None`` where this process uses Ray itself."""
+    if _CLUSTER:
+        return _CLUSTER[0]
+    address = os.environ.get("RAY_ADDRESS") or ""
+    if is_dashboard_address(address) and not os.environ.get(_ON_CLUSTER):
+        return connect(address)
+    return None
+
+
+def versions_here() -> dict[str, str]:
+    """raymodel's, Ray's and Python's (its minor version) in this process."""
+    from importlib import metadata
+
+    import ray
+
+    try:
+        ours = metadata.version("raymodel")
+    except metadata.PackageNotFoundError:  # a source tree never installed
+        ours = "0+unknown"
+    return {
+        "raymodel": ours,
+        "ray": ray.__version__,
+        "python": ".".join(map(str, sys.version_info[:2])),
+    }
+
+
+def connect(address: str, runtime_env: dict[str, Any] | None = None) -> Cluster:
+    """Reach the cluster at ``address`` (``http://HEAD:8265``) and check it, before anything is
+    submitted: it answers, takes this process's token, runs this process's versions."""
+    if runtime_env is not None and not isinstance(runtime_env, dict):
+        raise SettingsError(f"`runtime_env` must be a dict of Ray's runtime env fields (got {runtime_env!r}).")
+    if "working_dir" in (runtime_env or {}):
+        raise SettingsError(
+            "`runtime_env` takes `py_modules` here, not `working_dir`: each call of the cluster's runs in a "
+            "folder of its own. Name the folders of your own packages in `py_modules`."
+        )
+    from raymodel._internal import locations, storage
+
+    home = locations.home()
+    if not storage.is_uri(home):
+        raise SettingsError(
+            f"Off the cluster, RAYMODEL_HOME must be storage that both this machine and the cluster reach "
+            f"(s3://bucket/raymodel, gs://...): it is {home}, a folder of this machine, which the cluster cannot "
+            "read. Set RAYMODEL_HOME to a URI (the cluster's own, if it has one) and connect again."
+        )
+    client = _client(address)
+    cluster = Cluster(address.rstrip("/"), dict(runtime_env or {}), {}, client)
+    cluster.versions = _their_versions(cluster)
+    problem = version_problem(cluster.versions, versions_here())
+    if problem:
+        raise ClusterError(
+            f"The cluster at {address} runs other versions than this process ({problem}): the model "
+            "classes and data that travel are pickles, which need the same raymodel, Ray and Python on both "
+            "sides. Install the cluster's versions here (or the image's there) and connect again."
+        )
+    _CLUSTER[:] = [cluster]
+    return cluster
+
+
+def version_problem(theirs: dict[str, str], ours: dict[str, str]) -> str | None:
+    """How the cluster's versions differ from this process's (``"ray 2.59 there, 2.60 here; ..."``), if they do."""
+    differ = [f"{name} {theirs.get(name)} there, {ours[name]} here" for name in ours if theirs.get(name) != ours[name]]
+    return "; ".join(differ) or None
+
+
+def disconnect() -> None:
+    """Forget the cluster: the next call uses Ray here again."""
+    _CLUSTER.clear()
+
+
+def _client(address: str) -> Any:
+    from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    if "RAY_AUTH_MODE" not in os.environ and _token_here():
+        # A token given after Ray's import (which reads the mode once): Ray's own step for a token it finds.
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+        _enable_token_auth()
+    AuthenticationTokenLoader.instance().reset_cache()  # the token as it is now, not as a refused try read it
+    try:
+        return JobSubmissionClient(address)
+    except AuthenticationError as exc:
+        missing = "Missing" in str(exc) or not _token_here()
+        why = "this process sent no token" if missing else "this process's token is not the cluster's"
+        raise ClusterError(
+            f"The cluster at {address} uses Ray's token auth and {why}. Put the cluster's token (on its head: "
+            "`ray get-auth-token`) in RAY_AUTH_TOKEN, or in ~/.ray/auth_token (RAY_AUTH_TOKEN_PATH names "
+            "another file), and connect again."
+        ) from None
+    except ConnectionError as exc:
+        raise ClusterError(
+            f"No Ray cluster answers at {address} ({_first_line(exc)}). Give the address of the head's dashboard "
+            "(`ray start --head --dashboard-host=0.0.0.0`, port 8265 unless `--dashboard-port` says another; "
+            "`raymodel server start --host ADDRESS` prints it) and check that this machine reaches it."
+        ) from None
+
+
+def _token_here() -> bool:
+    return bool(
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        or (Path.home() / ".ray" / "auth_token").exists()
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _their_versions(cluster: Cluster) -> dict[str, str]:
+    """raymodel's, Ray's and Python's versions where the cluster's jobs run: a job that says them."""
+    code = (
+        "import json, sys\n"
+        "try:\n"
+        "    from raymodel._internal.remote import versions_here\n"
+        "except ImportError as exc:\n"
+        "    v = {'missing': str(exc), 'python': '.'.join(map(str, sys.version_info[:2]))}\n"
+        "else:\n"
+        "    v = versions_here()\n"
+        f"print({MARK!r} + 'versions ' + json.dumps(v), flush=True)\n"
+    )
+    found: dict[str, Any] = {}
+
+    def on_line(kind: str, body: str) -> None:
+        if kind == "versions":
+            import json
+
+            found.update(json.loads(body))
+
+    job = cluster.client.submit_job(
+        entrypoint=f"python -c {shlex.quote(code)}",
+        metadata={"raymodel": "versions"},
+        runtime_env={k: v for k, v in cluster.runtime_env.items() if k in ("pip", "env_vars")},
+    )
+    _stream(cluster, job, on_line, lambda line: None)
+    if "missing" in found:
+        raise ClusterError(
+            f"raymodel is not installed where the cluster's jobs run at {cluster.address} ({found['missing']}; "
+            f"Python {found['python']} there). Install raymodel {versions_here()['raymodel']} in the cluster's image "
+            "(or environment) on every node, and connect again."
+        )
+    if not found:
+        raise ClusterError(
+            f"The cluster at {cluster.address} ran no job of this process's: {_job_failure(cluster, job)}"
+        )
+    return {k: str(v) for k, v in found.items()}
+
+
+# ------------------------------------------------------------------ calls
+def call(
+    fn: Callable[..., Any], *args: Any, on_event: Callable[[Any], None] | None = None, by_value: tuple = ()
+) -> Any:
+    """``fn(*args)`` on the cluster, as a job of Ray's there; each ``emit(event)`` of ``fn`` reaches
+    ``on_event`` here as it is made. Returns what ``fn`` returned, or raises what it raised.
+    ``by_value``: objects whose classes' modules travel by value (they need not exist on the cluster)."""
+    cluster = active()
+    if cluster is None:
+        raise RayModelError(
+            "This process is not a client of a cluster off this machine: `rm.init(address='http://HEAD:8265')`."
+        )
+    outcome: dict[str, Any] = {}
+
+    def on_line(kind: str, body: str) -> None:
+        value = serialization.loads(base64.b64decode(body)) if body else None
+        if kind == "event":
+            if on_event is not None:
+                on_event(value)
+        else:
+            outcome[kind] = value
+
+    payload = serialization.dumps((fn, args), *by_value)
+    with tempfile.TemporaryDirectory(prefix="raymodel-call-") as folder:
+        # Named by its content: Ray keeps a package by the hash of its files, not of its folder's name, so
+        # a call made again (the same pickle) finds its package under the same name.
+        name = f"raymodel_call_{hashlib.sha256(payload).hexdigest()[:16]}"
+        package = Path(folder) / name
+        package.mkdir()
+        (package / "__init__.py").write_text("")
+        (package / "call.pkl").write_bytes(payload)
+        env = dict(cluster.runtime_env)
+        env["py_modules"] = [*env.get("py_modules", ()), str(package)]
+        env["env_vars"] = {**env.get("env_vars", {}), _ON_CLUSTER: "1"}
+        job = cluster.client.submit_job(
+            entrypoint=f"python -m raymodel._internal.remote {name}",
+            runtime_env=env,
+            metadata={"raymodel": "call", "function": getattr(fn, "__qualname__", repr(fn))},
+        )
+    try:
+        _stream(cluster, job, on_line, _say_here)
+    except KeyboardInterrupt:
+        cluster.client.stop_job(job)  # the call's driver takes it as a KeyboardInterrupt of its own
+        raise
+    if "raise" in outcome:
+        raise outcome["raise"]
+    if "error" in outcome:
+        raise RayModelError(outcome["error"])
+    if "return" in outcome:
+        return outcome["return"]
+    raise ClusterError(
+        f"A call of the cluster's ({getattr(fn, '__qualname__', fn)}) ended without an answer: "
+        + _job_failure(cluster, job)
+    )
+
+
+def _say_here(line: str) -> None:
+    """A line of the call's driver that is not a message: the user's and raymodel's own output there."""
+    if not line.strip() or line.startswith(_RAYS_OWN) or _RAYS_LOG_LINE.match(line):
+        return
+    print(line, file=sys.stderr, flush=True)
+
+
+def _stream(cluster: Cluster, job: str, on_line: Callable[[str, str], None], other: Callable[[str], None]) -> None:
+    """Read the job's log to its end as Ray streams it, handing each marked line to ``on_line`` (its
+    kind and body) and each other line to ``other``. In a thread of its own: the caller may be in an
+    event loop (a notebook)."""
+    failure: list[BaseException] = []
+
+    def line(text: str) -> None:
+        if text.startswith(MARK):
+            kind, _, body = text[len(MARK) :].partition(" ")
+            on_line(kind, body.strip())
+        else:
+            other(text)
+
+    async def tail() -> None:
+        buffer = ""
+        async for chunk in cluster.client.tail_job_logs(job):
+            buffer += chunk
+            *lines, buffer = buffer.split("\n")
+            for text in lines:
+                line(text)
+        if buffer:
+            line(buffer)
+
+    def run() -> None:
+        try:
+            asyncio.run(tail())
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            failure.append(exc)
+
+    reader = threading.Thread(target=run, name="raymodel-cluster-log", daemon=True)
+    reader.start()
+    while reader.is_alive():
+        reader.join(timeout=0.5)  # a KeyboardInterrupt reaches the caller between joins
+    if failure:
+        raise failure[0]
+
+
+def _job_failure(cluster: Cluster, job: str) -> str:
+    try:
+        info = cluster.client.get_job_info(job)
+        logs = cluster.client.get_job_logs(job).strip().splitlines()
+    except Exception as exc:  # noqa: BLE001 - said as it is
+        return f"job {job}: {_first_line(exc)}"
+    tail = "\n".join(logs[-12:])
+    return f"Ray's job {job} is {info.status} ({info.message or 'no message'}); its log ends:\n{tail}"
+
+
+# ---------------------------------------------------------- the cluster's side
+#: Set in a call's driver: it is on the cluster, whatever RAY_ADDRESS says.
+_ON_CLUSTER = "RAYMODEL_CALL_DRIVER"
+
+
+def emit(event: Any) -> None:
+    """Tell the client ``event`` now (in a call's driver; elsewhere nothing happens)."""
+    if os.environ.get(_ON_CLUSTER):
+        _send("event", event)
+
+
+def _send(kind: str, value: Any) -> None:
+    body = base64.b64encode(serialization.dumps(value)).decode()
+    sys.stdout.write(f"{MARK}{kind} {body}\n")
+    sys.stdout.flush()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # Ray's stop of the job (the client's Ctrl-C): the call ends as it would here
+
+
+def main(package: str) -> None:
+    """A call's driver: run the call in ``package``'s ``call.pkl`` and send its value (or exception)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    module = importlib.import_module(package)
+    payload = (Path(module.__file__ or "").parent / "call.pkl").read_bytes()
+    try:
+        fn, args = serialization.loads(payload)
+        value = fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - the client raises it
+        try:
+            _send("raise", exc)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
+            _send("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        return
+    _send("return", value)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,138 @@
+"""The client off the cluster (tests/off_cluster.py runs it in a network namespace of its own): the
+scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each printing one
+``RESULT`` JSON line of what the test checks.
+
+* ``errors``: a wrong token, an address nobody answers at, a local ``RAYMODEL_HOME``: each refused
+  before anything is submitted, in words that say what to do.
+* ``train``: ``rm.init(address=...)``, then a blocking ``model.train`` of a class that only this
+  process can import (``digits_laptop``, with a module of its package beside the model's): its rows
+  as they come (each printed line's time), the result, the weights back here.
+* ``job``: ``model.train(..., wait=False)``, the job's status, ``rm.jobs.list/get``, its rows, ``wait``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import raymodel as rm
+
+ADDRESS = os.environ["RM_TEST_CLUSTER"]
+
+
+def result(scenario: str, **values: Any) -> None:
+    print("RESULT " + json.dumps({"scenario": scenario, **values}), flush=True)
+
+
+def refused(fn) -> dict[str, str]:
+    began = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - what it was is what the test checks
+        return {"type": type(exc).__name__, "message": str(exc), "s": time.monotonic() - began}
+    return {"type": "none", "message": "", "s": time.monotonic() - began}
+
+
+def errors() -> None:
+    from raymodel._internal import remote
+
+    token = os.environ["RAY_AUTH_TOKEN"]
+    os.environ["RAY_AUTH_TOKEN"] = "0" * 32
+    wrong_token = refused(lambda: rm.init(address=ADDRESS))
+    os.environ["RAY_AUTH_TOKEN"] = token
+    host = ADDRESS.rsplit(":", 1)[0]
+    nobody = refused(lambda: rm.init(address=f"{host}:1"))
+    home = os.environ["RAYMODEL_HOME"]
+    os.environ["RAYMODEL_HOME"] = "/tmp/laptop-home"
+    local_home = refused(lambda: rm.init(address=ADDRESS))
+    os.environ["RAYMODEL_HOME"] = home
+    result(
+        "errors",
+        wrong_token=wrong_token,
+        nobody=nobody,
+        local_home=local_home,
+        connected=remote.active() is not None,
+    )
+
+
+class Lines(io.TextIOBase):
+    """This process's standard output, each line kept with the time it was written."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.lines = stream, []
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            self.lines.append((time.monotonic(), line))
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def train() -> None:
+    import ray
+    from digits_laptop.model import LaptopDigits, Paced, data
+
+    began = time.monotonic()
+    rm.init(address=ADDRESS)
+    connected = time.monotonic() - began
+    model = LaptopDigits()
+    lines = Lines(sys.stdout)
+    sys.stdout = lines
+    try:
+        began = time.monotonic()
+        trained = model.train(
+            {"num_workers": 2, "num_epochs": 3, "batch_size": 64, "callbacks": [Paced(1.5)]}, data=data()
+        )
+        ended = time.monotonic()
+    finally:
+        sys.stdout = lines.stream
+    valid = data().splits["valid"]
+    predicted = np.asarray(model.predict({"pixels": valid.x.tolist()})["digit"])
+    result(
+        "train",
+        connected_s=connected,
+        took_s=ended - began,
+        epochs=[row["epoch"] for row in trained.history],
+        val_acc=trained.metrics["val_acc"],
+        accuracy=float((predicted == valid.y).mean()),
+        checkpoint=trained.checkpoint,
+        rows=[[t - began, line] for t, line in lines.lines if "epoch" in line],
+        ended_at=ended - began,
+        ray_here=ray.is_initialized(),
+    )
+
+
+def job() -> None:
+    from digits_laptop.model import LaptopDigits, data
+
+    rm.init(address=ADDRESS)
+    model = LaptopDigits()
+    job = model.train({"num_workers": 2, "num_epochs": 2, "batch_size": 64}, data=data(), wait=False)
+    status = job.summary["status"]  # the record the server answered the submission with
+    listed = [j.id for j in rm.jobs.list()]
+    got = rm.jobs.get(job.id).id
+    trained = job.wait(timeout=300)
+    result(
+        "job",
+        id=job.id,
+        status_at_once=status,
+        listed=job.id in listed,
+        got=got,
+        status=job.status,
+        history=[row["epoch"] for row in job.history()],
+        result_epochs=[row["epoch"] for row in trained.history],
+        logs=job.logs(),
+    )
+
+
+if __name__ == "__main__":
+    for scenario in sys.argv[1:]:
+        globals()[scenario]()

@@ -1,0 +1,114 @@
+"""A client that is not a node of the cluster (``rm.init(address="http://HEAD:8265")``): Ray's Jobs API
+on the dashboard's port is all it reaches (tests/off_cluster.py: the client in a network namespace of
+its own, the head on ``ray start --head``, storage on S3)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import lane
+import pytest
+
+import raymodel as rm
+from raymodel._internal import remote, serialization
+from raymodel.exceptions import SettingsError
+
+
+@lane.job("off_cluster", expected_s=150)
+def _off_cluster(scratch: Path) -> dict[str, dict]:
+    from clusters import run_script
+    from off_cluster import missing_tools
+
+    missing = missing_tools()
+    if missing:
+        raise RuntimeError(
+            f"A client off the cluster is tested from a network namespace of its own, which needs {missing}: "
+            "run `make test` as root on a machine with iproute2 (CI does)."
+        )
+    return {row["scenario"]: row for row in run_script("off_cluster.py", ["errors", "train", "job"], {}, timeout=600)}
+
+
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
+def test_a_client_off_the_cluster_is_refused_before_anything_is_submitted_saying_what_to_do(lane):
+    errors = lane.result("off_cluster")["errors"]
+    wrong = errors["wrong_token"]
+    assert wrong["type"] == "ClusterError" and "token is not the cluster's" in wrong["message"], wrong
+    assert "RAY_AUTH_TOKEN" in wrong["message"] and "ray get-auth-token" in wrong["message"]
+    nobody = errors["nobody"]
+    assert nobody["type"] == "ClusterError" and nobody["message"].startswith("No Ray cluster answers at http://")
+    assert "dashboard" in nobody["message"]
+    home = errors["local_home"]
+    assert home["type"] == "SettingsError" and "/tmp/laptop-home" in home["message"] and "s3://" in home["message"]
+    assert not errors["connected"]
+
+
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
+def test_a_client_off_the_cluster_trains_a_class_only_it_can_import_and_gets_its_rows_as_they_come(lane):
+    seen = lane.result("off_cluster")["train"]
+    assert seen["epochs"] == [1, 2, 3] and seen["val_acc"] > 0.6, seen
+    assert seen["checkpoint"].startswith("s3://models/home/runs/LaptopDigits-"), seen["checkpoint"]
+    # The weights came back: this process predicts what the run's last epoch scored.
+    assert seen["accuracy"] == pytest.approx(seen["val_acc"], abs=1e-6)
+    # Each epoch's line came while the run went on (each epoch is paced to 1.5 s), not all at its end.
+    rows = seen["rows"]
+    assert [line.split("epoch ")[1][:3] for _, line in rows] == ["1/3", "2/3", "3/3"], rows
+    assert rows[0][0] < seen["ended_at"] - 2.0, (rows, seen["ended_at"])
+    assert seen["ray_here"] is False  # no Ray in the client: no raylet, no local instance
+
+
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
+def test_a_job_of_a_client_off_the_cluster_is_listed_followed_and_waited_for(lane):
+    seen = lane.result("off_cluster")["job"]
+    assert seen["status_at_once"] in ("PENDING", "RUNNING") and seen["listed"] and seen["got"] == seen["id"]
+    assert seen["status"] == "SUCCEEDED" and seen["history"] == [1, 2] == seen["result_epochs"]
+    assert "succeeded" in seen["logs"] and "epoch 2:" in seen["logs"]
+
+
+# ---------------------------------------------------------------- in-process
+def test_a_dashboard_address_is_told_from_a_gcs_address():
+    assert remote.is_dashboard_address("http://head:8265") and remote.is_dashboard_address("https://ray.example/")
+    assert not remote.is_dashboard_address("head:6379") and not remote.is_dashboard_address("ray://head:10001")
+    assert not remote.is_dashboard_address(None) and not remote.is_dashboard_address("auto")
+
+
+def test_settings_of_a_local_instance_are_refused_off_the_cluster_before_connecting():
+    with pytest.raises(SettingsError, match=r"\['num_cpus'\] start or shape a Ray instance here"):
+        rm.init(address="http://head.invalid:8265", num_cpus=2)
+    with pytest.raises(SettingsError, match="`py_modules` here, not `working_dir`"):
+        rm.init(address="http://head.invalid:8265", runtime_env={"working_dir": "."})
+    assert remote.active() is None
+
+
+def test_other_versions_on_the_cluster_are_named_with_both_sides():
+    ours = {"raymodel": "0.6.0", "ray": "2.60.0", "python": "3.11"}
+    assert remote.version_problem(dict(ours), ours) is None
+    problem = remote.version_problem({**ours, "ray": "2.59.1", "python": "3.12"}, ours)
+    assert problem == "ray 2.59.1 there, 2.60.0 here; python 3.12 there, 3.11 here"
+
+
+def test_a_class_of_a_package_travels_with_the_modules_of_its_package_beside_it(tmp_path, monkeypatch):
+    """The user's ``pkg.model`` takes a function from ``pkg.layers``: both go by value, so a process
+    that has neither (a pool's worker on the cluster) loads the class."""
+    package = tmp_path / "travelpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "layers.py").write_text("def width():\n    return 7\n")
+    (package / "model.py").write_text(
+        "from travelpkg.layers import width\n\nclass Model:\n    def size(self):\n        return width()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from travelpkg.model import Model
+
+    blob = serialization.dumps(Model, Model)
+    for name in ("travelpkg", "travelpkg.layers", "travelpkg.model"):
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    with pytest.raises(ImportError):
+        __import__("travelpkg.layers")
+    loaded = serialization.loads(blob)
+    assert loaded().size() == 7 and isinstance(loaded.size, types.FunctionType)
