@@ -276,6 +276,12 @@ class RayModel(ModelHooks, Releases):
             from raymodel.jobs import submit_tune
 
             return submit_tune(self, space, settings, data, resume)
+        from raymodel._internal import remote
+
+        if remote.active() is not None:  # off the cluster: a job of the cluster's server, waited for
+            from raymodel.jobs import tune_and_wait
+
+            return tune_and_wait(self, space, settings, data, resume)
         from raymodel.tune import Tunable
 
         tunable = Tunable(self, space, settings=settings, data=data, resume=resume)

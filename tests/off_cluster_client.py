@@ -8,6 +8,8 @@ scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each 
   process can import (``digits_laptop``, with a module of its package beside the model's): its rows
   as they come (each printed line's time), the result, the weights back here.
 * ``job``: ``model.train(..., wait=False)``, the job's status, ``rm.jobs.list/get``, its rows, ``wait``.
+* ``tune``: a blocking ``model.tune`` of 4 trials with ASHA, then the best model put in the registry on
+  the cluster's storage and got back from it in this process.
 """
 
 from __future__ import annotations
@@ -130,6 +132,44 @@ def job() -> None:
         history=[row["epoch"] for row in job.history()],
         result_epochs=[row["epoch"] for row in trained.history],
         logs=job.logs(),
+    )
+
+
+def tune() -> None:
+    from digits_laptop.model import LaptopDigits, data
+
+    rm.init(address=ADDRESS)
+    model = LaptopDigits()
+    tuned = model.tune(
+        data=data(),
+        settings={
+            "num_samples": 4,
+            "max_epochs": 3,
+            "grace_period": 1,
+            "reduction_factor": 2,
+            "metric": "val_acc",
+            "mode": "max",
+            "train": {"num_workers": 1, "batch_size": 64, "resources_per_worker": {"CPU": 0.95}},
+            "progress": False,
+        },
+    )
+    frame = tuned.dataframe()
+    reg = rm.registry.open()
+    ref = reg.put(tuned, key="laptop-digits")
+    loaded = reg.get("laptop-digits", ref.version)
+    valid = data().splits["valid"]
+    payload = {"pixels": valid.x[:20].tolist()}
+    result(
+        "tune",
+        trials=tuned.num_trials,
+        epochs_per_trial=sorted(int(n) for n in frame["epochs"]),
+        stopped_early=int(frame["stopped_early"].sum()),
+        best_lr=tuned.best_config["lr"],
+        model_lr=model.config["lr"],
+        best_checkpoint=tuned.best_checkpoint,
+        registry=reg.uri,
+        version=ref.version,
+        same=loaded.predict(payload) == model.predict(payload),
     )
 
 

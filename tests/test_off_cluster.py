@@ -16,7 +16,7 @@ from raymodel._internal import remote, serialization
 from raymodel.exceptions import SettingsError
 
 
-@lane.job("off_cluster", expected_s=150)
+@lane.job("off_cluster", expected_s=200)
 def _off_cluster(scratch: Path) -> dict[str, dict]:
     from clusters import run_script
     from off_cluster import missing_tools
@@ -27,7 +27,10 @@ def _off_cluster(scratch: Path) -> dict[str, dict]:
             f"A client off the cluster is tested from a network namespace of its own, which needs {missing}: "
             "run `make test` as root on a machine with iproute2 (CI does)."
         )
-    return {row["scenario"]: row for row in run_script("off_cluster.py", ["errors", "train", "job"], {}, timeout=600)}
+    return {
+        row["scenario"]: row
+        for row in run_script("off_cluster.py", ["errors", "train", "job", "tune"], {}, timeout=700)
+    }
 
 
 @pytest.mark.integration
@@ -67,6 +70,17 @@ def test_a_job_of_a_client_off_the_cluster_is_listed_followed_and_waited_for(lan
     assert seen["status_at_once"] in ("PENDING", "RUNNING") and seen["listed"] and seen["got"] == seen["id"]
     assert seen["status"] == "SUCCEEDED" and seen["history"] == [1, 2] == seen["result_epochs"]
     assert "succeeded" in seen["logs"] and "epoch 2:" in seen["logs"]
+
+
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
+def test_a_client_off_the_cluster_tunes_with_asha_and_keeps_the_best_in_the_clusters_registry(lane):
+    seen = lane.result("off_cluster")["tune"]
+    assert seen["trials"] == 4 and max(seen["epochs_per_trial"]) == 3 and seen["stopped_early"] >= 1, seen
+    assert seen["model_lr"] == seen["best_lr"]  # this instance took the best trial's config (and weights)
+    assert seen["best_checkpoint"].startswith("s3://models/home/runs/LaptopDigits-tune-"), seen
+    assert seen["registry"].startswith("s3://models/home/registry") and seen["version"] == 1
+    assert seen["same"]  # the version got back from the registry predicts what the tuned instance does
 
 
 # ---------------------------------------------------------------- in-process

@@ -29,7 +29,7 @@ from raymodel.jobs._listing import (
 from raymodel.jobs._port import ServerClient
 from raymodel.jobs._release import follow as follow_release
 from raymodel.jobs._release_plan import Gate, ReleaseResult, RolloutPlan, current_stage, describe as describe_stage
-from raymodel.jobs._submit import submit, submit_train, submit_tune, train_and_wait
+from raymodel.jobs._submit import submit, submit_train, submit_tune, train_and_wait, tune_and_wait
 from raymodel.jobs._verb import Releases
 from raymodel.jobs._views import Stream, held
 from raymodel.jobs._warm import cpus_needed as warm_cpus, parse_warm, shown as shown_warm
@@ -58,6 +58,7 @@ __all__ = [
     "submit_train",
     "submit_tune",
     "train_and_wait",
+    "tune_and_wait",
     "init",
     "ACTIVE",
     "DONE",

@@ -120,7 +120,10 @@ def init(
     which would give it a second to end (it reports to the GCS, ended first).
 
     Args:
-        address: A Ray cluster address, e.g. ``"ray://head:10001"`` or ``"auto"``.
+        address: A Ray cluster address: ``"HEAD:6379"`` or ``"auto"`` from a node of the
+            cluster; ``"http://HEAD:8265"`` (the head's dashboard) from a machine that is not
+            one: this process then starts no Ray and each call is a job of Ray's Jobs API
+            there (docs/storage.md, "From a laptop"; ``runtime_env`` is the calls' there).
         verbose: Show Ray's internal logs and worker output on the driver.
         serve_ingress: How HTTP reaches a served model on an instance started here:
             ``"haproxy"`` (default, or ``RAYMODEL_SERVE_INGRESS``) or ``"proxy"``

@@ -67,6 +67,18 @@ def train_and_wait(model: Any, settings: Any, data: Any) -> Any:
     return train_on_server(model, settings, data)
 
 
+def tune_and_wait(model: Any, space: Any, settings: Any, data: Any, resume: bool) -> Any:
+    """A blocking ``model.tune`` from a client off the cluster: a tune job of the cluster's server,
+    waited for; the instance takes the best trial's config and weights."""
+    from raymodel.tune import load_best
+
+    job = submit_tune(model, space, settings, data, resume)  # every check first, here
+    print(f"[{type(model).__name__}] tuning as job {job.id} of the cluster's training server", flush=True)
+    result = job.wait()
+    load_best(model, result)
+    return result
+
+
 def submit_train(model: Any, settings: Any, data: Any) -> Job:
     """``model.train(..., wait=False)``: every check first (as ``train()``), then the job is queued."""
     from raymodel.train import prepare

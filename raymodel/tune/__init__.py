@@ -21,12 +21,13 @@ from ray.tune import (
     uniform,
 )
 
-from raymodel.tune._driver import Tunable
+from raymodel.tune._driver import Tunable, load_best
 from raymodel.tune._result import TuneResult
 from raymodel.tune._settings import TuneSettings
 
 __all__ = [
     "Tunable",
+    "load_best",
     "TuneSettings",
     "TuneResult",
     "choice",

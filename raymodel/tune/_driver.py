@@ -199,7 +199,7 @@ class Tunable:
                 + summary_table(result.trials, list(self.space), self.metric, self.settings.mode),
                 flush=True,
             )
-        _load_best(self.model, result)
+        load_best(self.model, result)
         return result
 
     def __repr__(self) -> str:
@@ -343,7 +343,7 @@ def _fits_at_once(train_settings: Any, backend: Any) -> int:
     return max(1, math.floor(cpus / per_trial + 1e-9))
 
 
-def _load_best(model: Model, result: TuneResult) -> None:
+def load_best(model: Model, result: TuneResult) -> None:
     """The instance takes the best trial's config (without its ``train.`` settings) and weights."""
     model.config = {k: v for k, v in result.best_config.items() if not k.startswith(TRAIN_PREFIX)}
     model._is_setup = False
