@@ -98,6 +98,15 @@ def test_settings_of_a_local_instance_are_refused_off_the_cluster_before_connect
     assert remote.active() is None
 
 
+def test_a_client_off_the_cluster_never_starts_ray_here_for_a_call_it_does_not_make_yet(monkeypatch):
+    from raymodel._internal import cluster
+
+    client = remote.Cluster("http://head.invalid:8265", {}, {"raymodel": "0", "ray": "0", "python": "3.11"})
+    monkeypatch.setattr(remote, "_CLUSTER", [client])
+    with pytest.raises(rm.RayModelError, match=r"client of the cluster at http://head.invalid:8265, off it"):
+        cluster.ensure_ray()
+
+
 def test_other_versions_on_the_cluster_are_named_with_both_sides():
     ours = {"raymodel": "0.6.0", "ray": "2.60.0", "python": "3.11"}
     assert remote.version_problem(dict(ours), ours) is None

@@ -256,8 +256,19 @@ def quiet(verbose: bool) -> None:
 
 
 def ensure_ray(verbose: bool = False) -> None:
+    """Ray in this process: joined or started as ``rm.init`` does, unless it runs already. A client off
+    the cluster (``rm.init(address="http://...")``) starts none: what needs Ray here is refused."""
     import ray
 
+    from raymodel._internal import remote
+
+    cluster = remote.active()
+    if cluster is not None:
+        raise RayModelError(
+            f"This process is a client of the cluster at {cluster.address}, off it: it starts no Ray, and this "
+            "call is not one that a client off the cluster makes yet (train, tune, jobs and the registry are). "
+            "Run it on a node of the cluster, or as a job there (`ray job submit`)."
+        )
     if not ray.is_initialized():
         init(verbose=verbose)
     else:
