@@ -90,6 +90,7 @@ class Head:
         self.mark = uuid.uuid4().hex
         self.gcs_port, self.dashboard_port = free_port(), free_port()
         self.address = f"http://{host}:{self.dashboard_port}"
+        self.serve_port = free_port()  # the routes' port, beside the test session's own
         self.home = s3.uri("home")
 
     def env(self) -> dict[str, str]:
@@ -143,6 +144,7 @@ def client(network: Network, head: Head, scratch: Path, scenarios: list[str], en
         "RAYMODEL_HOME": head.home,
         "PYTHONPATH": f"{laptop}{os.pathsep}{TESTS}",
         "RM_TEST_CLUSTER": head.address,
+        "RM_TEST_SERVE_PORT": str(head.serve_port),
         **(env or {}),
     }
     out = subprocess.run(

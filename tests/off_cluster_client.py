@@ -10,6 +10,8 @@ scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each 
 * ``job``: ``model.train(..., wait=False)``, the job's status, ``rm.jobs.list/get``, its rows, ``wait``.
 * ``tune``: a blocking ``model.tune`` of 4 trials with ASHA, then the best model put in the registry on
   the cluster's storage and got back from it in this process.
+* ``serve`` (after ``tune``): that registry version served by reference, and a trained instance served
+  as it is, each answering this process's requests at the head's address; then shut down.
 """
 
 from __future__ import annotations
@@ -170,6 +172,36 @@ def tune() -> None:
         registry=reg.uri,
         version=ref.version,
         same=loaded.predict(payload) == model.predict(payload),
+    )
+
+
+def serve() -> None:
+    import requests
+    from digits_laptop.model import LaptopDigits, data
+
+    rm.init(address=ADDRESS)
+    host = ADDRESS.split("//", 1)[1].rsplit(":", 1)[0]
+    settings = {"host": host, "port": int(os.environ["RM_TEST_SERVE_PORT"]), "ray_actor_options": {"num_cpus": 0.25}}
+    valid = data().splits["valid"]
+    payload = {"pixels": valid.x[:8].tolist()}
+    model = LaptopDigits()  # trained first: the routes' replicas would leave a 2-CPU pool no room
+    model.train({"num_workers": 2, "num_epochs": 1, "batch_size": 64, "progress": False}, data=data())
+    by_ref = rm.Servable("laptop-digits:1", "/laptop", settings=settings).deploy()
+    answer = requests.post(by_ref.url, json=payload, timeout=60)
+    expected = rm.registry.get("laptop-digits", 1).predict(payload)
+    served = model.serve("/laptop-model", settings=settings)
+    direct = served.predict(payload)
+    by_ref.shutdown()
+    served.shutdown()
+    gone = requests.post(by_ref.url, json=payload, timeout=60).status_code
+    result(
+        "serve",
+        url=by_ref.url,
+        status=answer.status_code,
+        same=answer.json() == expected,
+        model_url=served.url,
+        model_same=direct == model.predict(payload),
+        after_shutdown=gone,
     )
 
 

@@ -16,7 +16,7 @@ from raymodel._internal import remote, serialization
 from raymodel.exceptions import SettingsError
 
 
-@lane.job("off_cluster", expected_s=200)
+@lane.job("off_cluster", expected_s=260)
 def _off_cluster(scratch: Path) -> dict[str, dict]:
     from clusters import run_script
     from off_cluster import missing_tools
@@ -29,7 +29,7 @@ def _off_cluster(scratch: Path) -> dict[str, dict]:
         )
     return {
         row["scenario"]: row
-        for row in run_script("off_cluster.py", ["errors", "train", "job", "tune"], {}, timeout=700)
+        for row in run_script("off_cluster.py", ["errors", "train", "job", "tune", "serve"], {}, timeout=800)
     }
 
 
@@ -81,6 +81,17 @@ def test_a_client_off_the_cluster_tunes_with_asha_and_keeps_the_best_in_the_clus
     assert seen["best_checkpoint"].startswith("s3://models/home/runs/LaptopDigits-tune-"), seen
     assert seen["registry"].startswith("s3://models/home/registry") and seen["version"] == 1
     assert seen["same"]  # the version got back from the registry predicts what the tuned instance does
+
+
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
+def test_a_client_off_the_cluster_serves_a_registry_version_and_an_instance_it_then_reaches_over_http(lane):
+    seen = lane.result("off_cluster")["serve"]
+    head = seen["url"].split("//", 1)[1].split(":", 1)[0]
+    assert seen["url"].endswith("/laptop") and head.startswith("10.214."), seen  # the head's address
+    assert seen["status"] == 200 and seen["same"], seen  # as the registry's version answers here
+    assert seen["model_url"].endswith("/laptop-model") and seen["model_same"], seen
+    assert seen["after_shutdown"] == 404  # shut down from the client: the route is gone
 
 
 # ---------------------------------------------------------------- in-process

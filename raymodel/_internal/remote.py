@@ -254,7 +254,10 @@ def call(
         (package / "call.pkl").write_bytes(payload)
         env = dict(cluster.runtime_env)
         env["py_modules"] = [*env.get("py_modules", ()), str(package)]
-        env["env_vars"] = {**env.get("env_vars", {}), _ON_CLUSTER: "1"}
+        # The call's driver uses this process's storage (runs, the registry, serve checkpoints), not the
+        # head's default: what the client writes and reads is where the cluster writes and reads.
+        ours = {k: os.environ[k] for k in ("RAYMODEL_HOME", "RAYMODEL_REGISTRY") if os.environ.get(k)}
+        env["env_vars"] = {**ours, **env.get("env_vars", {}), _ON_CLUSTER: "1"}
         job = cluster.client.submit_job(
             entrypoint=f"python -m raymodel._internal.remote {name}",
             runtime_env=env,

@@ -230,7 +230,13 @@ class Servable:
 
     def deploy(self) -> ServedModel:
         """Run the application on Ray Serve (starting Ray and Serve if needed); a rolling update
-        when the route's application is already running."""
+        when the route's application is already running. From a client off the cluster, the
+        cluster deploys it (its proxy on every address of the head unless ``settings.host`` says
+        otherwise) and ``url`` is the head's."""
+        from raymodel._internal import remote
+
+        if remote.active() is not None:
+            return _deploy_off_cluster(self)
         cluster.ensure_ray(False)
         # Idle pools of the training server in the replicas' way give their resources back first (a
         # route of several versions: every idle pool).
@@ -386,6 +392,72 @@ def _wait_until_answering(url: str, timeout_s: float = 60.0) -> None:
                 "logs say why (`ray/session_latest/logs/serve/` under Ray's temp folder)."
             )
         time.sleep(0.1)
+
+
+class ServedOffCluster(ServedModel):
+    """A route that a client off the cluster deployed: requests go to its URL over HTTP, and its
+    shutdown is a call of the cluster's."""
+
+    def predict(self, payload: Any) -> Any:
+        """Answer ``payload`` through the route's URL."""
+        import requests
+
+        answer = requests.post(self.url, json=payload, timeout=60)
+        if answer.status_code != 200:
+            raise ServeError(f"`{self.url}` answered {answer.status_code}: {answer.text[:500]}")
+        return answer.json()
+
+    def set_split(self, split: Mapping[str, float]) -> None:
+        raise ServeError(
+            "A route's split is changed on the cluster, not yet from a client off it: deploy the route again "
+            "with the new split (`rm.Servable(split, route).deploy()`), which reconfigures it in place."
+        )
+
+    def rollout(self, *args: Any, **kwargs: Any) -> Rollout:
+        raise ServeError(
+            "A rollout from a client off the cluster is a release's: `model.release(..., route=...)` runs it "
+            "on the cluster."
+        )
+
+    def shutdown(self) -> None:
+        from raymodel._internal import remote
+
+        remote.call(_shutdown_here, self.name)
+
+
+def _deploy_off_cluster(servable: Servable) -> ServedModel:
+    """``servable.deploy()`` from a client off the cluster: one call of the cluster's deploys it there."""
+    import dataclasses
+    from urllib.parse import urlparse
+
+    from raymodel._internal import remote
+
+    on = remote.active()
+    assert on is not None
+    if servable.settings.host == ServeSettings().host:  # the default, this machine's loopback: the head's every address
+        servable.settings = dataclasses.replace(servable.settings, host="0.0.0.0")
+    name, route, (host, port), info = remote.call(
+        _deploy_here, servable, by_value=(servable.model,) if servable.model is not None else ()
+    )
+    if host in ("0.0.0.0", "::", "127.0.0.1", "localhost"):
+        host = urlparse(on.address).hostname or host
+    return ServedOffCluster(name, route, f"http://{host}:{port}{route}", None, info, servable)
+
+
+def _deploy_here(servable: Servable) -> tuple[str, str, tuple[str, int], dict[str, Any]]:
+    """On the cluster, in a call's driver: deploy the route; its name, path, proxy address and info."""
+    served = servable.deploy()
+    return served.name, served.route, _http_address(servable.settings), served.info
+
+
+def _shutdown_here(name: str) -> None:
+    """On the cluster: ``ServedModel.shutdown`` of the application ``name``."""
+    from ray import serve
+
+    cluster.ensure_ray(False)
+    serve.delete(name, _blocking=True)
+    storage.delete(serve_folder(name))
+    forget(name)
 
 
 def _http_address(settings: ServeSettings) -> tuple[str, int]:
