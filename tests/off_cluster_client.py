@@ -10,6 +10,8 @@ scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each 
 * ``job``: ``model.train(..., wait=False)``, the job's status, ``rm.jobs.list/get``, its rows, ``wait``.
 * ``tune``: a blocking ``model.tune`` of 4 trials with ASHA, then the best model put in the registry on
   the cluster's storage and got back from it in this process.
+* ``release`` (after ``tune``): that version in production, a release of the class gated against it,
+  registered and promoted (no route: its alias moves once registered), followed from here.
 * ``serve`` (after ``tune``): that registry version served by reference, and a trained instance served
   as it is, each answering this process's requests at the head's address; then shut down.
 """
@@ -172,6 +174,29 @@ def tune() -> None:
         registry=reg.uri,
         version=ref.version,
         same=loaded.predict(payload) == model.predict(payload),
+    )
+
+
+def release() -> None:
+    from digits_laptop.model import LaptopDigits, data
+
+    rm.init(address=ADDRESS)
+    reg = rm.registry.open()
+    reg.set_alias("laptop-digits", "production", 1)
+    outcome = LaptopDigits().release(
+        data=data(),
+        settings={"num_workers": 1, "num_epochs": 2, "batch_size": 64, "progress": False},
+        register="laptop-digits@candidate",
+        gate=rm.Gate(metric="val_acc", mode="max", min_delta=-1.0, against="laptop-digits@production"),
+        wait=True,
+    )
+    result(
+        "release",
+        status=outcome.status,
+        reason=outcome.reason,
+        version=outcome.version,
+        stages=[stage.get("stage") for stage in outcome.stages],
+        production=reg.resolve("laptop-digits@production"),
     )
 
 

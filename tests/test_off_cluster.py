@@ -16,7 +16,7 @@ from raymodel._internal import remote, serialization
 from raymodel.exceptions import SettingsError
 
 
-@lane.job("off_cluster", expected_s=260)
+@lane.job("off_cluster", expected_s=300)
 def _off_cluster(scratch: Path) -> dict[str, dict]:
     from clusters import run_script
     from off_cluster import missing_tools
@@ -29,7 +29,7 @@ def _off_cluster(scratch: Path) -> dict[str, dict]:
         )
     return {
         row["scenario"]: row
-        for row in run_script("off_cluster.py", ["errors", "train", "job", "tune", "serve"], {}, timeout=800)
+        for row in run_script("off_cluster.py", ["errors", "train", "job", "tune", "release", "serve"], {}, timeout=900)
     }
 
 
@@ -81,6 +81,15 @@ def test_a_client_off_the_cluster_tunes_with_asha_and_keeps_the_best_in_the_clus
     assert seen["best_checkpoint"].startswith("s3://models/home/runs/LaptopDigits-tune-"), seen
     assert seen["registry"].startswith("s3://models/home/registry") and seen["version"] == 1
     assert seen["same"]  # the version got back from the registry predicts what the tuned instance does
+
+
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
+def test_a_client_off_the_cluster_releases_through_the_gate_to_production(lane):
+    seen = lane.result("off_cluster")["release"]
+    assert seen["status"] == "SUCCEEDED" and seen["version"] == "laptop-digits:2", seen
+    assert seen["stages"] == ["train", "evaluate", "register", "promote"], seen
+    assert seen["production"] == 2  # the alias moved, in the registry the client reads
 
 
 @pytest.mark.integration

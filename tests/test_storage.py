@@ -80,6 +80,17 @@ PUTTER = textwrap.dedent("""
 """)
 
 
+def test_a_registry_versions_location_on_s3_keeps_the_query_last_and_loads(s3, tiny):
+    """Where a release's gate reads its ``against`` version from: the URI's query after the path."""
+    X, _ = tiny
+    model = _model(5)
+    reg = rm.registry.open(s3.uri("located"))
+    reg.put(model, key="tiny")
+    location = reg.location("tiny", 1)
+    assert location == s3.uri("located/tiny/versions/1"), location
+    np.testing.assert_allclose(rm.RayModel.from_checkpoint(location).predict(X), model.predict(X), rtol=1e-6)
+
+
 def test_eight_concurrent_s3_puts_and_alias_updates_are_all_kept(s3, tmp_path):
     uri = s3.uri("race-registry")
     script = tmp_path / "put.py"

@@ -22,6 +22,7 @@ import base64
 import dataclasses
 import hashlib
 import importlib
+import logging
 import os
 import re
 import shlex
@@ -40,6 +41,12 @@ from raymodel.exceptions import RayModelError, SettingsError
 MARK = "\x1eraymodel-call "
 #: The lines Ray's job manager writes at a job's start, which say nothing to the user.
 _RAYS_OWN = ("Runtime env is setting up.", "Running entrypoint for job ")
+#: Ray's loggers that say, on the client, each call's package upload and the end of its log stream.
+_RAYS_CHATTY = (
+    "ray.dashboard.modules.dashboard_sdk",
+    "ray.dashboard.modules.job.sdk",
+    "ray._private.runtime_env.packaging",
+)
 _RAYS_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+INFO ")
 
 
@@ -116,6 +123,10 @@ def connect(address: str, runtime_env: dict[str, Any] | None = None) -> Cluster:
             "read. Set RAYMODEL_HOME to a URI (the cluster's own, if it has one) and connect again."
         )
     client = _client(address)
+    # Ray's lines about each call's package upload and log stream say nothing to a user (its modules
+    # set their loggers' level when imported: after the client's import, then).
+    for name in _RAYS_CHATTY:
+        logging.getLogger(name).setLevel(logging.WARNING)
     cluster = Cluster(address.rstrip("/"), dict(runtime_env or {}), {}, client)
     cluster.versions = _their_versions(cluster)
     problem = version_problem(cluster.versions, versions_here())

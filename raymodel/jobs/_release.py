@@ -147,12 +147,15 @@ def _check_against(model: Any, gate: Gate, key: str, registry_uri: str) -> None:
 def _check_route(model: Any, route: str, key: str) -> None:
     """The route serves one version of ``key`` by a registry reference (a rollout starts from it), and
     the model can be served there."""
-    from raymodel._internal import cluster
+    from raymodel._internal import cluster, remote
     from raymodel.serve import Servable, served_spec
 
     Servable(model, route)  # the model's schemas and serving checks, nothing deployed
-    cluster.ensure_ray(False)  # raymodel's cluster (asked with no Ray up, Serve would start a bare one)
-    spec = served_spec(route)
+    if remote.active() is not None:  # off the cluster: the cluster's Serve says
+        spec = remote.call(_served_spec_here, route)
+    else:
+        cluster.ensure_ray(False)  # raymodel's cluster (asked with no Ray up, Serve would start a bare one)
+        spec = served_spec(route)
     if spec is None:
         raise SettingsError(
             f"`route={route!r}` is not served; serve the version in production there first: "
@@ -163,6 +166,15 @@ def _check_route(model: Any, route: str, key: str) -> None:
     served_keys = sorted({ref.split("@")[0].split(":")[0] for ref in split})
     if served_keys != [key]:
         raise SettingsError(f"`route={route!r}` serves {', '.join(served_keys)}; a release of `{key}` rolls out there.")
+
+
+def _served_spec_here(route: str) -> Any:
+    """On the cluster: what serves ``route`` (``served_spec``)."""
+    from raymodel._internal import cluster
+    from raymodel.serve import served_spec
+
+    cluster.ensure_ray(False)
+    return served_spec(route)
 
 
 def follow(job: Job) -> ReleaseResult:

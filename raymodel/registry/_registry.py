@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from raymodel._internal import checkpoint as ckpt, locations, name_rules, tmp
+from raymodel._internal import checkpoint as ckpt, locations, name_rules, storage, tmp
 from raymodel.exceptions import RegistryError
 from raymodel.registry._checks import check_json, os_errors
 from raymodel.registry._store import RECORD, TOMBSTONE
@@ -167,7 +167,11 @@ class Registry:
         run reads it from (``raymodel.train``'s scoring of a release's ``against``)."""
         key, version = _named(key, version)
         rel = f"{key}/versions/{self.resolve(key, version)}"
-        return str(self.store.path(rel)) if self.store.local else f"{self.uri.rstrip('/')}/{rel}"
+        return (
+            str(self.store.path(rel))
+            if self.store.local
+            else storage.join(self.uri, key, "versions", rel.rsplit("/", 1)[1])
+        )
 
     @os_errors
     def resolve(self, key: str | ModelRef, version: int | str | None = None) -> int:

@@ -99,7 +99,8 @@ class RayTrainRun:
         kept = [(storage.rebase(root, c.path), dict(m)) for c, m in (result.best_checkpoints or [])]
         return RunOutcome(
             returned=result.return_value or {},
-            path=storage.rebase(root, result.path),
+            # A run that reports nothing (a release's scoring run) on an object store has no path of Ray's.
+            path=storage.rebase(root, result.path) if result.path else root,
             checkpoint=storage.rebase(root, result.checkpoint.path) if result.checkpoint is not None else None,
             checkpoints=kept,
         )
