@@ -39,11 +39,15 @@ def head_args(scratch: Path) -> dict[str, Any]:
     }
 
 
+def clean_env() -> dict[str, str]:
+    """This environment without what the test session's Ray and raymodel set."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYMODEL_", "PYTHONBREAKPOINT"))}
+
+
 def run_script(script: str, args: list[str], env: dict[str, str], timeout: float) -> list[dict[str, Any]]:
     """Run ``tests/<script> <scratch dir> <args>`` in a fresh process (none of the variables this
     session's Ray set), assert it succeeded, and return its ``RESULT`` lines' JSON."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYMODEL_", "PYTHONBREAKPOINT"))}
-    clean.update({"PYTHONPATH": TESTS, **env})
+    clean = {**clean_env(), "PYTHONPATH": TESTS, **env}
     nodes = tempfile.mkdtemp(prefix="rm-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     try:
         out = subprocess.run(

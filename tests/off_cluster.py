@@ -31,6 +31,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(TESTS))
 
 import lane  # noqa: E402
+from clusters import clean_env  # noqa: E402
 from s3server import ENV as S3_ENV, S3Server, free_port  # noqa: E402
 
 #: The variable that marks the head's processes (its daemons, the training server, its workers).
@@ -74,11 +75,6 @@ class Network:
     def __exit__(self, *exc: object) -> None:
         subprocess.run(["ip", "link", "del", self.outer], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without what the test session's Ray and raymodel set."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYMODEL_", "PYTHONBREAKPOINT"))}
 
 
 class Head:

@@ -266,7 +266,8 @@ def ensure_ray(verbose: bool = False) -> None:
     if cluster is not None:
         raise RayModelError(
             f"This process is a client of the cluster at {cluster.address}, off it: it starts no Ray, and this "
-            "call is not one that a client off the cluster makes yet (train, tune, jobs and the registry are). "
+            "call is not one that a client off the cluster makes yet (train, tune, release, jobs, serving and the "
+            "registry are). "
             "Run it on a node of the cluster, or as a job there (`ray job submit`)."
         )
     if not ray.is_initialized():

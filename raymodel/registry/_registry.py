@@ -167,11 +167,7 @@ class Registry:
         run reads it from (``raymodel.train``'s scoring of a release's ``against``)."""
         key, version = _named(key, version)
         rel = f"{key}/versions/{self.resolve(key, version)}"
-        return (
-            str(self.store.path(rel))
-            if self.store.local
-            else storage.join(self.uri, key, "versions", rel.rsplit("/", 1)[1])
-        )
+        return str(self.store.path(rel)) if self.store.local else storage.join(self.uri, rel)
 
     @os_errors
     def resolve(self, key: str | ModelRef, version: int | str | None = None) -> int:

@@ -95,11 +95,7 @@ class ServedModel:
 
     def shutdown(self) -> None:
         """Delete the application; its replicas, their resources and its serve checkpoints are released."""
-        from ray import serve
-
-        serve.delete(self.name, _blocking=True)
-        storage.delete(serve_folder(self.name))
-        forget(self.name)  # a route of registry versions is not served again after a restart
+        _take_down(self.name)
 
     def __repr__(self) -> str:
         return f"ServedModel(name={self.name!r}, url={self.url!r})"
@@ -452,12 +448,17 @@ def _deploy_here(servable: Servable) -> tuple[str, str, tuple[str, int], dict[st
 
 def _shutdown_here(name: str) -> None:
     """On the cluster: ``ServedModel.shutdown`` of the application ``name``."""
+    cluster.ensure_ray(False)
+    _take_down(name)
+
+
+def _take_down(name: str) -> None:
+    """Delete the application ``name`` and its serve checkpoints."""
     from ray import serve
 
-    cluster.ensure_ray(False)
     serve.delete(name, _blocking=True)
     storage.delete(serve_folder(name))
-    forget(name)
+    forget(name)  # a route of registry versions is not served again after a restart
 
 
 def _http_address(settings: ServeSettings) -> tuple[str, int]:
