@@ -10,8 +10,9 @@ scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each 
 * ``job``: ``model.train(..., wait=False)``, the job's status, ``rm.jobs.list/get``, its rows, ``wait``.
 * ``tune``: a blocking ``model.tune`` of 4 trials with ASHA, then the best model put in the registry on
   the cluster's storage and got back from it in this process.
-* ``release`` (after ``tune``): that version in production, a release of the class gated against it,
-  registered and promoted (no route: its alias moves once registered), followed from here.
+* ``release`` (after ``tune``): that version in production and served on a route, a release of the
+  class gated against it, registered, rolled out on the route while this process sends it requests, and
+  promoted.
 * ``serve`` (after ``tune``): that registry version served by reference, and a trained instance served
   as it is, each answering this process's requests at the head's address; then shut down.
 """
@@ -178,18 +179,40 @@ def tune() -> None:
 
 
 def release() -> None:
+    import threading
+
+    import requests
     from digits_laptop.model import LaptopDigits, data
 
     rm.init(address=ADDRESS)
     reg = rm.registry.open()
     reg.set_alias("laptop-digits", "production", 1)
-    outcome = LaptopDigits().release(
+    host = ADDRESS.split("//", 1)[1].rsplit(":", 1)[0]
+    settings = {"host": host, "port": int(os.environ["RM_TEST_SERVE_PORT"]), "ray_actor_options": {"num_cpus": 0.25}}
+    served = rm.Servable("laptop-digits@production", "/laptop-release", settings=settings).deploy()
+    payload = {"pixels": data().splits["valid"].x[:2].tolist()}
+    job = LaptopDigits().release(
         data=data(),
         settings={"num_workers": 1, "num_epochs": 2, "batch_size": 64, "progress": False},
         register="laptop-digits@candidate",
         gate=rm.Gate(metric="val_acc", mode="max", min_delta=-1.0, against="laptop-digits@production"),
-        wait=True,
+        route="/laptop-release",
+        rollout={"steps": (0.5, 1.0), "step_s": 1.0, "guard": {"min_requests": 5}},
     )
+    answers: list[int] = []
+    done = threading.Event()
+
+    def traffic() -> None:  # a client of the route's, all through the release
+        while not done.is_set():
+            answers.append(requests.post(served.url, json=payload, timeout=60).status_code)
+            time.sleep(0.05)
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    sender.start()
+    outcome = job.wait()
+    done.set()
+    sender.join()
+    served.shutdown()
     result(
         "release",
         status=outcome.status,
@@ -197,6 +220,8 @@ def release() -> None:
         version=outcome.version,
         stages=[stage.get("stage") for stage in outcome.stages],
         production=reg.resolve("laptop-digits@production"),
+        answers=len(answers),
+        failed=sum(code != 200 for code in answers),
     )
 
 

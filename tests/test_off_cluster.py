@@ -85,11 +85,12 @@ def test_a_client_off_the_cluster_tunes_with_asha_and_keeps_the_best_in_the_clus
 
 @pytest.mark.integration
 @pytest.mark.lane("off_cluster")
-def test_a_client_off_the_cluster_releases_through_the_gate_to_production(lane):
+def test_a_client_off_the_cluster_releases_through_the_gate_and_a_rollout_to_production(lane):
     seen = lane.result("off_cluster")["release"]
     assert seen["status"] == "SUCCEEDED" and seen["version"] == "laptop-digits:2", seen
-    assert seen["stages"] == ["train", "evaluate", "register", "promote"], seen
+    assert seen["stages"] == ["train", "evaluate", "register", "rollout", "promote"], seen
     assert seen["production"] == 2  # the alias moved, in the registry the client reads
+    assert seen["answers"] >= 10 and seen["failed"] == 0, seen  # the route answered all through its rollout
 
 
 @pytest.mark.integration
