@@ -87,6 +87,7 @@ class Head:
         self.gcs_port, self.dashboard_port = free_port(), free_port()
         self.address = f"http://{host}:{self.dashboard_port}"
         self.serve_port = free_port()  # the routes' port, beside the test session's own
+        self.web_port = free_port()  # raymodel's dashboard's
         self.home = s3.uri("home")
 
     def env(self) -> dict[str, str]:
@@ -141,6 +142,7 @@ def client(network: Network, head: Head, scratch: Path, scenarios: list[str], en
         "PYTHONPATH": f"{laptop}{os.pathsep}{TESTS}",
         "RM_TEST_CLUSTER": head.address,
         "RM_TEST_SERVE_PORT": str(head.serve_port),
+        "RM_TEST_DASHBOARD_PORT": str(head.web_port),
         **(env or {}),
     }
     out = subprocess.run(

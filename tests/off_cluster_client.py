@@ -2,8 +2,9 @@
 scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each printing one
 ``RESULT`` JSON line of what the test checks.
 
-* ``errors``: a wrong token, an address nobody answers at, a local ``RAYMODEL_HOME``: each refused
-  before anything is submitted, in words that say what to do.
+* ``errors``: a wrong token, an address nobody answers at, a local ``RAYMODEL_HOME``, a cluster whose
+  jobs' Python lacks raymodel, another raymodel version here than there: each refused before anything
+  is submitted, in words that say what to do.
 * ``train``: ``rm.init(address=...)``, then a blocking ``model.train`` of a class that only this
   process can import (``digits_laptop``, with a module of its package beside the model's): its rows
   as they come (each printed line's time), the result, the weights back here.
@@ -24,6 +25,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,11 +61,27 @@ def errors() -> None:
     os.environ["RAYMODEL_HOME"] = "/tmp/laptop-home"
     local_home = refused(lambda: rm.init(address=ADDRESS))
     os.environ["RAYMODEL_HOME"] = home
+    # The cluster's jobs run a Python without raymodel (`python` there is one that ignores site-packages).
+    bare = Path(os.getcwd(), "bare-python")
+    bare.mkdir(exist_ok=True)
+    (bare / "python").write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    (bare / "python").chmod(0o755)
+    env = {"env_vars": {"PATH": f"{bare}{os.pathsep}{os.environ['PATH']}"}}
+    no_raymodel = refused(lambda: rm.init(address=ADDRESS, runtime_env=env))
+    # This process has another raymodel than the cluster (its metadata says 9.9.9).
+    other = Path(os.getcwd(), "other-raymodel")
+    (other / "raymodel-9.9.9.dist-info").mkdir(parents=True, exist_ok=True)
+    (other / "raymodel-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: raymodel\nVersion: 9.9.9\n")
+    sys.path.insert(0, str(other))
+    other_version = refused(lambda: rm.init(address=ADDRESS))
+    sys.path.remove(str(other))
     result(
         "errors",
         wrong_token=wrong_token,
         nobody=nobody,
         local_home=local_home,
+        no_raymodel=no_raymodel,
+        other_version=other_version,
         connected=remote.active() is not None,
     )
 
@@ -253,6 +271,38 @@ def serve() -> None:
         model_same=direct == model.predict(payload),
         after_shutdown=gone,
     )
+
+
+def cli() -> None:
+    """``raymodel --address URL ...`` from here (after ``tune``: version 1 is in the registry)."""
+    import subprocess
+
+    import requests
+
+    def raymodel(*words: str) -> dict[str, Any]:
+        began = time.monotonic()
+        command = [sys.executable, "-m", "raymodel.cli", "--address", ADDRESS, *words]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        return {"rc": out.returncode, "out": out.stdout, "err": out.stderr[-2000:], "s": time.monotonic() - began}
+
+    status = raymodel("server", "status")
+    trained = raymodel(
+        "train", "laptop-digits:1", "--data", "digits_laptop.model:data", "--set", "num_epochs=1",
+        "--set", "progress=false", "--register", "laptop-digits@cli", "--wait",
+    )  # fmt: skip
+    job_id = trained["out"].split()[0] if trained["out"] else ""
+    listed = raymodel("jobs", "list")
+    shown = raymodel("jobs", "show", job_id)
+    logs = raymodel("jobs", "logs", job_id)
+    models = raymodel("models", "list")
+    dash = raymodel("dashboard", "--port", os.environ["RM_TEST_DASHBOARD_PORT"])
+    url = next((w for w in dash["out"].split() if w.startswith("http://")), "")
+    page = requests.get(url, timeout=60).status_code if url else 0
+    start = raymodel("server", "start")
+    result(
+        "cli", status=status, trained=trained, job_id=job_id, listed=listed, shown=shown, logs=logs, models=models,
+        dashboard=dash, dashboard_url=url, page=page, start=start,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from raymodel._internal import remote, serialization
 from raymodel.exceptions import SettingsError
 
 
-@lane.job("off_cluster", expected_s=300)
+@lane.job("off_cluster", expected_s=420)
 def _off_cluster(scratch: Path) -> dict[str, dict]:
     from clusters import run_script
     from off_cluster import missing_tools
@@ -27,10 +27,8 @@ def _off_cluster(scratch: Path) -> dict[str, dict]:
             f"A client off the cluster is tested from a network namespace of its own, which needs {missing}: "
             "run `make test` as root on a machine with iproute2 (CI does)."
         )
-    return {
-        row["scenario"]: row
-        for row in run_script("off_cluster.py", ["errors", "train", "job", "tune", "release", "serve"], {}, timeout=900)
-    }
+    scenarios = ["errors", "train", "job", "tune", "release", "serve", "cli"]
+    return {row["scenario"]: row for row in run_script("off_cluster.py", scenarios, {}, timeout=1200)}
 
 
 @pytest.mark.integration
@@ -45,6 +43,11 @@ def test_a_client_off_the_cluster_is_refused_before_anything_is_submitted_saying
     assert "dashboard" in nobody["message"]
     home = errors["local_home"]
     assert home["type"] == "SettingsError" and "/tmp/laptop-home" in home["message"] and "s3://" in home["message"]
+    bare = errors["no_raymodel"]  # the cluster's jobs run a Python without raymodel
+    assert bare["type"] == "ClusterError" and "raymodel is not installed where the cluster's jobs run" in bare["message"]
+    assert "No module named 'raymodel'" in bare["message"] and "Install raymodel " in bare["message"], bare
+    other = errors["other_version"]  # this process's raymodel is 9.9.9, the cluster's is not
+    assert other["type"] == "ClusterError" and " there, 9.9.9 here" in other["message"], other
     assert not errors["connected"]
 
 
@@ -91,6 +94,27 @@ def test_a_client_off_the_cluster_releases_through_the_gate_and_a_rollout_to_pro
     assert seen["stages"] == ["train", "evaluate", "register", "rollout", "promote"], seen
     assert seen["production"] == 2  # the alias moved, in the registry the client reads
     assert seen["answers"] >= 10 and seen["failed"] == 0, seen  # the route answered all through its rollout
+
+
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
+def test_the_raymodel_command_with_address_runs_from_off_the_cluster(lane):
+    seen = lane.result("off_cluster")["cli"]
+    for name in ("status", "trained", "listed", "shown", "logs", "models", "dashboard"):
+        assert seen[name]["rc"] == 0, (name, seen[name])
+    assert seen["status"]["out"].startswith("raymodel server at the cluster's head; jobs: "), seen["status"]
+    job = seen["job_id"]
+    assert job.startswith("train-") and f"{job} SUCCEEDED: registered laptop-digits:" in seen["trained"]["out"]
+    assert job in seen["listed"]["out"] and "LaptopDigits" in seen["listed"]["out"]
+    assert f'"id": "{job}"' in seen["shown"]["out"] and '"registered": "laptop-digits:' in seen["shown"]["out"]
+    assert "epoch 1: loss" in seen["logs"]["out"] and "succeeded" in seen["logs"]["out"], seen["logs"]
+    assert "laptop-digits" in seen["models"]["out"] and " cli " in seen["models"]["out"]  # read from the store here
+    head = seen["dashboard_url"].split("//", 1)[1].split(":", 1)[0]
+    assert head.startswith("10.214.") and seen["page"] == 200, seen["dashboard"]  # on the head, fetched from here
+    start = seen["start"]
+    assert start["rc"] == 1 and "runs on the cluster's head machine" in start["err"], start
+    # A `jobs` command is one call of the cluster's (and the connection's check), not one per question.
+    assert seen["shown"]["s"] < seen["status"]["s"] + 10, seen
 
 
 @pytest.mark.integration

@@ -350,16 +350,22 @@ def _job_failure(cluster: Cluster, job: str) -> str:
 _ON_CLUSTER = "RAYMODEL_CALL_DRIVER"
 
 
+def in_call() -> bool:
+    """Whether this process is a call's driver on the cluster (a client off it made the call)."""
+    return bool(os.environ.get(_ON_CLUSTER))
+
+
 def emit(event: Any) -> None:
     """Tell the client ``event`` now (in a call's driver; elsewhere nothing happens)."""
-    if os.environ.get(_ON_CLUSTER):
+    if in_call():
         _send("event", event)
 
 
 def _send(kind: str, value: Any) -> None:
     body = base64.b64encode(serialization.dumps(value)).decode()
-    sys.stdout.write(f"{MARK}{kind} {body}\n")
-    sys.stdout.flush()
+    out = sys.__stdout__ or sys.stdout  # the driver's own, where sys.stdout is redirected (``raymodel`` commands)
+    out.write(f"{MARK}{kind} {body}\n")
+    out.flush()
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -42,6 +42,13 @@ def add_commands(sub: Any) -> None:
     start = srv_sub.add_parser("start", help="start a local Ray head and the job server")
     start.add_argument("--port", type=int, default=6379, help="the Ray head's port (default 6379)")
     start.add_argument("--dashboard-port", type=int, default=8265)
+    start.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the head's address that other machines reach (its node's IP; 0.0.0.0: every address, Ray picks the "
+        "node's): worker nodes join it at HOST:PORT and clients off the cluster use http://HOST:DASHBOARD_PORT "
+        "(default 127.0.0.1: this machine only)",
+    )
     start.add_argument("--num-cpus", type=int, help="CPUs to offer (default: all)")
     start.add_argument(
         "--pool-idle-s",
@@ -128,11 +135,32 @@ def attach() -> None:
     init(address=address)
 
 
+def _head_ip() -> str:
+    """The node IP that ``ray start`` chooses for a head on every address (``--host 0.0.0.0``)."""
+    from ray._private.services import get_node_ip_address
+
+    return str(get_node_ip_address())
+
+
 def _cpus(args: argparse.Namespace) -> float:
     return float(args.num_cpus if args.num_cpus is not None else os.cpu_count() or 1)
 
 
+def _on_the_head(command: str) -> None:
+    """``server start|stop`` run on the head's machine; off the cluster they are refused in words."""
+    from raymodel._internal import remote
+
+    if remote.is_dashboard_address(os.environ.get("RAY_ADDRESS")):
+        raise RayModelError(
+            f"`raymodel server {command}` runs on the cluster's head machine, not from a client off the cluster. "
+            "From here, the first job (or `raymodel --address URL server status`) starts the training server "
+            "on the cluster; a head is started there with `raymodel server start --host ADDRESS` (or `ray start "
+            "--head`), and ended there."
+        )
+
+
 def _server_start(args: argparse.Namespace) -> None:
+    _on_the_head("start")
     already = joinable_server()  # a head that cannot take work: an error that says to stop it first
     if already:
         print(f"a raymodel server is already running at {already['address']}")
@@ -154,13 +182,15 @@ def _server_start(args: argparse.Namespace) -> None:
         "--port",
         str(args.port),
         "--dashboard-host",
-        "127.0.0.1",
+        args.host,
         "--dashboard-port",
         str(args.dashboard_port),
         "--temp-dir",
         temp_dir,
         "--disable-usage-stats",
     ]
+    if args.host != "0.0.0.0":
+        cmd += ["--node-ip-address", args.host]
     if args.num_cpus is not None:
         cmd += ["--num-cpus", str(args.num_cpus)]
     end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
@@ -171,7 +201,8 @@ def _server_start(args: argparse.Namespace) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RayModelError(f"`ray start` failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
-    address = f"127.0.0.1:{args.port}"
+    node_ip = args.host if args.host != "0.0.0.0" else _head_ip()
+    address = f"{node_ip}:{args.port}"
     gcs = sorted(set(_processes(temp_dir)) & set(_processes("gcs_server")))
     raylet = _processes("raylet --raylet_socket_name", temp_dir)  # a raylet's end leaves a head no one joins
     import ray
@@ -192,6 +223,11 @@ def _server_start(args: argparse.Namespace) -> None:
         )
     )
     print(f"raymodel server running at {address}; attach with rm.init() or RAY_ADDRESS={address}")
+    if args.host != "127.0.0.1":
+        print(
+            f"  other machines: worker nodes `ray start --address {address}`, clients off the cluster "
+            f"`rm.init(address='http://{node_ip}:{args.dashboard_port}')` (with this head's RAY_AUTH_TOKEN)"
+        )
     if warm:
         if not args.wait:
             print(f"warming pools in the background: {shown_warm(warm)} (`raymodel server status` shows them)")
@@ -204,6 +240,7 @@ def _server_stop(args: argparse.Namespace) -> int:
     """As ``ray stop`` does (SIGTERM, a wait, then SIGKILL of what remains, saying what), after running
     jobs had ``--grace-s`` to reach an epoch boundary and checkpoint (they wait PENDING for the next
     ``server start``, which resumes them from there)."""
+    _on_the_head("stop")
     info = running_server()
     if info is None:
         print("no raymodel server is running")
@@ -248,11 +285,17 @@ def _server_stop(args: argparse.Namespace) -> int:
 
 
 def _server_status(args: argparse.Namespace) -> int:
-    info = running_server()
-    problem = "no raymodel server is running" if info is None else head_problem(info)
-    if info is None or problem:
-        print(problem)
-        return 1
+    from raymodel._internal import remote
+
+    if remote.in_call():  # a client off the cluster asked: the cluster's server (started now if none runs)
+        info: dict[str, Any] | None = {"address": "the cluster's head"}
+    else:
+        info = running_server()
+        problem = "no raymodel server is running" if info is None else head_problem(info)
+        if info is None or problem:
+            print(problem)
+            return 1
+    assert info is not None
     attach()
     counts: dict[str, int] = {}
     for record in jobs.records():

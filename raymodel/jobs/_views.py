@@ -38,7 +38,12 @@ class Stream:
 
 def held(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """What each job holds now: the bundles of its placement groups that Ray's state API shows
-    CREATED (one query for all the records; ``{}`` for a job that is not running)."""
+    CREATED (one query for all the records; ``{}`` for a job that is not running). Off the cluster, the
+    cluster's state API answers in a call of its own."""
+    from raymodel._internal import remote
+
+    if remote.active() is not None:
+        return remote.call(held, records)
     wanted = {g for r in records if r["status"] == "RUNNING" for g in r.get("placement_groups", ())}
     live: dict[str, dict[str, float]] = {}
     if wanted:

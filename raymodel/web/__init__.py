@@ -39,11 +39,17 @@ def dashboard(port: int = DEFAULT_PORT, host: str = "127.0.0.1", token: str | No
     job; keep it to yourself. Calling it again for the same host and port
     returns the same URL. Binds ``host`` only (127.0.0.1 unless you ask).
 
+    Off the cluster (``rm.init(address="http://HEAD:8265")``) the dashboard runs on the cluster's head
+    instead, on every address of the head (``host`` is not used), until the cluster ends; the URL is
+    at the head's address.
+
     Raises:
         SettingsError: ``port`` or ``host`` is not usable (e.g. the port is taken).
     """
-    from raymodel._internal import cluster
+    from raymodel._internal import cluster, remote
 
+    if remote.active() is not None:
+        return _on_the_head(port)
     with _lock:
         if (host, port) in _running:
             return _running[(host, port)]
@@ -75,6 +81,45 @@ def run(port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
     )
     while True:
         time.sleep(3600)
+
+
+def _on_the_head(port: int) -> str:
+    """Off the cluster: the dashboard's URL on the cluster's head, at the head's address."""
+    from urllib.parse import urlsplit
+
+    from raymodel._internal import remote
+
+    cluster = remote.active()
+    assert cluster is not None
+    url = remote.call(_start_on_head, port)
+    return url.replace("//127.0.0.1:", f"//{urlsplit(cluster.address).hostname}:", 1)
+
+
+def _start_on_head(port: int) -> str:
+    """On the cluster (a call's driver, which runs on the head): the dashboard in a detached actor of
+    the head's, started unless one runs on ``port``; its URL."""
+    import ray
+
+    from raymodel._internal import cluster
+
+    actor = ray.remote(num_cpus=0)(_OnTheHead).options(
+        name=f"raymodel-dashboard-{port}",
+        namespace="raymodel",
+        lifetime="detached",
+        get_if_exists=True,
+        scheduling_strategy=cluster.on_this_node(),
+    )
+    return str(ray.get(actor.remote(port).url.remote()))  # type: ignore[attr-defined]
+
+
+class _OnTheHead:
+    """The dashboard in an actor of the head's, on all its addresses."""
+
+    def __init__(self, port: int) -> None:
+        self._url = dashboard(port, "0.0.0.0")
+
+    def url(self) -> str:
+        return self._url
 
 
 def _server(host: str, port: int, token: str) -> Any:
