@@ -70,8 +70,9 @@ def errors() -> None:
     no_raymodel = refused(lambda: rm.init(address=ADDRESS, runtime_env=env))
     # This process has another raymodel than the cluster (its metadata says 9.9.9).
     other = Path(os.getcwd(), "other-raymodel")
-    (other / "raymodel-9.9.9.dist-info").mkdir(parents=True, exist_ok=True)
-    (other / "raymodel-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: raymodel\nVersion: 9.9.9\n")
+    info = other / "raymodel-9.9.9.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: raymodel\nVersion: 9.9.9\n")
     sys.path.insert(0, str(other))
     other_version = refused(lambda: rm.init(address=ADDRESS))
     sys.path.remove(str(other))
