@@ -26,11 +26,20 @@ Two situations, the sides in turns, medians of ``--reps``:
 Then, in one process joined to the torch server: a warm job's wall (``train(wait=False)`` to
 ``job.wait()``) and its first row, p50 and p95 of ``--warm-jobs``.
 
+A third situation, **off the cluster** (``--phases off``, torch only): each side's process is a client
+that is not a node, reaching the head by its dashboard's HTTP address only, the storage on moto's S3
+server. raymodel: ``raymodel server start --warm torch:2 --wait``, then each process
+``rm.init(address="http://HEAD:PORT")``, the class defined there, ``model.train`` (the data made in the
+process, the rows streamed back). Hand-written: ``ray start --head``, then each process submits the same
+job through Ray's ``JobSubmissionClient`` (an entrypoint script and its ``working_dir``, the data made by
+the script, the checkpoints on the same storage) and follows its log to the end (Ray's stream, no polling).
+
 Both sides get the Ray settings raymodel gives a local instance it starts (Train's report poll
 every 0.2 s, no preemption watcher), so the figures compare structure, not environment variables.
 Ratios are raymodel / hand-written. Nothing else should run meanwhile.
 
     python benchmarks/first_contact.py [--reps 3] [--only torch,rllib,transformers] [--warm-jobs 20]
+                                       [--phases cold,server,off]
 """
 
 from __future__ import annotations
@@ -172,8 +181,75 @@ def warm_jobs(marks: dict[str, float]) -> None:
         marks[f"{name}_p95"] = float(np.percentile(values, 95))
 
 
+def rm_off_torch(marks: dict[str, float]) -> None:
+    """A client off the cluster: ``rm.init(address="http://...")`` (``RAY_ADDRESS``), then the job."""
+    from digits import DigitsNet
+
+    import raymodel as rm
+
+    began = time.time()
+    rm.init(address=os.environ["RM_BENCH_CLUSTER"])
+    marks["init"] = time.time()
+    marks["init_s"] = marks["init"] - began
+    Xt, yt, Xv, yv = _digits()
+    result = DigitsNet().train(TORCH, data={"train": (Xt, yt), "valid": (Xv, yv)})
+    assert len(result.history) == TORCH["num_epochs"]
+
+
+HAND_JOB = """import os, sys, time
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from hand_torch import hand_written_loop
+from first_contact import _digits, TORCH
+
+ray.init()
+refs = [ray.put(a) for a in _digits()]
+config = {"hidden": 64, "lr": 1e-3, "batch_size": 64, "epochs": TORCH["num_epochs"], "refs": refs}
+result = TorchTrainer(
+    hand_written_loop,
+    train_loop_config=config,
+    scaling_config=ScalingConfig(num_workers=TORCH["num_workers"]),
+    run_config=RunConfig(storage_path=os.environ["RAYMODEL_HOME"], name=f"hand-{time.time_ns()}"),
+).fit()
+assert result.error is None and result.metrics["epoch"] == TORCH["num_epochs"]
+print("HAND-RESULT", result.metrics["epoch"], flush=True)
+"""
+
+
+def hand_off_torch(marks: dict[str, float]) -> None:
+    """The same job by hand from off the cluster: Ray's Jobs API, an entrypoint and its ``working_dir``."""
+    import asyncio
+    import shutil
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    began = time.time()
+    client = JobSubmissionClient(os.environ["RM_BENCH_CLUSTER"])
+    marks["init"] = time.time()
+    marks["init_s"] = marks["init"] - began
+    folder = Path(tempfile.mkdtemp(prefix="hand-job-"))
+    for name in ("hand_torch.py", "first_contact.py", "first_job_timeline.py"):
+        shutil.copy(HERE / name, folder / name)
+    (folder / "job.py").write_text(HAND_JOB)
+    job = client.submit_job(
+        entrypoint="python job.py",
+        runtime_env={"working_dir": str(folder), "env_vars": {"RAYMODEL_HOME": os.environ["RAYMODEL_HOME"], **RAY_ENV}},
+    )
+
+    async def follow() -> str:
+        text = ""
+        async for chunk in client.tail_job_logs(job):
+            text += chunk
+        return text
+
+    log = asyncio.run(follow())
+    status = client.get_job_status(job)
+    assert status == JobStatus.SUCCEEDED and "HAND-RESULT 3" in log, (status, log[-3000:])
+
+
 CHILDREN = {f.__name__: f for f in (hand_torch, rm_torch, hand_rllib, rm_rllib, hand_transformers, rm_transformers)}
-CHILDREN["warm_jobs"] = warm_jobs
+CHILDREN.update(warm_jobs=warm_jobs, rm_off_torch=rm_off_torch, hand_off_torch=hand_off_torch)
 
 
 def child(name: str) -> None:
@@ -269,13 +345,59 @@ def with_server(backend: str, processes: int, env: dict[str, str], warm: str = "
     return out
 
 
+def off_cluster(processes: int, env: dict[str, str]) -> dict[str, object]:
+    """Clients off the cluster (``RM_BENCH_CLUSTER``, the head's dashboard): ``raymodel server start --warm
+    torch:2 --wait`` then ``processes`` raymodel clients; ``ray start --head`` then as many hand-written
+    ones (Ray's Jobs API). The storage (``RAYMODEL_HOME``) of both: moto's S3 server."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from s3server import ENV as S3_ENV, S3Server, free_port
+
+    raymodel = str(Path(sys.executable).with_name("raymodel"))
+    ray = str(Path(sys.executable).with_name("ray"))
+    out: dict[str, object] = {}
+    with S3Server() as s3:
+        env = {**env, **S3_ENV, "RAYMODEL_HOME": s3.uri("home")}
+        no_ray_left()
+        port, dashboard = free_port(), free_port()
+        head = ["--port", str(port), "--dashboard-port", str(dashboard)]
+        clients = {**env, "RM_BENCH_CLUSTER": f"http://127.0.0.1:{dashboard}"}
+        out["start"] = _cli([raymodel, "server", "start", *head, "--warm", "torch:2", "--wait"], env)
+        try:
+            out["rm"] = [run_child("rm_off_torch", clients) for _ in range(processes)]
+        finally:
+            _cli([raymodel, "server", "stop", "--grace-s", "0"], env)
+        no_ray_left()
+        out["hand_start"] = _cli([ray, "start", "--head", *head, "--disable-usage-stats"], env)
+        try:
+            out["hand"] = [run_child("hand_off_torch", clients) for _ in range(processes)]
+        finally:
+            _cli([ray, "stop", "--force"], env)
+    return out
+
+
+def report_off_cluster(out: dict[str, Any]) -> None:
+    rm_walls, hand_walls = [r["wall"] for r in out["rm"]], [r["wall"] for r in out["hand"]]
+    ratio = statistics.median(rm_walls) / statistics.median(hand_walls)
+    print("\n## off the cluster: a client process that is not a node, its first job, start to end")
+    print(f"        torch: `raymodel server start --warm torch:2 --wait` {out['start']:.1f} s; raymodel clients "
+          + ", ".join(f"{w:.1f}" for w in rm_walls) + f" s; `ray start --head` {out['hand_start']:.1f} s; "
+          "hand-written clients (JobSubmissionClient, entrypoint + working_dir) "
+          + ", ".join(f"{w:.1f}" for w in hand_walls)
+          + f" s; ratio of medians {ratio:.2f}x (goal <= 0.5x: {'met' if ratio <= 0.5 else 'NOT met'})")  # fmt: skip
+    for side in ("rm", "hand"):
+        for r in out[side]:
+            print(f"  off {side}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--processes", type=int, default=4, help="new processes per server (default 4)")
     parser.add_argument("--warm-jobs", type=int, default=20)
     parser.add_argument("--only", default=",".join(BACKENDS))
-    parser.add_argument("--phases", default="cold,server", help="cold (nothing running), server, or both")
+    parser.add_argument(
+        "--phases", default="cold,server,off", help="cold (nothing running), server, off (off the cluster): any of them"
+    )
     parser.add_argument(
         "--server-warm",
         default="",
@@ -297,10 +419,13 @@ def main() -> None:
     for backend in backends if "server" in phases else ():
         servers[backend] = with_server(backend, args.processes, env, args.server_warm)
         print(f"  server for {backend} done", flush=True)
+    off = off_cluster(args.processes, env) if "off" in phases else None
     if runs:
         report_cold(backends, runs)
     if servers:
         report_servers(servers, args.warm_jobs)
+    if off:
+        report_off_cluster(off)
 
 
 def report_cold(backends: list[str], runs: dict[str, dict[str, list[dict]]]) -> None:

@@ -45,9 +45,11 @@ def missing_tools() -> list[str]:
 
 
 class Network:
-    """A network namespace joined to this one by a veth pair: ``host`` here, ``client`` there."""
+    """A network namespace joined to this one by a veth pair: ``host`` here, ``client`` there (the
+    machine off the cluster, or a worker node's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, routed: bool = False) -> None:
+        self.routed = routed  # whether the namespace reaches this side's other addresses too (a default route)
         tag = f"{os.getpid() % 10000}{secrets.token_hex(1)}"
         self.name, self.outer, self.inner = f"rm-{tag}", f"rmh{tag}", f"rmc{tag}"
         subnet = 16 + secrets.randbelow(200)
@@ -64,6 +66,8 @@ class Network:
             ["ip", "netns", "exec", self.name, "ip", "link", "set", self.inner, "up"],
             ["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"],
         ]
+        if self.routed:
+            steps.append(["ip", "netns", "exec", self.name, "ip", "route", "add", "default", "via", self.host])
         try:
             for step in steps:
                 subprocess.run(step, check=True, capture_output=True, text=True)

@@ -306,6 +306,51 @@ def cli() -> None:
     )  # fmt: skip
 
 
+def routes() -> None:
+    """A route's split and a rollout by hand, from here (after ``release``: versions 1 and 2, 2 in production)."""
+    import threading
+
+    import requests
+    from digits_laptop.model import data
+
+    rm.init(address=ADDRESS)
+    host = ADDRESS.split("//", 1)[1].rsplit(":", 1)[0]
+    settings = {"host": host, "port": int(os.environ["RM_TEST_SERVE_PORT"]), "ray_actor_options": {"num_cpus": 0.25}}
+    served = rm.Servable("laptop-digits@production", "/laptop-routes", settings=settings).deploy()
+    served.set_split({"laptop-digits:1": 0.5, "laptop-digits:2": 0.5})
+    split = dict(served.info["split"])
+    payload = {"pixels": data().splits["valid"].x[:2].tolist()}
+    answers: list[int] = []
+    done = threading.Event()
+
+    def traffic() -> None:
+        while not done.is_set():
+            answers.append(requests.post(served.url, json=payload, timeout=60).status_code)
+            time.sleep(0.05)
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    sender.start()
+    refused_split = refused(lambda: served.set_split({"laptop-digits:1": 0.7}))
+    rollout = served.rollout("laptop-digits:1", steps=(0.5, 1.0), step_s=1.0, guard={"min_requests": 5})
+    status = rollout.wait(timeout=300)
+    done.set()
+    sender.join()
+    listed = [r.id for r in rm.serve.rollouts()]
+    served.shutdown()
+    result(
+        "routes",
+        split=split,
+        refused_split=refused_split,
+        rollout=rollout.id,
+        status=status,
+        reason=rollout.reason,
+        listed=listed,
+        production=rm.registry.open().resolve("laptop-digits@production"),
+        answers=len(answers),
+        failed=sum(code != 200 for code in answers),
+    )
+
+
 if __name__ == "__main__":
     for scenario in sys.argv[1:]:
         globals()[scenario]()

@@ -1,6 +1,7 @@
 """A client that is not a node of the cluster (``rm.init(address="http://HEAD:8265")``): Ray's Jobs API
 on the dashboard's port is all it reaches (tests/off_cluster.py: the client in a network namespace of
-its own, the head on ``ray start --head``, storage on S3)."""
+its own, the head on ``ray start --head``, storage on S3); and a worker node on another machine
+(tests/far_node.py: a node in a network namespace joins ``raymodel server start --host``'s head)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import types
 from pathlib import Path
 
 import lane
+import numpy as np
 import pytest
 
 import raymodel as rm
@@ -129,6 +131,29 @@ def test_a_client_off_the_cluster_serves_a_registry_version_and_an_instance_it_t
     assert seen["after_shutdown"] == 404  # shut down from the client: the route is gone
 
 
+@lane.job("far_node", expected_s=90)
+def _far_node(scratch: Path) -> dict:
+    from clusters import run_script
+    from off_cluster import missing_tools
+
+    missing = missing_tools()
+    if missing:
+        raise RuntimeError(f"A node on another machine is tested from a network namespace, which needs {missing}.")
+    return run_script("far_node.py", [], {}, timeout=600)[0]
+
+
+@pytest.mark.integration
+@pytest.mark.lane("far_node")
+def test_a_node_on_another_machine_joins_the_server_and_a_pool_trains_across_both_and_through_its_loss(lane):
+    seen = lane.result("far_node")
+    assert f"other machines: worker nodes `ray start --address {seen['head']}:" in seen["said"], seen["said"]
+    assert f"rm.init(address='http://{seen['head']}:" in seen["said"]
+    assert seen["spread"] == sorted([seen["head"], seen["far"]]), seen  # a worker on each machine (gloo between)
+    assert seen["lost_at"] == 3 and seen["reason"].startswith("waiting for "), seen
+    assert seen["status"] == "SUCCEEDED", (seen["error"], seen["log"])
+    assert seen["epochs"] == [1, 2, 3, 4, 5, 6, 7], seen  # resumed from its checkpoint: each epoch once
+
+
 # ---------------------------------------------------------------- in-process
 def test_a_dashboard_address_is_told_from_a_gcs_address():
     assert remote.is_dashboard_address("http://head:8265") and remote.is_dashboard_address("https://ray.example/")
@@ -181,3 +206,35 @@ def test_a_class_of_a_package_travels_with_the_modules_of_its_package_beside_it(
         __import__("travelpkg.layers")
     loaded = serialization.loads(blob)
     assert loaded().size() == 7 and isinstance(loaded.size, types.FunctionType)
+
+
+def test_a_folder_of_this_machine_as_storage_is_refused_off_the_cluster_before_anything_is_written(
+    monkeypatch, tmp_path
+):
+    from models import TinyNet
+
+    client = remote.Cluster("http://head.invalid:8265", {}, {"raymodel": "0", "ray": "0", "python": "3.11"})
+    monkeypatch.setattr(remote, "_CLUSTER", [client])
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(32, 4)).astype(np.float32)
+    data = rm.data.from_numpy(X, (X[:, 0] > 0).astype(np.int64))
+    runs = tmp_path / "runs"
+    said = r"Off the cluster, {} must be storage that the cluster reaches too \(s3://bucket/path, gs://...\): {} is a"
+    with pytest.raises(SettingsError, match=said.format(r"TrainSettings.storage_path", runs)):
+        TinyNet().train({"storage_path": str(runs), "progress": False}, data=data, wait=False)
+    with pytest.raises(SettingsError, match=said.format(r"TrainSettings.storage_path", runs)):
+        TinyNet().train({"storage_path": str(runs), "progress": False}, data=data)
+    with pytest.raises(SettingsError, match=said.format(r"TuneSettings.storage_path", runs)):
+        TinyNet().tune(settings={"storage_path": str(runs), "num_samples": 2}, data=data, wait=False)
+    gate = rm.Gate(metric="val_loss", against="tiny@production")
+    with pytest.raises(SettingsError, match=said.format("`registry`", tmp_path)):
+        TinyNet().release(data=data, register="tiny@candidate", gate=gate, registry=str(tmp_path))
+    assert not any(tmp_path.iterdir())  # nothing written there (nor sent anywhere)
+
+
+def test_a_folder_as_the_registry_is_refused_by_the_connection_off_the_cluster(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAYMODEL_HOME", "s3://bucket/home")
+    monkeypatch.setenv("RAYMODEL_REGISTRY", str(tmp_path))
+    with pytest.raises(SettingsError, match=f"RAYMODEL_REGISTRY must be storage .*: {tmp_path} is a folder"):
+        rm.init(address="http://head.invalid:8265")
+    assert remote.active() is None

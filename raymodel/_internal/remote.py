@@ -122,6 +122,8 @@ def connect(address: str, runtime_env: dict[str, Any] | None = None) -> Cluster:
             f"(s3://bucket/raymodel, gs://...): it is {home}, a folder of this machine, which the cluster cannot "
             "read. Set RAYMODEL_HOME to a URI (the cluster's own, if it has one) and connect again."
         )
+    _refuse_local("RAYMODEL_REGISTRY", os.environ.get("RAYMODEL_REGISTRY"), "leave it unset (the registry is then "
+                  "RAYMODEL_HOME's)")  # fmt: skip
     client = _client(address)
     # Ray's lines about each call's package upload and log stream say nothing to a user (its modules
     # set their loggers' level when imported: after the client's import, then).
@@ -138,6 +140,24 @@ def connect(address: str, runtime_env: dict[str, Any] | None = None) -> Cluster:
         )
     _CLUSTER[:] = [cluster]
     return cluster
+
+
+def refuse_local(what: str, location: str | None) -> None:
+    """Off the cluster, ``location`` (a setting naming storage) must be a URI the cluster reaches too:
+    a ``SettingsError`` naming it where it is a folder of this machine. Nothing where this process is
+    not a client off the cluster, or ``location`` is ``None``."""
+    if location is not None and active() is not None:
+        _refuse_local(what, location, "leave it out (RAYMODEL_HOME's storage is used)")
+
+
+def _refuse_local(what: str, location: str | None, instead: str) -> None:
+    from raymodel._internal import storage
+
+    if location and not storage.is_uri(str(location)):
+        raise SettingsError(
+            f"Off the cluster, {what} must be storage that the cluster reaches too (s3://bucket/path, gs://...): "
+            f"{location} is a folder of this machine, which the cluster cannot read. Give a URI, or {instead}."
+        )
 
 
 def version_problem(theirs: dict[str, str], ours: dict[str, str]) -> str | None:

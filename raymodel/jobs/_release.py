@@ -31,11 +31,13 @@ def submit_release(
 ) -> Job:
     """Check everything a release is given (before anything runs), then queue it as a job; ``parent``:
     the version it trains further (a release by reference), which its lineage names."""
+    from raymodel._internal import remote
     from raymodel.jobs._from_registry import check_register
     from raymodel.registry import default_uri
     from raymodel.train import prepare
 
     gate, plan = Gate.coerce(gate), RolloutPlan.coerce(rollout)
+    remote.refuse_local("`registry`", registry)
     if not isinstance(register, str):
         raise SettingsError(f"`register` is KEY or KEY@ALIAS, e.g. 'digits@candidate' (got {register!r}).")
     key, alias = check_register(register)

@@ -66,6 +66,9 @@ def train_request(
     the job's storage (``.npy``) and the payload holds where (``_store.StoredArray``). ``kind`` and
     ``more`` (payload entries): a job that trains first (``"release"``).
     """
+    from raymodel._internal import remote
+
+    remote.refuse_local("TrainSettings.storage_path", settings.storage_path)  # before any array is written
     job_id = _store.new_id(kind)
     datasets = spec.ray_datasets
     not_durable = None if (info or {}).get("trial_id") else why_not_durable(spec)

@@ -91,10 +91,13 @@ def submit_tune(
     model: Any, space: Any, settings: Any, data: Any, resume: bool, extra: dict[str, Any] | None = None
 ) -> Job:
     """``model.tune(..., wait=False)``: checked as ``tune()`` checks, then queued."""
+    from raymodel._internal import remote
     from raymodel.jobs._request import tune_payload, why_not_durable
     from raymodel.tune import Tunable
 
     tunable = Tunable(model, space, settings=settings, data=data, resume=resume)  # every check, no Ray yet
+    remote.refuse_local("TuneSettings.storage_path", tunable.settings.storage_path)
+    remote.refuse_local("TuneSettings.train.storage_path", tunable.settings.train.storage_path)
     trial = tunable.trial_needs  # a trial's worker group on a pool is a job of its own
     settings = dataclasses.replace(tunable.settings, name=tunable.name)
     job_id = _store.new_id("tune")

@@ -404,21 +404,28 @@ class ServedOffCluster(ServedModel):
         return answer.json()
 
     def set_split(self, split: Mapping[str, float]) -> None:
-        raise ServeError(
-            "A route's split is changed on the cluster, not yet from a client off it: deploy the route again "
-            "with the new split (`rm.Servable(split, route).deploy()`), which reconfigures it in place."
-        )
+        """As ``ServedModel.set_split``: checked here, then the route reconfigured in a call of the cluster's."""
+        from raymodel._internal import remote
 
-    def rollout(self, *args: Any, **kwargs: Any) -> Rollout:
-        raise ServeError(
-            "A rollout from a client off the cluster is a release's: `model.release(..., route=...)` runs it "
-            "on the cluster."
-        )
+        servable = self._routed("set_split")
+        rolling = running_on(self.route)
+        if rolling is not None:
+            raise ServeError(f"`{self.route}` is being rolled out ({rolling}); stop the rollout first.")
+        servable._set_split(split)  # every check first: a bad split changes nothing
+        remote.call(_apply_here, servable)
+        assert servable.plan is not None  # `_routed` checked it
+        self.info["split"] = dict(servable.plan["split"])
 
     def shutdown(self) -> None:
         from raymodel._internal import remote
 
         remote.call(_shutdown_here, self.name)
+
+
+def _apply_here(servable: Servable) -> None:
+    """On the cluster: ``servable.apply()`` (a route's new split, in place)."""
+    cluster.ensure_ray(False)
+    servable.apply()
 
 
 def _deploy_off_cluster(servable: Servable) -> ServedModel:

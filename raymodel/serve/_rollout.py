@@ -131,10 +131,7 @@ def start_rollout(route: str, ref: str, steps: Any, step_s: Any, guard: Any, ser
     guard = Guard.coerce(guard)
     if not isinstance(ref, str) and type(ref).__name__ != "ModelRef":
         raise SettingsError(f"A rollout's candidate is a registry reference like 'digits@candidate' (got {ref!r}).")
-    import ray
-
-    handle = controller(servable)
-    state = ray.get(handle.start.remote(route, str(ref), steps, step_s, dataclasses.asdict(guard), servable))
+    state = _ask("start", (route, str(ref), steps, step_s, dataclasses.asdict(guard), servable), servable)
     if isinstance(state, Exception):
         raise state
     return Rollout(state["id"], state)
@@ -143,12 +140,9 @@ def start_rollout(route: str, ref: str, steps: Any, step_s: Any, guard: Any, ser
 def running_on(route: str) -> str | None:
     """The id of the rollout running on ``route``, if any (None where no controller runs)."""
     try:
-        handle = controller()
+        return _ask("running", (route,))
     except ValueError:
         return None
-    import ray
-
-    return ray.get(handle.running.remote(route))
 
 
 def known_rollouts(servable: type | None = None) -> list[Rollout]:
@@ -156,12 +150,26 @@ def known_rollouts(servable: type | None = None) -> list[Rollout]:
     (the ``Servable`` class), the controller is started if it is not running (it takes up the rollouts
     kept in storage as running)."""
     try:
-        handle = controller(servable)
+        states = _ask("list", (), servable)
     except ValueError:
         return []
+    return [Rollout(state["id"], state) for state in states]
+
+
+def _ask(method: str, args: tuple[Any, ...], servable: type | None = None) -> Any:
+    """``controller.<method>(*args)``, waited for (``controller(servable)``: a ``ValueError`` where none
+    runs and ``servable`` is None); from a client off the cluster, as a call of the cluster's."""
+    from raymodel._internal import remote
+
+    if remote.active() is not None:
+        return remote.call(_ask, method, args, servable)
     import ray
 
-    return [Rollout(state["id"], state) for state in ray.get(handle.list.remote())]
+    from raymodel._internal import cluster
+
+    cluster.ensure_ray(False)
+
+    return ray.get(getattr(controller(servable), method).remote(*args))
 
 
 class Rollout:
@@ -173,9 +181,7 @@ class Rollout:
 
     def state(self) -> dict[str, Any]:
         """Everything the controller knows: status, reason, step, shares, the guard and the figures."""
-        import ray
-
-        self._last = ray.get(controller().get.remote(self.id))
+        self._last = _ask("get", (self.id,))
         return self._last
 
     @property
@@ -195,6 +201,12 @@ class Rollout:
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until it ends; its final status. ``TimeoutError`` after ``timeout`` seconds."""
+        from raymodel._internal import remote
+
+        if remote.active() is not None:  # off the cluster: one call waits there, not a call per look
+            status = remote.call(_wait_here, self.id, timeout)
+            self.state()
+            return str(status)
         deadline = None if timeout is None else time.monotonic() + timeout
         while (status := self.status) == "running":
             if deadline is not None and time.monotonic() > deadline:
@@ -204,9 +216,7 @@ class Rollout:
 
     def stop(self) -> None:
         """Set the route back to the version it had ("stopped"); no alias moves."""
-        import ray
-
-        ray.get(controller().stop.remote(self.id))
+        _ask("stop", (self.id,))
         self.wait(timeout=120)
 
     def __repr__(self) -> str:
@@ -215,3 +225,8 @@ class Rollout:
             f"Rollout({self.id!r}, route={s.get('route')!r}, candidate={s.get('candidate')!r}, "
             f"status={s.get('status')!r}, step={s.get('step')}/{len(s.get('steps', ()))})"
         )
+
+
+def _wait_here(rollout_id: str, timeout: float | None) -> str:
+    """On the cluster: ``Rollout(rollout_id).wait(timeout)``."""
+    return Rollout(rollout_id).wait(timeout)

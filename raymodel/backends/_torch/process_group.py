@@ -13,7 +13,8 @@ worker Ray's own steps, imported there, where torch is loaded anyway:
 ``_set_torch_distributed_env_vars`` (``RANK``, ``LOCAL_RANK``, ..., which Accelerate and Lightning
 read), ``_setup_torch_process_group`` (gloo, or NCCL with GPUs) and, at the end,
 ``_shutdown_torch``; each worker's CUDA device is set by Ray's ``TorchConfigContextManager``. Ray's
-TPU set-up (``tpu_dist``) is not here: raymodel does not train on TPUs.
+TPU set-up (``tpu_dist``) is not here: raymodel does not train on TPUs. A gloo group over several
+nodes uses each node's interface of its Ray address (``GLOO_SOCKET_IFNAME``, unless it is set).
 
 Ray's private API used here: those functions and ``ray.train._internal.utils.get_address_and_port``;
 check them when Ray is upgraded (``tests/test_training_run.py`` checks that they are there and that the
@@ -84,6 +85,8 @@ class _ProcessGroupBackend(Backend):
         else:
             url = f"tcp://{build_address(address, port)}"
         worker_group.execute(_set_distributed_env_vars)
+        if backend == "gloo" and len(set(worker_group.execute(_node_ip))) > 1:
+            worker_group.execute(_gloo_on_node_interface)
         size = len(worker_group)
         ray.get(
             [
@@ -137,6 +140,27 @@ class _WorkerDevice:
 def _set_master(address: str, port: int) -> None:
     os.environ["MASTER_ADDR"] = address
     os.environ["MASTER_PORT"] = str(port)
+
+
+def _node_ip() -> str:
+    import ray
+
+    return str(ray.util.get_node_ip_address())
+
+
+def _gloo_on_node_interface() -> None:
+    """Gloo on the network interface that holds this node's Ray address, unless ``GLOO_SOCKET_IFNAME``
+    names one: left to itself, gloo takes the address the host's name resolves to, which is a loopback
+    address on many machines (Debian's /etc/hosts), and workers on other nodes cannot reach it."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    import psutil
+
+    ip = _node_ip()
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(address.address == ip for address in addresses):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
 
 
 def _set_distributed_env_vars() -> None:
