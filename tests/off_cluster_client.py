@@ -331,6 +331,7 @@ def routes() -> None:
     sender = threading.Thread(target=traffic, daemon=True)
     sender.start()
     refused_split = refused(lambda: served.set_split({"laptop-digits:1": 0.7}))
+    served.set_split({"laptop-digits@production": 1.0})  # a rollout starts from one version
     rollout = served.rollout("laptop-digits:1", steps=(0.5, 1.0), step_s=1.0, guard={"min_requests": 5})
     status = rollout.wait(timeout=300)
     done.set()

@@ -18,7 +18,7 @@ from raymodel._internal import remote, serialization
 from raymodel.exceptions import SettingsError
 
 
-@lane.job("off_cluster", expected_s=420)
+@lane.job("off_cluster", expected_s=480)
 def _off_cluster(scratch: Path) -> dict[str, dict]:
     from clusters import run_script
     from off_cluster import missing_tools
@@ -29,7 +29,7 @@ def _off_cluster(scratch: Path) -> dict[str, dict]:
             f"A client off the cluster is tested from a network namespace of its own, which needs {missing}: "
             "run `make test` as root on a machine with iproute2 (CI does)."
         )
-    scenarios = ["errors", "train", "job", "tune", "release", "serve", "cli"]
+    scenarios = ["errors", "train", "job", "tune", "release", "routes", "serve", "cli"]
     return {row["scenario"]: row for row in run_script("off_cluster.py", scenarios, {}, timeout=1200)}
 
 
@@ -97,6 +97,18 @@ def test_a_client_off_the_cluster_releases_through_the_gate_and_a_rollout_to_pro
     assert seen["stages"] == ["train", "evaluate", "register", "rollout", "promote"], seen
     assert seen["production"] == 2  # the alias moved, in the registry the client reads
     assert seen["answers"] >= 10 and seen["failed"] == 0, seen  # the route answered all through its rollout
+
+
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
+def test_a_client_off_the_cluster_sets_a_routes_split_and_rolls_it_out_by_hand(lane):
+    seen = lane.result("off_cluster")["routes"]
+    assert seen["split"] == {"laptop-digits:1": 0.5, "laptop-digits:2": 0.5}, seen  # as the cluster's route says
+    bad = seen["refused_split"]
+    assert bad["type"] == "SettingsError" and "must sum to 1" in bad["message"] and bad["s"] < 1.0, bad  # here
+    assert seen["status"] == "promoted" and "now names laptop-digits:1" in seen["reason"], seen
+    assert seen["rollout"] in seen["listed"] and seen["production"] == 1, seen  # the alias moved
+    assert seen["answers"] >= 10 and seen["failed"] == 0, seen  # no request failed through the changes
 
 
 @pytest.mark.integration

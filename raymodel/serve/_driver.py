@@ -408,10 +408,10 @@ class ServedOffCluster(ServedModel):
         from raymodel._internal import remote
 
         servable = self._routed("set_split")
+        servable._set_split(split)  # every check first, here: a bad split changes nothing
         rolling = running_on(self.route)
         if rolling is not None:
             raise ServeError(f"`{self.route}` is being rolled out ({rolling}); stop the rollout first.")
-        servable._set_split(split)  # every check first: a bad split changes nothing
         remote.call(_apply_here, servable)
         assert servable.plan is not None  # `_routed` checked it
         self.info["split"] = dict(servable.plan["split"])
