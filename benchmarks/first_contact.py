@@ -356,7 +356,8 @@ def off_cluster(processes: int, env: dict[str, str]) -> dict[str, object]:
     ray = str(Path(sys.executable).with_name("ray"))
     out: dict[str, object] = {}
     with S3Server() as s3:
-        env = {**env, **S3_ENV, "RAYMODEL_HOME": s3.uri("home")}
+        path = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the jobs' `python`: this one
+        env = {**env, **S3_ENV, "RAYMODEL_HOME": s3.uri("home"), "PATH": path}
         no_ray_left()
         port, dashboard = free_port(), free_port()
         head = ["--port", str(port), "--dashboard-port", str(dashboard)]

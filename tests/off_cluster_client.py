@@ -2,9 +2,9 @@
 scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each printing one
 ``RESULT`` JSON line of what the test checks.
 
-* ``errors``: a wrong token, an address nobody answers at, a local ``RAYMODEL_HOME``, a cluster whose
-  jobs' Python lacks raymodel, another raymodel version here than there: each refused before anything
-  is submitted, in words that say what to do.
+* ``errors``: a wrong token, an address nobody answers at, a local ``RAYMODEL_HOME`` (each refused by
+  ``rm.init``), a cluster whose jobs' Python lacks raymodel, another raymodel version here than there
+  (each refused by the first call, which runs nothing there): in words that say what to do.
 * ``train``: ``rm.init(address=...)``, then a blocking ``model.train`` of a class that only this
   process can import (``digits_laptop``, with a module of its package beside the model's): its rows
   as they come (each printed line's time), the result, the weights back here.
@@ -67,14 +67,14 @@ def errors() -> None:
     (bare / "python").write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     (bare / "python").chmod(0o755)
     env = {"env_vars": {"PATH": f"{bare}{os.pathsep}{os.environ['PATH']}"}}
-    no_raymodel = refused(lambda: rm.init(address=ADDRESS, runtime_env=env))
+    no_raymodel = refused(lambda: (rm.init(address=ADDRESS, runtime_env=env), rm.jobs.list()))
     # This process has another raymodel than the cluster (its metadata says 9.9.9).
     other = Path(os.getcwd(), "other-raymodel")
     info = other / "raymodel-9.9.9.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: raymodel\nVersion: 9.9.9\n")
     sys.path.insert(0, str(other))
-    other_version = refused(lambda: rm.init(address=ADDRESS))
+    other_version = refused(lambda: (rm.init(address=ADDRESS), rm.jobs.list()))
     sys.path.remove(str(other))
     result(
         "errors",

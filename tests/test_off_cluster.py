@@ -47,7 +47,7 @@ def test_a_client_off_the_cluster_is_refused_before_anything_is_submitted_saying
     assert home["type"] == "SettingsError" and "/tmp/laptop-home" in home["message"] and "s3://" in home["message"]
     bare = errors["no_raymodel"]  # the cluster's jobs run a Python without raymodel
     assert bare["type"] == "ClusterError", bare
-    assert "raymodel is not installed where the cluster's jobs run" in bare["message"]
+    assert "raymodel cannot be imported where the cluster's jobs run" in bare["message"]
     assert "No module named 'raymodel'" in bare["message"] and "Install raymodel " in bare["message"], bare
     other = errors["other_version"]  # this process's raymodel is 9.9.9, the cluster's is not
     assert other["type"] == "ClusterError" and " there, 9.9.9 here" in other["message"], other

@@ -10,9 +10,11 @@ say to its standard output as marked lines. This process reads them as Ray strea
 websocket: nothing polls): events as they come (a row, what a job waits for), then the function's
 value or its exception, raised here as it was raised there.
 
-Connecting checks, before anything is submitted, that the address answers, that the cluster takes
-this process's token (Ray's token auth) and that the cluster runs the same raymodel, Ray and Python
-(the pickles that travel need all three the same).
+Connecting checks, before anything is submitted, that the address answers and that the cluster
+takes this process's token (Ray's token auth). That the cluster runs the same raymodel, Ray and
+Python (the pickles that travel need all three the same) is the first thing each call's driver says,
+before it loads anything of this process's: a call to a cluster of other versions runs nothing there
+and raises here, naming both sides (a separate job only to say them cost every client ~5 s more).
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import base64
 import dataclasses
 import hashlib
 import importlib
+import json
 import logging
 import os
 import re
-import shlex
 import signal
 import sys
 import tempfile
@@ -130,16 +132,20 @@ def connect(address: str, runtime_env: dict[str, Any] | None = None) -> Cluster:
     for name in _RAYS_CHATTY:
         logging.getLogger(name).setLevel(logging.WARNING)
     cluster = Cluster(address.rstrip("/"), dict(runtime_env or {}), {}, client)
-    cluster.versions = _their_versions(cluster)
-    problem = version_problem(cluster.versions, versions_here())
-    if problem:
-        raise ClusterError(
-            f"The cluster at {address} runs other versions than this process ({problem}): the model "
-            "classes and data that travel are pickles, which need the same raymodel, Ray and Python on both "
-            "sides. Install the cluster's versions here (or the image's there) and connect again."
-        )
     _CLUSTER[:] = [cluster]
     return cluster
+
+
+def _other_versions(cluster: Cluster, theirs: dict[str, str]) -> ClusterError | None:
+    """The error for a cluster whose versions (a call's driver's) are not this process's, if they are not."""
+    problem = version_problem(theirs, versions_here())
+    if problem is None:
+        return None
+    return ClusterError(
+        f"The cluster at {cluster.address} runs other versions than this process ({problem}): the model "
+        "classes and data that travel are pickles, which need the same raymodel, Ray and Python on both "
+        "sides. Install the cluster's versions here (or the image's there) and connect again."
+    )
 
 
 def refuse_local(what: str, location: str | None) -> None:
@@ -213,45 +219,6 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _their_versions(cluster: Cluster) -> dict[str, str]:
-    """raymodel's, Ray's and Python's versions where the cluster's jobs run: a job that says them."""
-    code = (
-        "import json, sys\n"
-        "try:\n"
-        "    from raymodel._internal.remote import versions_here\n"
-        "except ImportError as exc:\n"
-        "    v = {'missing': str(exc), 'python': '.'.join(map(str, sys.version_info[:2]))}\n"
-        "else:\n"
-        "    v = versions_here()\n"
-        f"print({MARK!r} + 'versions ' + json.dumps(v), flush=True)\n"
-    )
-    found: dict[str, Any] = {}
-
-    def on_line(kind: str, body: str) -> None:
-        if kind == "versions":
-            import json
-
-            found.update(json.loads(body))
-
-    job = cluster.client.submit_job(
-        entrypoint=f"python -c {shlex.quote(code)}",
-        metadata={"raymodel": "versions"},
-        runtime_env={k: v for k, v in cluster.runtime_env.items() if k in ("pip", "env_vars")},
-    )
-    _stream(cluster, job, on_line, lambda line: None)
-    if "missing" in found:
-        raise ClusterError(
-            f"raymodel is not installed where the cluster's jobs run at {cluster.address} ({found['missing']}; "
-            f"Python {found['python']} there). Install raymodel {versions_here()['raymodel']} in the cluster's image "
-            "(or environment) on every node, and connect again."
-        )
-    if not found:
-        raise ClusterError(
-            f"The cluster at {cluster.address} ran no job of this process's: {_job_failure(cluster, job)}"
-        )
-    return {k: str(v) for k, v in found.items()}
-
-
 # ------------------------------------------------------------------ calls
 def call(
     fn: Callable[..., Any], *args: Any, on_event: Callable[[Any], None] | None = None, by_value: tuple = ()
@@ -267,6 +234,10 @@ def call(
     outcome: dict[str, Any] = {}
 
     def on_line(kind: str, body: str) -> None:
+        if kind == "versions":  # the driver's first line, before it loads anything of this process's
+            cluster.versions = json.loads(body)
+            outcome["versions"] = cluster.versions
+            return
         value = serialization.loads(base64.b64decode(body)) if body else None
         if kind == "event":
             if on_event is not None:
@@ -283,6 +254,7 @@ def call(
         package.mkdir()
         (package / "__init__.py").write_text("")
         (package / "call.pkl").write_bytes(payload)
+        (package / "versions.json").write_text(json.dumps(versions_here()))
         env = dict(cluster.runtime_env)
         env["py_modules"] = [*env.get("py_modules", ()), str(package)]
         # The call's driver uses this process's storage (runs, the registry, serve checkpoints), not the
@@ -299,6 +271,11 @@ def call(
     except KeyboardInterrupt:
         cluster.client.stop_job(job)  # the call's driver takes it as a KeyboardInterrupt of its own
         raise
+    if "versions" not in outcome:
+        _check_importable(cluster, job)
+    elif (other := _other_versions(cluster, outcome["versions"])) is not None:
+        disconnect()
+        raise other
     if "raise" in outcome:
         raise outcome["raise"]
     if "error" in outcome:
@@ -355,6 +332,25 @@ def _stream(cluster: Cluster, job: str, on_line: Callable[[str, str], None], oth
         raise failure[0]
 
 
+def _check_importable(cluster: Cluster, job: str) -> None:
+    """A call's driver that never said its versions: a ``ClusterError`` where raymodel (or what it
+    imports) is missing where the cluster's jobs run."""
+    try:
+        logs = cluster.client.get_job_logs(job)
+    except Exception:  # noqa: BLE001 - then the call's own failure says what there is
+        return
+    missing = re.search(r"(?:ModuleNotFoundError|ImportError): (.*)", logs)
+    if missing is None:
+        return
+    disconnect()
+    raise ClusterError(
+        f"raymodel cannot be imported where the cluster's jobs run at {cluster.address} ({missing.group(1).strip()}"
+        "; their `python` is the one on the PATH of the head's `ray start`). Install raymodel "
+        f"{versions_here()['raymodel']} with its extras in the cluster's image (or environment) on every node, "
+        "and connect again."
+    )
+
+
 def _job_failure(cluster: Cluster, job: str) -> str:
     try:
         info = cluster.client.get_job_info(job)
@@ -382,7 +378,10 @@ def emit(event: Any) -> None:
 
 
 def _send(kind: str, value: Any) -> None:
-    body = base64.b64encode(serialization.dumps(value)).decode()
+    _send_line(kind, base64.b64encode(serialization.dumps(value)).decode())
+
+
+def _send_line(kind: str, body: str) -> None:
     out = sys.__stdout__ or sys.stdout  # the driver's own, where sys.stdout is redirected (``raymodel`` commands)
     out.write(f"{MARK}{kind} {body}\n")
     out.flush()
@@ -395,8 +394,12 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main(package: str) -> None:
     """A call's driver: run the call in ``package``'s ``call.pkl`` and send its value (or exception)."""
     signal.signal(signal.SIGTERM, _interrupt)
-    module = importlib.import_module(package)
-    payload = (Path(module.__file__ or "").parent / "call.pkl").read_bytes()
+    folder = Path(importlib.import_module(package).__file__ or "").parent
+    ours = versions_here()
+    _send_line("versions", json.dumps(ours))
+    if version_problem(json.loads((folder / "versions.json").read_text()), ours):
+        return  # the client says it: nothing of its pickles is loaded here
+    payload = (folder / "call.pkl").read_bytes()
     try:
         fn, args = serialization.loads(payload)
         value = fn(*args)
