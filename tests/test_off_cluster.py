@@ -250,3 +250,23 @@ def test_a_folder_as_the_registry_is_refused_by_the_connection_off_the_cluster(m
     with pytest.raises(SettingsError, match=f"RAYMODEL_REGISTRY must be storage .*: {tmp_path} is a folder"):
         rm.init(address="http://head.invalid:8265")
     assert remote.active() is None
+
+
+def test_a_package_too_large_for_rays_package_store_is_refused_before_upload_naming_size_and_limit(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setattr(remote, "package_limit", lambda: 4096)
+    monkeypatch.setenv("RAYMODEL_HOME", "s3://bucket/home")
+    big = tmp_path / "bigpkg"
+    big.mkdir()
+    (big / "__init__.py").write_text("")
+    (big / "weights.bin").write_bytes(np.random.default_rng(0).bytes(20_000))  # does not compress
+    with pytest.raises(SettingsError, match=rf"{big} makes a package of 19\.8 KiB, .* at most 4\.0 KiB"):
+        rm.init(address="http://head.invalid:8265", runtime_env={"py_modules": [str(big)]})
+    # The same folder with its large file excluded, as Ray's package leaves it out: past the size check.
+    with pytest.raises(remote.ClusterError, match="No Ray cluster answers at http://head.invalid:8265"):
+        rm.init(address="http://head.invalid:8265", runtime_env={"py_modules": [str(big)], "excludes": ["weights.bin"]})
+    client = remote.Cluster("http://head.invalid:8265", {}, {})
+    monkeypatch.setattr(remote, "_CLUSTER", [client])
+    with pytest.raises(SettingsError, match=r"What this call takes to the cluster \(len: .*pickles to 19\.6 KiB"):
+        remote.call(len, b"x" * 20_000)

@@ -117,6 +117,9 @@ def connect(address: str, runtime_env: dict[str, Any] | None = None) -> Cluster:
         )
     from raymodel._internal import locations, storage
 
+    for folder in (runtime_env or {}).get("py_modules", ()):
+        if isinstance(folder, (str, Path)) and Path(folder).is_dir():
+            _check_package_size(Path(folder), (runtime_env or {}).get("excludes"))
     home = locations.home()
     if not storage.is_uri(home):
         raise SettingsError(
@@ -134,6 +137,40 @@ def connect(address: str, runtime_env: dict[str, Any] | None = None) -> Cluster:
     cluster = Cluster(address.rstrip("/"), dict(runtime_env or {}), {}, client)
     _CLUSTER[:] = [cluster]
     return cluster
+
+
+def package_limit() -> int:
+    """The largest package Ray's package store takes (its gRPC message size: ``RAY_max_grpc_message_size``)."""
+    from ray._private.runtime_env import packaging
+
+    return int(packaging.GCS_STORAGE_MAX_SIZE)
+
+
+def _check_package_size(folder: Path, excludes: list[str] | None) -> None:
+    """A ``SettingsError`` for a ``py_modules`` folder whose package Ray's package store would refuse,
+    before anything is uploaded: its size as Ray packs it (Ray's own zip, which stores the files as they
+    are, less what ``excludes`` and a .gitignore leave out; made only when the files alone pass the
+    limit) and the limit."""
+    limit = package_limit()
+    raw = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    if raw < limit:
+        return
+    from ray._private.runtime_env.packaging import create_package
+
+    with tempfile.TemporaryDirectory(prefix="raymodel-size-") as scratch:
+        package = Path(scratch) / "package.zip"
+        create_package(str(folder), package, include_gitignore=True, include_parent_dir=True, excludes=excludes)
+        size = package.stat().st_size
+    if size >= limit:
+        raise SettingsError(
+            f"`runtime_env['py_modules']`: {folder} makes a package of {_mib(size)}, and Ray's package store "
+            f"takes at most {_mib(limit)} (RAY_max_grpc_message_size). Leave its large files out (runtime_env "
+            "'excludes', a .gitignore or .rayignore there), put data on the storage (RAYMODEL_HOME), and connect again."
+        )
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
 
 
 def _other_versions(cluster: Cluster, theirs: dict[str, str]) -> ClusterError | None:
@@ -246,6 +283,13 @@ def call(
             outcome[kind] = value
 
     payload = serialization.dumps((fn, args), *by_value)
+    if len(payload) >= package_limit():
+        raise SettingsError(
+            f"What this call takes to the cluster ({getattr(fn, '__qualname__', fn)}: the model, its data, its "
+            f"settings) pickles to {_mib(len(payload))}, and Ray's package store takes at most "
+            f"{_mib(package_limit())} (RAY_max_grpc_message_size). Put the weights on the storage both reach "
+            "(`model.save('s3://...')`, then serve or load that URI) and call again."
+        )
     with tempfile.TemporaryDirectory(prefix="raymodel-call-") as folder:
         # Named by its content: Ray keeps a package by the hash of its files, not of its folder's name, so
         # a call made again (the same pickle) finds its package under the same name.
