@@ -8,7 +8,8 @@ scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each 
 * ``train``: ``rm.init(address=...)``, then a blocking ``model.train`` of a class that only this
   process can import (``digits_laptop``, with a module of its package beside the model's): its rows
   as they come (each printed line's time), the result, the weights back here.
-* ``job``: ``model.train(..., wait=False)``, the job's status, ``rm.jobs.list/get``, its rows, ``wait``.
+* ``job``: ``model.train(..., wait=False)``, the job's status, ``rm.jobs.list/get``, its rows streamed
+  as they come (``job.stream()``), ``wait``; a second job waited for.
 * ``tune``: a blocking ``model.tune`` of 4 trials with ASHA, then the best model put in the registry on
   the cluster's storage and got back from it in this process.
 * ``release`` (after ``tune``): that version in production and served on a route, a release of the
@@ -137,21 +138,29 @@ def train() -> None:
 
 
 def job() -> None:
-    from digits_laptop.model import LaptopDigits, data
+    from digits_laptop.model import LaptopDigits, Paced, data
 
     rm.init(address=ADDRESS)
     model = LaptopDigits()
-    job = model.train({"num_workers": 2, "num_epochs": 2, "batch_size": 64}, data=data(), wait=False)
+    settings = {"num_workers": 2, "num_epochs": 3, "batch_size": 64, "callbacks": [Paced(2.0)]}
+    job = model.train(settings, data=data(), wait=False)
     status = job.summary["status"]  # the record the server answered the submission with
+    streamed = [(time.monotonic(), row["epoch"]) for row in job.stream()]  # one call, each row as it comes
     listed = [j.id for j in rm.jobs.list()]
     got = rm.jobs.get(job.id).id
     trained = job.wait(timeout=300)
+    other = model.train({**settings, "num_epochs": 1, "callbacks": []}, data=data(), wait=False)
+    began = time.monotonic()
+    waited = other.wait(timeout=300)  # one call that ends when the job does
     result(
         "job",
         id=job.id,
         status_at_once=status,
         listed=job.id in listed,
         got=got,
+        streamed=streamed,
+        waited_epochs=[row["epoch"] for row in waited.history],
+        waited_s=time.monotonic() - began,
         status=job.status,
         history=[row["epoch"] for row in job.history()],
         result_epochs=[row["epoch"] for row in trained.history],

@@ -74,8 +74,12 @@ def test_a_client_off_the_cluster_trains_a_class_only_it_can_import_and_gets_its
 def test_a_job_of_a_client_off_the_cluster_is_listed_followed_and_waited_for(lane):
     seen = lane.result("off_cluster")["job"]
     assert seen["status_at_once"] in ("PENDING", "RUNNING") and seen["listed"] and seen["got"] == seen["id"]
-    assert seen["status"] == "SUCCEEDED" and seen["history"] == [1, 2] == seen["result_epochs"]
-    assert "succeeded" in seen["logs"] and "epoch 2:" in seen["logs"]
+    assert seen["status"] == "SUCCEEDED" and seen["history"] == [1, 2, 3] == seen["result_epochs"]
+    assert "succeeded" in seen["logs"] and "epoch 3:" in seen["logs"]
+    times, epochs = zip(*seen["streamed"])
+    assert list(epochs) == [1, 2, 3], seen["streamed"]
+    assert times[2] - times[0] > 2.5, seen["streamed"]  # each row as its epoch ended (2 s apart), not at once
+    assert seen["waited_epochs"] == [1], seen
 
 
 @pytest.mark.integration

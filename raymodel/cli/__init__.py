@@ -121,7 +121,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _dashboard(args: argparse.Namespace) -> None:
-    from raymodel._internal import remote
     from raymodel.web import run
 
     _jobs.attach()

@@ -175,6 +175,13 @@ class Job:
         """
         if self._ended is not None:
             return _outcome(self._ended)
+        from raymodel._internal import remote
+
+        if remote.active() is not None:  # off the cluster: one call waits there, not a call per look
+            record = remote.call(_wait_here, self.id, timeout)
+            if record["status"] not in DONE:
+                raise TimeoutError(f"Job `{self.id}` is still {record['status']} after {timeout} s.")
+            return _outcome(record)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = _LONG_POLL_S if deadline is None else min(_LONG_POLL_S, deadline - time.monotonic())
@@ -191,6 +198,19 @@ class Job:
             return f"Job(id={self.id!r}, kind={self.kind!r})"
         error = f", error={record.get('error')!r}" if record["status"] == "FAILED" else ""
         return f"Job(id={self.id!r}, kind={self.kind!r}, status={record['status']!r}{error})"
+
+
+def _wait_here(job_id: str, timeout: float | None) -> dict[str, Any]:
+    """On the cluster: the job's record once it ends, or after ``timeout`` seconds."""
+    from raymodel.jobs._listing import get
+
+    job = get(job_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _LONG_POLL_S if deadline is None else min(_LONG_POLL_S, deadline - time.monotonic())
+        record: dict[str, Any] = job._record(until_done=max(left, 0.0))
+        if record["status"] in DONE or (deadline is not None and time.monotonic() >= deadline):
+            return record
 
 
 def _outcome(record: dict[str, Any]) -> Any:

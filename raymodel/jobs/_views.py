@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Any, AsyncIterator, Iterator
 
 from raymodel.jobs._constants import DONE
@@ -17,6 +19,11 @@ class Stream:
         self.job, self.seen = job, 0
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        from raymodel._internal import remote
+
+        if remote.active() is not None:
+            yield from self._from_off_the_cluster()
+            return
         while True:  # a long poll: the server answers when a row arrives or the job ends (or restarts)
             rows, status, ended = self.job._call("follow", self.job.id, self.seen, LONG_POLL_S)
             self.seen += len(rows)
@@ -24,6 +31,31 @@ class Stream:
             if not rows and status in DONE:
                 self.job._ended = ended  # what `job.wait()` returns, without asking again
                 return
+
+    def _from_off_the_cluster(self) -> Iterator[dict[str, Any]]:
+        """One call of the cluster's follows the job there and sends each row here as it comes (a
+        thread of its own makes the call; this generator hands the rows on)."""
+        from raymodel._internal import remote
+
+        rows: queue.Queue = queue.Queue()
+        end = object()
+        outcome: dict[str, Any] = {}
+
+        def follow() -> None:
+            try:
+                outcome["ended"] = remote.call(_follow_here, self.job.id, self.seen, on_event=rows.put)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                outcome["error"] = exc
+            finally:
+                rows.put(end)
+
+        threading.Thread(target=follow, name="raymodel-job-rows", daemon=True).start()
+        while (row := rows.get()) is not end:
+            self.seen += 1
+            yield row
+        if "error" in outcome:
+            raise outcome["error"]
+        self.job._ended = outcome["ended"]
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         while True:
@@ -34,6 +66,19 @@ class Stream:
             if not rows and status in DONE:
                 self.job._ended = ended
                 return
+
+
+def _follow_here(job_id: str, seen: int) -> Any:
+    """On the cluster: the job's rows from the ``seen``-th, each sent to the client as it comes; the
+    job's final record."""
+    from raymodel._internal import remote
+    from raymodel.jobs._listing import get
+
+    stream = Stream(get(job_id))
+    stream.seen = seen
+    for row in stream:
+        remote.emit(row)
+    return stream.job._ended
 
 
 def held(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
