@@ -2,14 +2,15 @@
 scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each printing one
 ``RESULT`` JSON line of what the test checks.
 
-* ``errors``: a wrong token, an address nobody answers at, a local ``RAYMODEL_HOME`` (each refused by
+* ``errors``: a wrong token, no token, an address nobody answers at, a local ``RAYMODEL_HOME`` (each refused by
   ``rm.init``), a cluster whose jobs' Python lacks raymodel, another raymodel version here than there
   (each refused by the first call, which runs nothing there): in words that say what to do.
 * ``train``: ``rm.init(address=...)``, then a blocking ``model.train`` of a class that only this
   process can import (``digits_laptop``, with a module of its package beside the model's): its rows
   as they come (each printed line's time), the result, the weights back here.
 * ``job``: ``model.train(..., wait=False)``, the job's status, ``rm.jobs.list/get``, its rows streamed
-  as they come (``job.stream()``), ``wait``; a second job waited for.
+  as they come (``job.stream()``), ``wait``; a second job waited for; a third one updated (``lr``,
+  ``num_epochs``), asked its ``eta`` and ``resources``, and stopped.
 * ``tune``: a blocking ``model.tune`` of 4 trials with ASHA, then the best model put in the registry on
   the cluster's storage and got back from it in this process.
 * ``release`` (after ``tune``): that version in production and served on a route, a release of the
@@ -55,6 +56,10 @@ def errors() -> None:
     token = os.environ["RAY_AUTH_TOKEN"]
     os.environ["RAY_AUTH_TOKEN"] = "0" * 32
     wrong_token = refused(lambda: rm.init(address=ADDRESS))
+    del os.environ["RAY_AUTH_TOKEN"]
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(Path(os.getcwd(), "no-token-here"))  # and none in ~/.ray
+    no_token = refused(lambda: rm.init(address=ADDRESS))
+    del os.environ["RAY_AUTH_TOKEN_PATH"]
     os.environ["RAY_AUTH_TOKEN"] = token
     host = ADDRESS.rsplit(":", 1)[0]
     nobody = refused(lambda: rm.init(address=f"{host}:1"))
@@ -80,6 +85,7 @@ def errors() -> None:
     result(
         "errors",
         wrong_token=wrong_token,
+        no_token=no_token,
         nobody=nobody,
         local_home=local_home,
         no_raymodel=no_raymodel,
@@ -142,7 +148,8 @@ def job() -> None:
 
     rm.init(address=ADDRESS)
     model = LaptopDigits()
-    settings = {"num_workers": 2, "num_epochs": 3, "batch_size": 64, "callbacks": [Paced(2.0)]}
+    # 6 epochs of 3 s: the stream's call (a driver started on a busy head) begins while the job runs
+    settings = {"num_workers": 2, "num_epochs": 6, "batch_size": 64, "callbacks": [Paced(3.0)]}
     job = model.train(settings, data=data(), wait=False)
     status = job.summary["status"]  # the record the server answered the submission with
     streamed = [(time.monotonic(), row["epoch"]) for row in job.stream()]  # one call, each row as it comes
@@ -152,6 +159,15 @@ def job() -> None:
     other = model.train({**settings, "num_epochs": 1, "callbacks": []}, data=data(), wait=False)
     began = time.monotonic()
     waited = other.wait(timeout=300)  # one call that ends when the job does
+    # A long job changed, asked and stopped from here.
+    long = model.train({**settings, "num_epochs": 60, "callbacks": [Paced(1.0)]}, data=data(), wait=False)
+    while not long.history():
+        time.sleep(1.0)
+    change = long.update(config={"lr": 1e-3}, settings={"num_epochs": 50})
+    eta, holds = long.eta, long.resources
+    long.stop()
+    long.wait(timeout=300)
+    control = {"change": change, "eta": eta, "holds": holds, "status": long.status, "epochs": len(long.history())}
     result(
         "job",
         id=job.id,
@@ -161,6 +177,7 @@ def job() -> None:
         streamed=streamed,
         waited_epochs=[row["epoch"] for row in waited.history],
         waited_s=time.monotonic() - began,
+        control=control,
         status=job.status,
         history=[row["epoch"] for row in job.history()],
         result_epochs=[row["epoch"] for row in trained.history],

@@ -5,6 +5,7 @@ its own, the head on ``ray start --head``, storage on S3); and a worker node on 
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from pathlib import Path
@@ -40,6 +41,8 @@ def test_a_client_off_the_cluster_is_refused_before_anything_is_submitted_saying
     wrong = errors["wrong_token"]
     assert wrong["type"] == "ClusterError" and "token is not the cluster's" in wrong["message"], wrong
     assert "RAY_AUTH_TOKEN" in wrong["message"] and "ray get-auth-token" in wrong["message"]
+    none = errors["no_token"]
+    assert none["type"] == "ClusterError" and "this process sent no token" in none["message"], none
     nobody = errors["nobody"]
     assert nobody["type"] == "ClusterError" and nobody["message"].startswith("No Ray cluster answers at http://")
     assert "dashboard" in nobody["message"]
@@ -74,12 +77,19 @@ def test_a_client_off_the_cluster_trains_a_class_only_it_can_import_and_gets_its
 def test_a_job_of_a_client_off_the_cluster_is_listed_followed_and_waited_for(lane):
     seen = lane.result("off_cluster")["job"]
     assert seen["status_at_once"] in ("PENDING", "RUNNING") and seen["listed"] and seen["got"] == seen["id"]
-    assert seen["status"] == "SUCCEEDED" and seen["history"] == [1, 2, 3] == seen["result_epochs"]
-    assert "succeeded" in seen["logs"] and "epoch 3:" in seen["logs"]
+    assert seen["status"] == "SUCCEEDED" and seen["history"] == [1, 2, 3, 4, 5, 6] == seen["result_epochs"]
+    assert "succeeded" in seen["logs"] and "epoch 6:" in seen["logs"]
     times, epochs = zip(*seen["streamed"])
-    assert list(epochs) == [1, 2, 3], seen["streamed"]
-    assert times[2] - times[0] > 2.5, seen["streamed"]  # each row as its epoch ended (2 s apart), not at once
+    assert list(epochs) == [1, 2, 3, 4, 5, 6], seen["streamed"]
+    # Each row as its epoch ended (3 s apart), not all at the job's end (those before the stream's call
+    # began come at once).
+    assert times[-1] - times[0] > 2.5, seen["streamed"]
     assert seen["waited_epochs"] == [1], seen
+    control = seen["control"]  # update, eta, resources and stop of a running job, from here
+    assert control["change"]["config"] == {"lr": 1e-3} and control["change"]["settings"] == {"num_epochs": 50}
+    assert control["eta"] is None or control["eta"] > 0, control
+    assert control["holds"].get("CPU") == 2.0, control  # its 2 workers' bundles, from the cluster's state API
+    assert control["status"] == "STOPPED" and 1 <= control["epochs"] < 50, control
 
 
 @pytest.mark.integration
@@ -171,6 +181,13 @@ def test_a_node_on_another_machine_joins_the_server_and_a_pool_trains_across_bot
 
 
 # ---------------------------------------------------------------- in-process
+@pytest.fixture(autouse=True)
+def _no_cluster_left():
+    """No test leaves this process a client of a cluster (the session's other tests use its Ray)."""
+    yield
+    remote.disconnect()
+
+
 def test_a_dashboard_address_is_told_from_a_gcs_address():
     assert remote.is_dashboard_address("http://head:8265") and remote.is_dashboard_address("https://ray.example/")
     assert not remote.is_dashboard_address("head:6379") and not remote.is_dashboard_address("ray://head:10001")
@@ -267,10 +284,20 @@ def test_a_package_too_large_for_rays_package_store_is_refused_before_upload_nam
     (big / "weights.bin").write_bytes(np.random.default_rng(0).bytes(20_000))  # does not compress
     with pytest.raises(SettingsError, match=rf"{big} makes a package of 19\.8 KiB, .* at most 4\.0 KiB"):
         rm.init(address="http://head.invalid:8265", runtime_env={"py_modules": [str(big)]})
-    # The same folder with its large file excluded, as Ray's package leaves it out: past the size check.
-    with pytest.raises(remote.ClusterError, match="No Ray cluster answers at http://head.invalid:8265"):
-        rm.init(address="http://head.invalid:8265", runtime_env={"py_modules": [str(big)], "excludes": ["weights.bin"]})
+    # The same folder with its large file excluded, as Ray's package leaves it out: past the size check
+    # (to the connection, at an address where nothing listens).
+    with pytest.raises(remote.ClusterError, match="No Ray cluster answers at http://127.0.0.1:1"):
+        rm.init(address="http://127.0.0.1:1", runtime_env={"py_modules": [str(big)], "excludes": ["weights.bin"]})
     client = remote.Cluster("http://head.invalid:8265", {}, {})
     monkeypatch.setattr(remote, "_CLUSTER", [client])
     with pytest.raises(SettingsError, match=r"What this call takes to the cluster \(len: .*pickles to 19\.6 KiB"):
         remote.call(len, b"x" * 20_000)
+
+
+def test_the_address_given_is_the_one_reached_whatever_ray_address_says(monkeypatch):
+    """Ray's Jobs API client takes RAY_ADDRESS over the address it is given: rm.init's is the one used."""
+    monkeypatch.setenv("RAYMODEL_HOME", "s3://bucket/home")
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:2")
+    with pytest.raises(remote.ClusterError, match=r"\(Failed to connect to Ray at address: http://127.0.0.1:1\.\)"):
+        rm.init(address="http://127.0.0.1:1")
+    assert os.environ["RAY_ADDRESS"] == "http://127.0.0.1:2"  # as it was

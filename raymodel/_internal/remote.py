@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -34,7 +35,7 @@ import tempfile
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from raymodel._internal import serialization
 from raymodel.exceptions import RayModelError, SettingsError
@@ -226,7 +227,8 @@ def _client(address: str) -> Any:
         _enable_token_auth()
     AuthenticationTokenLoader.instance().reset_cache()  # the token as it is now, not as a refused try read it
     try:
-        return JobSubmissionClient(address)
+        with _only(address):
+            return JobSubmissionClient(address)
     except AuthenticationError as exc:
         missing = "Missing" in str(exc) or not _token_here()
         why = "this process sent no token" if missing else "this process's token is not the cluster's"
@@ -243,12 +245,27 @@ def _client(address: str) -> Any:
         ) from None
 
 
+@contextlib.contextmanager
+def _only(address: str) -> Iterator[None]:
+    """Ray's Jobs API client takes the address in RAY_API_SERVER_ADDRESS or RAY_ADDRESS over the one it
+    is given: while it is made, those name ``address``."""
+    names = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+    kept = {name: os.environ.get(name) for name in names}
+    os.environ["RAY_API_SERVER_ADDRESS"] = address
+    try:
+        yield
+    finally:
+        for name, value in kept.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _token_here() -> bool:
-    return bool(
-        os.environ.get("RAY_AUTH_TOKEN")
-        or os.environ.get("RAY_AUTH_TOKEN_PATH")
-        or (Path.home() / ".ray" / "auth_token").exists()
-    )
+    """Whether this process has a token to send: RAY_AUTH_TOKEN, or a file where Ray looks for one."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or Path(path or Path.home() / ".ray" / "auth_token").is_file()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -157,6 +157,13 @@ class Job:
         """Each row as it arrives, from the first; ends when the job ends. Also an async iterator."""
         return Stream(self)
 
+    def _follow_off_cluster(self, seen: int, on_row: Any) -> Any:
+        """From a client off the cluster: one call follows the job there from its ``seen``-th row,
+        ``on_row(row)`` here for each as it comes; the job's final record."""
+        from raymodel._internal import remote
+
+        return remote.call(_follow_here, self.id, seen, on_event=on_row)
+
     def logs(self) -> str:
         """The job's log: submission, start, one line per epoch row, the end and any error."""
         return "\n".join(self._record()["log"])
@@ -202,15 +209,27 @@ class Job:
 
 def _wait_here(job_id: str, timeout: float | None) -> dict[str, Any]:
     """On the cluster: the job's record once it ends, or after ``timeout`` seconds."""
-    from raymodel.jobs._listing import get
-
-    job = get(job_id)
+    handle = server_handle()
+    job = Job(call(handle, "get", job_id), handle)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = _LONG_POLL_S if deadline is None else min(_LONG_POLL_S, deadline - time.monotonic())
         record: dict[str, Any] = job._record(until_done=max(left, 0.0))
         if record["status"] in DONE or (deadline is not None and time.monotonic() >= deadline):
             return record
+
+
+def _follow_here(job_id: str, seen: int) -> Any:
+    """On the cluster: the job's rows from the ``seen``-th, each sent to the client as it comes; the
+    job's final record."""
+    from raymodel._internal import remote
+
+    handle = server_handle()
+    stream = Stream(Job(call(handle, "get", job_id), handle))
+    stream.seen = seen
+    for row in stream:
+        remote.emit(row)
+    return stream.job._ended
 
 
 def _outcome(record: dict[str, Any]) -> Any:

@@ -35,15 +35,13 @@ class Stream:
     def _from_off_the_cluster(self) -> Iterator[dict[str, Any]]:
         """One call of the cluster's follows the job there and sends each row here as it comes (a
         thread of its own makes the call; this generator hands the rows on)."""
-        from raymodel._internal import remote
-
         rows: queue.Queue = queue.Queue()
         end = object()
         outcome: dict[str, Any] = {}
 
         def follow() -> None:
             try:
-                outcome["ended"] = remote.call(_follow_here, self.job.id, self.seen, on_event=rows.put)
+                outcome["ended"] = self.job._follow_off_cluster(self.seen, rows.put)
             except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
                 outcome["error"] = exc
             finally:
@@ -66,19 +64,6 @@ class Stream:
             if not rows and status in DONE:
                 self.job._ended = ended
                 return
-
-
-def _follow_here(job_id: str, seen: int) -> Any:
-    """On the cluster: the job's rows from the ``seen``-th, each sent to the client as it comes; the
-    job's final record."""
-    from raymodel._internal import remote
-    from raymodel.jobs._listing import get
-
-    stream = Stream(get(job_id))
-    stream.seen = seen
-    for row in stream:
-        remote.emit(row)
-    return stream.job._ended
 
 
 def held(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
