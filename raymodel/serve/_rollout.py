@@ -159,16 +159,13 @@ def known_rollouts(servable: type | None = None) -> list[Rollout]:
 def _ask(method: str, args: tuple[Any, ...], servable: type | None = None) -> Any:
     """``controller.<method>(*args)``, waited for (``controller(servable)``: a ``ValueError`` where none
     runs and ``servable`` is None); from a client off the cluster, as a call of the cluster's."""
-    from raymodel._internal import remote
+    from raymodel._internal import cluster, remote
 
     if remote.active() is not None:
         return remote.call(_ask, method, args, servable)
     import ray
 
-    from raymodel._internal import cluster
-
     cluster.ensure_ray(False)
-
     return ray.get(getattr(controller(servable), method).remote(*args))
 
 
