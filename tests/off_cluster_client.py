@@ -378,6 +378,25 @@ def routes() -> None:
     )
 
 
+def memory() -> None:
+    """Not in the lane (a figure for docs/performance.md): this process's peak memory while a job of
+    100 MB of arrays is submitted from here, against the arrays' own size."""
+    import resource
+
+    from digits_laptop.model import LaptopDigits
+
+    rm.init(address=ADDRESS)
+    rng = np.random.default_rng(0)
+    X = rng.random((400_000, 64), dtype=np.float32)
+    y = rng.integers(0, 10, size=len(X))
+    data = rm.data.from_numpy(X, y, valid_fraction=0.1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    job = LaptopDigits().train({"num_workers": 1, "num_epochs": 1, "progress": False}, data=data, wait=False)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    job.stop()
+    result("memory", arrays_mb=(X.nbytes + y.nbytes) / 2**20, peak_before_mb=before, peak_after_mb=after)
+
+
 if __name__ == "__main__":
     for scenario in sys.argv[1:]:
         globals()[scenario]()
