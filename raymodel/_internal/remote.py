@@ -14,7 +14,7 @@ Connecting checks, before anything is submitted, that the address answers and th
 takes this process's token (Ray's token auth). That the cluster runs the same raymodel, Ray and
 Python (the pickles that travel need all three the same) is the first thing each call's driver says,
 before it loads anything of this process's: a call to a cluster of other versions runs nothing there
-and raises here, naming both sides (a separate job only to say them cost every client ~5 s more).
+and raises here, naming both sides.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def active() -> Cluster | None:
     if _CLUSTER:
         return _CLUSTER[0]
     address = os.environ.get("RAY_ADDRESS") or ""
-    if is_dashboard_address(address) and not os.environ.get(_ON_CLUSTER):
+    if is_dashboard_address(address) and not in_call():
         return connect(address)
     return None
 

@@ -288,22 +288,19 @@ def _server_status(args: argparse.Namespace) -> int:
     from raymodel._internal import remote
 
     if remote.in_call():  # a client off the cluster asked: the cluster's server (started now if none runs)
-        info: dict[str, Any] | None = {"address": "the cluster's head"}
+        where = "the cluster's head"
     else:
         info = running_server()
         problem = "no raymodel server is running" if info is None else head_problem(info)
         if info is None or problem:
             print(problem)
             return 1
-    assert info is not None
+        where = info["address"]
     attach()
     counts: dict[str, int] = {}
     for record in jobs.records():
         counts[record["status"]] = counts.get(record["status"], 0) + 1
-    print(
-        f"raymodel server at {info['address']}; jobs: "
-        + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none")
-    )
+    print(f"raymodel server at {where}; jobs: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
     pools = jobs.pools()
     note = " (resident worker groups; idle ones end by themselves, warm ones stay)" if pools else ""
     print(f"pools: {len(pools) or 'none'}{note}")

@@ -185,16 +185,17 @@ class Job:
         from raymodel._internal import remote
 
         if remote.active() is not None:  # off the cluster: one call waits there, not a call per look
-            record = remote.call(_wait_here, self.id, timeout)
-            if record["status"] not in DONE:
-                raise TimeoutError(f"Job `{self.id}` is still {record['status']} after {timeout} s.")
-            return _outcome(record)
+            return _outcome(remote.call(_wait_here, self.id, timeout))
+        return _outcome(self._final_record(timeout))
+
+    def _final_record(self, timeout: float | None) -> dict[str, Any]:
+        """The job's record once it ends (long polls of the server); ``TimeoutError`` after ``timeout`` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = _LONG_POLL_S if deadline is None else min(_LONG_POLL_S, deadline - time.monotonic())
             record = self._record(until_done=max(left, 0.0))  # the server answers as soon as it ends
             if record["status"] in DONE:
-                return _outcome(record)
+                return record
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"Job `{self.id}` is still {record['status']} after {timeout} s.")
 
@@ -207,16 +208,18 @@ class Job:
         return f"Job(id={self.id!r}, kind={self.kind!r}, status={record['status']!r}{error})"
 
 
-def _wait_here(job_id: str, timeout: float | None) -> dict[str, Any]:
-    """On the cluster: the job's record once it ends, or after ``timeout`` seconds."""
+def _by_id(job_id: str) -> Job:
+    """On the cluster: the job ``job_id``."""
     handle = server_handle()
-    job = Job(call(handle, "get", job_id), handle)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = _LONG_POLL_S if deadline is None else min(_LONG_POLL_S, deadline - time.monotonic())
-        record: dict[str, Any] = job._record(until_done=max(left, 0.0))
-        if record["status"] in DONE or (deadline is not None and time.monotonic() >= deadline):
-            return record
+    record = call(handle, "get", job_id)
+    if record is None:
+        raise JobNotFound(f"No job `{job_id}` on this cluster's raymodel server.")
+    return Job(record, handle)
+
+
+def _wait_here(job_id: str, timeout: float | None) -> dict[str, Any]:
+    """On the cluster: the job's record once it ends (``TimeoutError`` after ``timeout`` seconds)."""
+    return _by_id(job_id)._final_record(timeout)
 
 
 def _follow_here(job_id: str, seen: int) -> Any:
@@ -224,8 +227,7 @@ def _follow_here(job_id: str, seen: int) -> Any:
     job's final record."""
     from raymodel._internal import remote
 
-    handle = server_handle()
-    stream = Stream(Job(call(handle, "get", job_id), handle))
+    stream = Stream(_by_id(job_id))
     stream.seen = seen
     for row in stream:
         remote.emit(row)
