@@ -86,6 +86,7 @@ class Head:
 
     def __init__(self, host: str, scratch: Path, s3: S3Server, num_cpus: int = 2) -> None:
         self.host, self.scratch, self.s3, self.num_cpus = host, scratch, s3, num_cpus
+        self.python = cluster_python(scratch / "cluster-python")
         self.token = secrets.token_hex(16)
         self.mark = uuid.uuid4().hex
         self.gcs_port, self.dashboard_port = free_port(), free_port()
@@ -98,7 +99,7 @@ class Head:
         return {
             **clean_env(),
             **S3_ENV,
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # the jobs' `python` is this one's
+            "PATH": f"{self.python.parent}{os.pathsep}{os.environ.get('PATH', '')}",  # the jobs' `python`
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": self.token,
             "RAYMODEL_HOME": self.home,
@@ -118,7 +119,8 @@ class Head:
             "object-manager-port": free_port(),
         }
         command = [
-            str(BIN / "ray"), "start", "--head", f"--node-ip-address={self.host}", f"--dashboard-host={self.host}",
+            str(self.python), "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()",
+            "start", "--head", f"--node-ip-address={self.host}", f"--dashboard-host={self.host}",
             f"--num-cpus={self.num_cpus}", f"--temp-dir={self.scratch / 'head'}", "--disable-usage-stats",
             "--include-dashboard=true", *(f"--{name}={port}" for name, port in ports.items()),
         ]  # fmt: skip
@@ -132,18 +134,39 @@ class Head:
         lane.end_marked(self.mark, variables=(MARK,))
 
 
+def cluster_python(folder: Path) -> Path:
+    """The cluster's ``python``: a virtual environment of its own (made once) that reads this one's
+    packages through a ``.pth`` file. A ``pip`` runtime env makes a virtual environment for the jobs
+    that name it; in a virtual environment Ray copies the whole of it first (this one's: 5 GB), where
+    a cluster's image has a small one, or none."""
+    python = folder / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+        import sysconfig
+
+        ours = sysconfig.get_paths()["purelib"]
+        theirs = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        Path(theirs, "cluster_site.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    return python
+
+
 def client(network: Network, head: Head, scratch: Path, scenarios: list[str], env: dict[str, str] | None = None,
            timeout: float = 900) -> list[dict[str, Any]]:  # fmt: skip
     """Run the client script in the namespace; its RESULT lines' JSON (it must succeed)."""
-    laptop = scratch / "laptop"
+    laptop, extra = scratch / "laptop", scratch / "laptop_env"
     if not laptop.exists():
         shutil.copytree(TESTS / "laptop", laptop)  # the user's package: only the client's path has it
+        shutil.copytree(TESTS / "laptop_env", extra)  # its own other package, and a pip requirement "installed"
     variables = {
         **clean_env(),
         **S3_ENV,
         "RAY_AUTH_TOKEN": head.token,
         "RAYMODEL_HOME": head.home,
-        "PYTHONPATH": f"{laptop}{os.pathsep}{TESTS}",
+        "PYTHONPATH": os.pathsep.join(map(str, (laptop, extra, extra / "site", TESTS))),
+        "RM_TEST_LAPTOP_ENV": str(extra),
         "RM_TEST_CLUSTER": head.address,
         "RM_TEST_SERVE_PORT": str(head.serve_port),
         "RM_TEST_DASHBOARD_PORT": str(head.web_port),

@@ -18,6 +18,8 @@ scenarios a laptop's user runs against the cluster at ``RM_TEST_CLUSTER``, each 
   promoted.
 * ``serve`` (after ``tune``): that registry version served by reference, and a trained instance served
   as it is, each answering this process's requests at the head's address; then shut down.
+* ``needs`` (last): a class whose module imports a package of this process's, named in ``rm.init(
+  runtime_env=...)``'s ``py_modules``, and a pip requirement, in its ``pip``: on a pool, tuned, served.
 """
 
 from __future__ import annotations
@@ -297,6 +299,97 @@ def serve() -> None:
         model_url=served.url,
         model_same=direct == model.predict(payload),
         after_shutdown=gone,
+    )
+
+
+def wheel(source: Path, into: Path, version: str = "1.0") -> Path:
+    """A pure-Python wheel of the package folder ``source`` (made by hand: nothing to download), in ``into``."""
+    import base64
+    import hashlib
+    import zipfile
+
+    name = source.name
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}/{path.relative_to(source)}": path.read_bytes() for path in source.rglob("*.py")}
+    files[f"{dist}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    files[f"{dist}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: raymodel-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+
+    def digest(data: bytes) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{path},sha256={digest(data)},{len(data)}\n" for path, data in files.items())
+    files[f"{dist}/RECORD"] = (record + f"{dist}/RECORD,,\n").encode()
+    into.mkdir(parents=True, exist_ok=True)
+    target = into / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(target, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return into
+
+
+def needs() -> None:
+    """A class whose module imports a package of this process's (``rm_pixels``, in ``py_modules``) and a
+    pip requirement (``rm_offset``, in ``pip``, installed there from a wheel made here), neither on the
+    cluster, whose training server already runs (started by the earlier scenarios, without them): a
+    job on a pool of 2 workers, a tune whose trials' worker groups are jobs of their own, the version
+    registered, then served by reference and answering here."""
+    import requests
+    from digits_laptop.model import data
+
+    laptop = Path(os.environ["RM_TEST_LAPTOP_ENV"])
+    # The wheelhouse is a folder the cluster's nodes read (one machine here; on a cluster, its image's).
+    wheelhouse = wheel(laptop / "site" / "rm_offset", Path(os.getcwd(), "wheelhouse"))
+    runtime_env = {
+        "py_modules": [str(laptop / "rm_pixels")],
+        "pip": {"packages": ["rm_offset==1.0"], "pip_install_options": ["--no-index", "--find-links", str(wheelhouse)]},
+    }
+    began = time.monotonic()
+    rm.init(address=ADDRESS, runtime_env=runtime_env)
+    from digits_laptop.needs import NeedsDigits
+
+    job = NeedsDigits().train(
+        {"num_workers": 2, "num_epochs": 2, "batch_size": 64, "progress": False}, data=data(), wait=False
+    )
+    trained = job.wait(timeout=600)
+    record = rm.jobs.get(job.id).summary
+    trained_s = time.monotonic() - began
+    tuned = NeedsDigits().tune(
+        data=data(),
+        settings={
+            "num_samples": 2,
+            "max_epochs": 1,
+            "metric": "val_acc",
+            "mode": "max",
+            "train": {
+                "num_workers": 2,
+                "batch_size": 64,
+                "resources_per_worker": {"CPU": 0.95},
+            },  # and the trial's 0.01
+            "progress": False,
+        },
+    )
+    reg = rm.registry.open()
+    ref = reg.put(trained, key="needs-digits")
+    host = ADDRESS.split("//", 1)[1].rsplit(":", 1)[0]
+    settings = {"host": host, "port": int(os.environ["RM_TEST_SERVE_PORT"]), "ray_actor_options": {"num_cpus": 0.25}}
+    served = rm.Servable(f"needs-digits:{ref.version}", "/needs", settings=settings).deploy()
+    payload = {"pixels": data().splits["valid"].x[:8].tolist()}
+    answer = requests.post(served.url, json=payload, timeout=60)
+    served.shutdown()
+    result(
+        "needs",
+        status=trained.metrics.get("val_acc") is not None,
+        marks=[trained.metrics.get("val_pixels_mark"), trained.metrics.get("val_offset_mark")],
+        pool_key=record.get("pool_key"),
+        runtime_env=record.get("runtime_env"),
+        trained_s=trained_s,
+        trials=tuned.num_trials,
+        trial_statuses=[trial.get("status") for trial in tuned.trials],
+        best_marks=[tuned.best_metrics.get("val_pixels_mark"), tuned.best_metrics.get("val_offset_mark")],
+        served=answer.status_code,
+        same=answer.json() == reg.get("needs-digits", ref.version).predict(payload),
     )
 
 

@@ -5,6 +5,7 @@ its own, the head on ``ray start --head``, storage on S3); and a worker node on 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import types
@@ -19,7 +20,7 @@ from raymodel._internal import remote, serialization
 from raymodel.exceptions import SettingsError
 
 
-@lane.job("off_cluster", expected_s=480)
+@lane.job("off_cluster", expected_s=600)
 def _off_cluster(scratch: Path) -> dict[str, dict]:
     from clusters import run_script
     from off_cluster import missing_tools
@@ -30,7 +31,7 @@ def _off_cluster(scratch: Path) -> dict[str, dict]:
             f"A client off the cluster is tested from a network namespace of its own, which needs {missing}: "
             "run `make test` as root on a machine with iproute2 (CI does)."
         )
-    scenarios = ["errors", "train", "job", "tune", "release", "routes", "serve", "cli"]
+    scenarios = ["errors", "train", "job", "tune", "release", "routes", "serve", "cli", "needs"]
     return {row["scenario"]: row for row in run_script("off_cluster.py", scenarios, {}, timeout=1200)}
 
 
@@ -157,6 +158,22 @@ def test_a_client_off_the_cluster_serves_a_registry_version_and_an_instance_it_t
     assert seen["after_shutdown"] == 404  # shut down from the client: the route is gone
 
 
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
+def test_the_modules_and_pip_requirements_a_client_names_reach_its_jobs_workers_on_a_running_server(lane):
+    """``rm.init(runtime_env={"py_modules": [...], "pip": {...}})`` on a cluster whose training server the
+    earlier scenarios started without them: a class whose module imports both trains on a pool of its
+    env, tunes (each trial's worker group a job of the same env) and serves by reference."""
+    seen = lane.result("off_cluster")["needs"]
+    assert seen["status"] and seen["marks"] == [3.0, 7.0], seen  # each package, as the pool's workers imported it
+    assert "+env:" in seen["pool_key"], seen["pool_key"]  # a pool of the job's env, not a warm or bare one
+    env = seen["runtime_env"]
+    assert env["py_modules"][0].startswith("gcs://_ray_pkg_") and env["pip"]["packages"] == ["rm_offset==1.0"]
+    assert seen["trials"] == 2 and seen["trial_statuses"] == ["TERMINATED"] * 2, seen
+    assert seen["best_marks"] == [3.0, 7.0], seen
+    assert seen["served"] == 200 and seen["same"], seen
+
+
 @lane.job("far_node", expected_s=90)
 def _far_node(scratch: Path) -> dict:
     from clusters import run_script
@@ -216,6 +233,42 @@ def test_other_versions_on_the_cluster_are_named_with_both_sides():
     assert remote.version_problem(dict(ours), ours) is None
     problem = remote.version_problem({**ours, "ray": "2.59.1", "python": "3.12"}, ours)
     assert problem == "ray 2.59.1 there, 2.60.0 here; python 3.12 there, 3.11 here"
+
+
+def test_a_job_carries_the_runtime_env_its_process_named_to_a_pool_and_runner_of_its_own(monkeypatch):
+    """What ``rm.init(runtime_env=...)`` named (a call's driver reads it in JOB_ENV, as a runner of such
+    a job does) goes with each job the process submits: its pool's key names it, so neither a warm pool
+    nor another env's is its; the pool and the runner are started with it, naming it on for the jobs
+    their own processes submit (a Tune trial's worker group: the same key)."""
+    from raymodel.jobs import _job
+
+    env = {"py_modules": ["gcs://_ray_pkg_0123456789abcdef.zip"], "pip": ["rm_offset==1.0"]}
+    monkeypatch.setenv(remote.JOB_ENV, json.dumps(env))
+    sent: list[dict] = []
+
+    def submitted(handle, method, kind, blob, info):
+        sent.append(info)
+        return {"id": "train-1", "kind": kind, "status": "PENDING"}
+
+    monkeypatch.setattr(_job, "server_handle", lambda: "server")
+    monkeypatch.setattr(_job, "call", submitted)
+    pool = {"key": "torch/2x[CPU=1]", "num_workers": 2}
+    _job.submit_request("train", b"", {"needs": {}, "pool": dict(pool)})
+    info = sent[-1]
+    assert info["runtime_env"] == env
+    key = info["pool"]["key"]
+    assert key.startswith("torch/2x[CPU=1]+env:") and info["pool"]["runtime_env"] == env
+    actor_env = remote.with_job_env(env)
+    assert actor_env["pip"] == env["pip"] and actor_env["py_modules"] == env["py_modules"]
+    monkeypatch.setenv(remote.JOB_ENV, actor_env["env_vars"][remote.JOB_ENV])  # a process of that pool or runner
+    _job.submit_request("train", b"", {"needs": {}, "pool": dict(pool)})
+    assert sent[-1]["pool"]["key"] == key
+    monkeypatch.setenv(remote.JOB_ENV, json.dumps({**env, "pip": ["rm_offset==2.0"]}))  # another env: another pool
+    _job.submit_request("train", b"", {"needs": {}, "pool": dict(pool)})
+    assert sent[-1]["pool"]["key"] not in (key, pool["key"])
+    monkeypatch.delenv(remote.JOB_ENV)  # none named: the pools of every such job, and no env for the actors
+    _job.submit_request("train", b"", {"needs": {}, "pool": dict(pool)})
+    assert sent[-1]["pool"] == pool and sent[-1]["runtime_env"] == {} and remote.with_job_env({}) is None
 
 
 def test_a_class_of_a_package_travels_with_the_modules_of_its_package_beside_it(tmp_path, monkeypatch):

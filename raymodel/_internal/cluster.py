@@ -148,6 +148,10 @@ def init(
     with dashboard_beside_raylet() if local else contextlib.nullcontext():
         ray.init(**kwargs)
     quiet(verbose)
+    if ray_init_kwargs.get("runtime_env"):  # the jobs this process submits carry it (as uploaded: URIs)
+        from raymodel._internal import remote
+
+        os.environ[remote.JOB_ENV] = json.dumps(dict(ray.get_runtime_context().runtime_env), sort_keys=True)
     _EXIT.logs_to_driver = bool(kwargs["log_to_driver"])
     if not _EXIT.registered:  # after Ray's own hook (registered at its import): atexit runs this first
         atexit.register(_exit_quickly)

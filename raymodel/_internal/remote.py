@@ -4,11 +4,17 @@
 client of a cluster: it runs no raylet and starts no Ray. Each thing it asks of the cluster (``call``)
 is a job of Ray's there: the function and its arguments, pickled here (the user's classes by value),
 travel as a small package of the job's runtime env, beside what the client's ``runtime_env`` names
-(``py_modules``, ``pip``, ``env_vars``); the job's driver (this module, run as ``python -m
-raymodel._internal.remote PACKAGE``) joins the cluster, runs the function and writes what it has to
-say to its standard output as marked lines. This process reads them as Ray streams the job's log (a
-websocket: nothing polls): events as they come (a row, what a job waits for), then the function's
-value or its exception, raised here as it was raised there.
+(``py_modules``, ``pip``, ``env_vars``); the job's driver (this module's ``main(PACKAGE)``) joins the
+cluster, runs the function and writes what it has to say to its standard output as marked lines.
+This process reads them as Ray streams the job's log (a websocket: nothing polls): events as they
+come (a row, what a job waits for), then the function's value or its exception, raised here as it
+was raised there.
+
+The client's ``runtime_env`` goes further than the call's driver: it names it in ``JOB_ENV``
+(``job_env``), and each job the driver submits carries it to the training server, which starts the
+job's runner and pool with it (``with_job_env``). Actors inherit the runtime env of the job that made
+them, and none can unset a field of it, so the server itself is started by a call without it
+(``bare``): what one client named is no other client's.
 
 Connecting checks, before anything is submitted, that the address answers and that the cluster
 takes this process's token (Ray's token auth). That the cluster runs the same raymodel, Ray and
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import importlib
@@ -68,6 +75,17 @@ class Cluster:
     #: raymodel's, Ray's and Python's versions on the cluster.
     versions: dict[str, str]
     client: Any = dataclasses.field(repr=False, default=None)
+
+    def uploaded_env(self) -> dict[str, Any]:
+        """``runtime_env`` as the cluster holds it: each ``py_modules`` folder (or module) in Ray's
+        package store (uploaded now where its content is not there yet), named by its URI."""
+        if not self.runtime_env:
+            return {}
+        env = copy.deepcopy(self.runtime_env)
+        if env.get("py_modules"):
+            self.client._upload_py_modules_if_needed(env)  # Ray's own step of `submit_job`
+        env.pop("excludes", None)  # the uploads' own: URIs have none
+        return env
 
 
 _CLUSTER: list[Cluster] = []
@@ -273,13 +291,51 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+# ------------------------------------------------------------ what jobs need
+#: Where a process finds the runtime env of the jobs it submits (JSON, the cluster's form: URIs): set in
+#: a call's driver (by its client), in the runners and pools of a job that has one, and by
+#: ``rm.init(runtime_env=...)`` on a node.
+JOB_ENV = "RAYMODEL_JOB_ENV"
+
+
+def job_env() -> dict[str, Any]:
+    """What this process's jobs need where they run, besides what the cluster has installed: the
+    runtime env ``rm.init(runtime_env=...)`` named (its ``py_modules``, ``pip``, ``env_vars``), as the
+    cluster holds it; ``{}`` where none was named. The training server starts each such job's runner
+    and pool with it (``with_job_env``)."""
+    if _CLUSTER:
+        return _CLUSTER[0].uploaded_env()
+    named = os.environ.get(JOB_ENV)
+    return json.loads(named) if named else {}
+
+
+def with_job_env(env: dict[str, Any]) -> dict[str, Any] | None:
+    """``env`` as the runtime env of an actor that runs jobs of it (a runner, a pool), or ``None`` for
+    none: it names itself in ``JOB_ENV`` too, so that the jobs its processes submit (a Tune trial's
+    worker group) carry it on."""
+    if not env:
+        return None
+    return {**env, "env_vars": {**env.get("env_vars", {}), JOB_ENV: json.dumps(env, sort_keys=True)}}
+
+
+def env_digest(env: dict[str, Any]) -> str:
+    """A short name of ``env``'s content: jobs of one runtime env share pools, others do not."""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
+
+
 # ------------------------------------------------------------------ calls
 def call(
-    fn: Callable[..., Any], *args: Any, on_event: Callable[[Any], None] | None = None, by_value: tuple = ()
+    fn: Callable[..., Any],
+    *args: Any,
+    on_event: Callable[[Any], None] | None = None,
+    by_value: tuple = (),
+    bare: bool = False,
 ) -> Any:
     """``fn(*args)`` on the cluster, as a job of Ray's there; each ``emit(event)`` of ``fn`` reaches
     ``on_event`` here as it is made. Returns what ``fn`` returned, or raises what it raised.
-    ``by_value``: objects whose classes' modules travel by value (they need not exist on the cluster)."""
+    ``by_value``: objects whose classes' modules travel by value (they need not exist on the cluster).
+    ``bare``: without the client's ``runtime_env`` (what starts the training server, whose actors would
+    keep it: Ray's actors inherit the runtime env of the job that made them, and no child unsets it)."""
     cluster = active()
     if cluster is None:
         raise RayModelError(
@@ -316,14 +372,19 @@ def call(
         (package / "__init__.py").write_text("")
         (package / "call.pkl").write_bytes(payload)
         (package / "versions.json").write_text(json.dumps(versions_here()))
-        env = dict(cluster.runtime_env)
+        users = {} if bare else cluster.uploaded_env()
+        env = dict(users)
         env["py_modules"] = [*env.get("py_modules", ()), str(package)]
         # The call's driver uses this process's storage (runs, the registry, serve checkpoints), not the
         # head's default: what the client writes and reads is where the cluster writes and reads.
         ours = {k: os.environ[k] for k in ("RAYMODEL_HOME", "RAYMODEL_REGISTRY") if os.environ.get(k)}
+        if users:
+            ours[JOB_ENV] = json.dumps(users, sort_keys=True)
         env["env_vars"] = {**ours, **env.get("env_vars", {}), _ON_CLUSTER: "1"}
         job = cluster.client.submit_job(
-            entrypoint=f"python -m raymodel._internal.remote {name}",
+            # Not `python -m` of this module: `raymodel`'s import has imported it before it runs as `__main__`
+            # (runpy's RuntimeWarning, a line of every call's log).
+            entrypoint=f"python -c 'import sys; from raymodel._internal.remote import main; main(sys.argv[1])' {name}",
             runtime_env=env,
             metadata={"raymodel": "call", "function": getattr(fn, "__qualname__", repr(fn))},
         )
@@ -471,7 +532,3 @@ def main(package: str) -> None:
             _send("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         return
     _send("return", value)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

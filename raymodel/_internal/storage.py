@@ -37,12 +37,17 @@ def local_path(location: str) -> Path:
     return Path(location.removeprefix("file://")).expanduser()
 
 
-def filesystem(location: str) -> tuple[Any, str]:
-    """``(pyarrow filesystem, path on it)`` for a path or URI."""
+def filesystem(location: str, streamed: bool = False) -> tuple[Any, str]:
+    """``(pyarrow filesystem, path on it)`` for a path or URI. ``streamed``: for one large file written
+    from memory, an S3 filesystem that sends each part before it takes the next (pyarrow's default,
+    background writes, queues the parts: a copy of the whole file, in memory, while it uploads)."""
     import pyarrow.fs
 
     if is_uri(location):
         fs, path = pyarrow.fs.FileSystem.from_uri(location)
+        if streamed and isinstance(fs, pyarrow.fs.S3FileSystem):
+            rebuild, (options,) = fs.__reduce__()
+            fs = rebuild({**options, "background_writes": False})
         return fs, path.rstrip("/")
     return pyarrow.fs.LocalFileSystem(), str(local_path(location).resolve())
 
@@ -93,10 +98,12 @@ def files_under(location: str) -> list[str]:
 
 
 def read_bytes(location: str) -> bytes:
+    """The file at ``location``, whole: on an object store, one read of its known size (an input
+    stream read to its end took 27 s for 100 MB on moto's S3, against 0.2 s)."""
     if not is_uri(location):
         return local_path(location).read_bytes()
     fs, remote = filesystem(location)
-    with fs.open_input_stream(remote) as fh:
+    with fs.open_input_file(remote) as fh:
         return fh.read()
 
 

@@ -185,10 +185,17 @@ def _init_off_cluster(address: str, pool_idle_s: float | None, warm: Any, ray_in
             "starts none (the cluster keeps its own settings). Leave them out."
         )
     remote.connect(address, runtime_env)
+    if runtime_env:  # the server, where this call starts it, without them: its jobs each carry their own
+        remote.call(_server_up, bare=True)
     if pool_idle_s is not None:
         call(server_handle(), "set_pool_idle_s", float(pool_idle_s))
     if warm is not None and not (isinstance(warm, str) and warm.strip().lower() == "auto"):
         call(server_handle(), "warm", list(parse_warm(warm, cpus=1.0)))  # "auto": the cluster's server's own
+
+
+def _server_up() -> None:
+    """On the cluster: the training server, started where none runs yet."""
+    server_handle()
 
 
 def follow(job: Any, on_record: Callable[[dict[str, Any]], None], wait_s: float) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from raymodel._internal import serialization
+from raymodel._internal import remote, serialization
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
 from raymodel.jobs._client import call, server_handle
 from raymodel.jobs._constants import DONE
@@ -160,8 +160,6 @@ class Job:
     def _follow_off_cluster(self, seen: int, on_row: Any) -> Any:
         """From a client off the cluster: one call follows the job there from its ``seen``-th row,
         ``on_row(row)`` here for each as it comes; the job's final record."""
-        from raymodel._internal import remote
-
         return remote.call(_follow_here, self.id, seen, on_event=on_row)
 
     def logs(self) -> str:
@@ -182,8 +180,6 @@ class Job:
         """
         if self._ended is not None:
             return _outcome(self._ended)
-        from raymodel._internal import remote
-
         if remote.active() is not None:  # off the cluster: one call waits there, not a call per look
             return _outcome(remote.call(_wait_here, self.id, timeout))
         return _outcome(self._final_record(timeout))
@@ -225,8 +221,6 @@ def _wait_here(job_id: str, timeout: float | None) -> dict[str, Any]:
 def _follow_here(job_id: str, seen: int) -> Any:
     """On the cluster: the job's rows from the ``seen``-th, each sent to the client as it comes; the
     job's final record."""
-    from raymodel._internal import remote
-
     stream = Stream(_by_id(job_id))
     stream.seen = seen
     for row in stream:
@@ -271,7 +265,15 @@ def _submit_checked(model: Any, settings: Any, spec: Any, hub: Any = None, extra
 
 def submit_request(kind: str, blob: bytes, info: dict[str, Any]) -> Job:
     """Hand the server a job (``kind``, its pickled payload and what the server reads of it); the
-    record it answers with is in the server's books."""
+    record it answers with is in the server's books. The job carries the runtime env this process's
+    ``rm.init(runtime_env=...)`` named (``remote.job_env``): its runner and its pool are started with
+    it, so a pool of another env's jobs (or of none) is not its."""
+    env = info.get("runtime_env")
+    if env is None:
+        env = info["runtime_env"] = remote.job_env()
+    if env and info.get("pool") and "runtime_env" not in info["pool"]:
+        pool = info["pool"]
+        info["pool"] = {**pool, "key": f"{pool['key']}+env:{remote.env_digest(env)}", "runtime_env": env}
     handle = server_handle()
     job = Job(call(handle, "submit", kind, blob, info), handle)
     if info.get("not_durable") and not info.get("trial_id"):

@@ -107,7 +107,7 @@ def write_array(location: str, array: np.ndarray) -> StoredArray:
     """``array`` as a ``.npy`` file at ``location``, written from its own memory (no copy is made of a
     contiguous array), whole or not at all."""
     if storage.is_uri(location):
-        fs, remote = storage.filesystem(location)
+        fs, remote = storage.filesystem(location, streamed=True)
         with fs.open_output_stream(remote) as fh:
             np.lib.format.write_array(fh, array, allow_pickle=False)
     else:

@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from raymodel._internal import cluster
+from raymodel._internal import cluster, remote
 from raymodel.jobs._address import NAMESPACE
 from raymodel.jobs._constants import ACTIVE
 from raymodel.jobs._server.queue import fits
@@ -90,7 +90,13 @@ class PoolKeeper(ServerState):
         pool_id = f"pool-{time.strftime('%H%M%S')}-{os.urandom(2).hex()}"
         actor: Any = (  # an actor handle: its methods' `.remote` are made at run time
             ray.remote(num_cpus=0)(PoolActor)
-            .options(namespace=NAMESPACE, max_concurrency=64, name=pool_id, scheduling_strategy=cluster.on_this_node())
+            .options(
+                namespace=NAMESPACE,
+                max_concurrency=64,
+                name=pool_id,
+                scheduling_strategy=cluster.on_this_node(),
+                runtime_env=remote.with_job_env(spec.get("runtime_env") or {}),  # its jobs' (its key says so)
+            )
             .remote(
                 pool_id, spec["backend"], spec["num_workers"], spec["per_worker"], spec["use_gpu"], spec.get("imports")
             )

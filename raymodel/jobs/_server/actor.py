@@ -119,6 +119,7 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
             "durable": not info.get("not_durable"),
             "not_durable": info.get("not_durable"),
             "restarts": 0,
+            "runtime_env": info.get("runtime_env") or {},  # its runner's and pool's (`remote.job_env`)
         }
         if info.get("pool"):
             record["pool_key"] = info["pool"]["key"]
@@ -324,6 +325,9 @@ class JobServer(Scheduler, PoolKeeper, JobControl, Recovery):
                         pool["jobs_run"] += 1
                         self._end_pool(pool["id"], "a job left it unusable", force=True)
                 runner = self.runners.pop(job_id, None)
+                if runner is not None and record.get("runtime_env"):
+                    ray.kill(runner)  # a runner of the job's own runtime env: no spare for the others
+                    runner = None
                 if record["status"] != "PENDING":
                     self.extras.pop(job_id, None)
             if runner is not None:

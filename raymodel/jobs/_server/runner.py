@@ -9,15 +9,20 @@ from typing import Any, Sequence
 
 import ray
 
-from raymodel._internal import cluster
+from raymodel._internal import cluster, remote
 from raymodel.jobs._address import NAMESPACE
 
 
-def new_runner(imports: Sequence[str] = (), calls: Sequence[str] = ()) -> Any:
+def new_runner(
+    imports: Sequence[str] = (), calls: Sequence[str] = (), runtime_env: dict[str, Any] | None = None
+) -> Any:
     """A runner that imports what every job needs, and ``imports``, and makes ``calls``, while it waits
-    for its job."""
+    for its job; ``runtime_env``: its job's (``remote.job_env``), which its processes inherit."""
     runner: Any = JobRunnerActor.options(
-        namespace=NAMESPACE, max_concurrency=8, scheduling_strategy=cluster.on_this_node()
+        namespace=NAMESPACE,
+        max_concurrency=8,
+        scheduling_strategy=cluster.on_this_node(),
+        runtime_env=remote.with_job_env(runtime_env or {}),
     ).remote()
     runner.warm.remote(tuple(imports), tuple(calls))
     return runner

@@ -116,7 +116,10 @@ class Scheduler(ServerState):
 
     def _launch(self, record: dict[str, Any], pool_id: str | None = None) -> None:
         job_id = record["id"]
-        runner, self.spare = self.spare or new_runner(self.warm_imports(), self.warm_runs), None  # imports done
+        if record.get("runtime_env"):  # a runner of the job's runtime env, its own
+            runner = new_runner(self.warm_imports(), runtime_env=record["runtime_env"])
+        else:
+            runner, self.spare = self.spare or new_runner(self.warm_imports(), self.warm_runs), None  # imports done
         self.runners[job_id] = runner
         pool = None
         record.pop("pool_id", None)
