@@ -257,6 +257,68 @@ def test_a_route_of_several_versions_is_checked_before_anything_starts(tmp_path,
             make()
 
 
+def test_a_routes_serve_config_holds_its_plan_for_raymodels_builder_and_never_a_key(tmp_path, monkeypatch, capsys):
+    """``rm.serve.config`` (and ``raymodel serve ... --config-out``) write Ray Serve's config file of a
+    route: raymodel's builder, the route's plan as its ``args`` (checked against the registry first),
+    the deployments' replicas and resources; keys as digests, or the variable that holds them."""
+    import yaml
+
+    from raymodel.cli import main as cli_main
+    from raymodel.serve._auth import digest
+
+    registry = str(tmp_path / "registry")
+    monkeypatch.setenv("RAYMODEL_REGISTRY", registry)
+    for seed, alias in ((1, "production"), (2, "candidate"), (3, None)):
+        rm.registry.put(digits_version(seed), "digits", alias=alias)
+    split = {"digits@production": 0.9, "digits@candidate": 0.1}
+    settings = {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}, "api_keys": ["key-one"], "port": 8123}
+    path = tmp_path / "split.yaml"
+    document = rm.serve.config(split, "/digits", shadow="digits:3", settings=settings, path=path)
+    assert yaml.safe_load(path.read_text()) == document
+    assert "key-one" not in path.read_text()
+    (app,) = document["applications"]
+    assert document["http_options"] == {"host": "0.0.0.0", "port": 8123}
+    assert app["import_path"] == "raymodel.serve:route_application" and app["route_prefix"] == "/digits"
+    assert app["args"] == {
+        "route": "/digits",
+        "registry": registry,
+        "refs": list(split),
+        "shadow": "digits:3",
+        "shadow_fraction": 1.0,
+        "settings": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}, "api_keys": [digest("key-one")]},
+    }
+    (deployment,) = app["deployments"]
+    assert deployment["name"] == f"{app['name']}-model" and deployment["num_replicas"] == 2
+    assert deployment["ray_actor_options"] == {"num_cpus": 0.25}
+    assert deployment["user_config"] == {"split": split, "rollout": None}  # the weights: moved in place
+    # The builder makes the application `Servable(...).as_application()` makes (no Ray needed to build it).
+    built = rm.serve.route_application(app["args"])
+    same = rm.Servable(split, "/digits", shadow="digits:3", settings=settings).as_application()
+    assert built._bound_deployment.version == same._bound_deployment.version
+    # The command line: a split as REF=WEIGHT words; keys named by a variable stay a name (a Secret's there).
+    monkeypatch.delenv("ROUTE_KEYS", raising=False)
+    out = tmp_path / "cli.yaml"
+    assert cli_main(["serve", "digits@production=0.9", "digits@candidate=0.1", "--shadow", "digits:3", "--route",
+                     "/digits", "--api-keys", "ROUTE_KEYS", "--config-out", str(out)]) == 0  # fmt: skip
+    assert f"wrote {out}" in capsys.readouterr().out
+    written = yaml.safe_load(out.read_text())["applications"][0]["args"]
+    assert written["refs"] == list(split) and written["settings"]["api_keys"] == "ROUTE_KEYS"
+    for bad, error, says in (
+        ({"digits@production": 0.5, "digits@nope": 0.5}, RegistryError, "no alias `nope`"),
+        (digits_version(1), SettingsError, "Register it first"),
+    ):
+        with pytest.raises(error, match=says):
+            rm.serve.config(bad, "/digits", path=tmp_path / "bad.yaml")
+    assert not (tmp_path / "bad.yaml").exists()
+    unweighted = ["serve", "digits@production=0.9", "digits@candidate", "--config-out", str(tmp_path / "b.yaml")]
+    assert cli_main(unweighted) == 1
+    assert "`digits@candidate` has no weight" in capsys.readouterr().err
+    with pytest.raises(SettingsError, match="a `route` and one of `ref`, `refs`"):
+        rm.serve.route_application({"split": split})
+    with pytest.raises(SettingsError, match="two or more"):
+        rm.serve.route_application({"route": "/digits", "refs": ["digits@production"]})
+
+
 # ---------------------------------------------------------------- on the session's Ray
 @pytest.fixture(scope="module")
 def versions(ray_session, tmp_path_factory):
@@ -347,6 +409,70 @@ def test_a_split_route_lands_keys_by_weight_sticks_and_changes_live_under_load(s
     split.set_split({"digits@production": 0.5, "digits@candidate": 0.5})  # without the hand-over: 60 s, then an error
     info = requests.get(split.url + "/info", timeout=30).json()
     assert info["split"] == {"digits@production": 0.5, "digits@candidate": 0.5} and info["replica_pid"] == pid
+
+
+@pytest.mark.integration
+def test_rays_serve_deploy_of_a_routes_config_answers_as_the_route_does_and_a_new_split_moves_in_place(
+    split, versions, tmp_path
+):
+    """The file ``rm.serve.config`` writes, deployed by Ray's own ``serve deploy`` (the dashboard's REST
+    API, as a RayService's operator applies ``serveConfigV2``): the split lands each key on the version
+    the same route made by ``rm.Servable(...).deploy()`` gives it, the shadow is compared, and the file
+    deployed again with another split moves the traffic in the running replica."""
+    import ray
+    import yaml
+
+    X, local = versions["X"], versions["local"]
+    weights = {"digits@production": 0.9, "digits@candidate": 0.1}
+    proxy = rm.ServeSettings()  # the session's Serve, running already: its HTTP options
+    settings = {**SMALL, "host": proxy.host, "port": proxy.port}
+    path = tmp_path / "serve.yaml"
+    document = rm.serve.config(weights, "/from-config", shadow="digits:3", settings=settings, path=path)
+    name = document["applications"][0]["name"]
+    dashboard = "http://" + ray._private.worker.global_worker.node.address_info["webui_url"]
+
+    def deploy() -> None:
+        command = [str(Path(sys.executable).parent / "serve"), "deploy", str(path), "--address", dashboard]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+
+    deploy()
+    url = f"http://{proxy.host}:{proxy.port}/from-config"
+    try:
+        until(lambda: _answers(url + "/info"), timeout=180)
+        body = {"pixels": X[:2].tolist()}
+        keys = [(body, {"x-raymodel-key": f"user-{i}"}) for i in range(1000)]
+        answers, theirs = _many(url, keys), _many(split.url, keys)
+        assert {a.status_code for a in answers} == {200}
+        named = [a.headers["x-raymodel-model"] for a in answers]
+        assert named == [a.headers["x-raymodel-model"] for a in theirs]  # each key, the same version
+        assert abs(named.count("digits:2") / 1000 - 0.1) <= 0.03, collections.Counter(named)
+        for a, label in zip(answers[:30], named):
+            assert a.json() == local[int(label.split(":")[1])].predict(body)
+        until(lambda: requests.get(url + "/info", timeout=30).json()["shadows"].get("digits:3", {}).get("compared"))
+        info = requests.get(url + "/info", timeout=30).json()
+        assert info["split"] == weights and info["shadows"]["digits:3"]["answered"] in ("digits:1", "digits:2")
+        # A new split in the file (the deployment's user_config), deployed again: the same replica takes it.
+        document["applications"][0]["deployments"][0]["user_config"]["split"] = {
+            "digits@production": 0.5,
+            "digits@candidate": 0.5,
+        }
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        deploy()
+        until(lambda: requests.get(url + "/info", timeout=30).json()["split"]["digits@candidate"] == 0.5, timeout=120)
+        after = requests.get(url + "/info", timeout=30).json()
+        assert after["replica_pid"] == info["replica_pid"]  # reconfigured in place, not restarted
+        moved = [a.headers["x-raymodel-model"] for a in _many(url, keys)]
+        assert abs(moved.count("digits:2") / 1000 - 0.5) <= 0.05
+    finally:
+        serve.delete(name)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 @pytest.mark.integration

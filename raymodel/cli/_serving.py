@@ -18,9 +18,18 @@ def add_commands(sub: Any) -> None:
         help="serve a registry version over HTTP until interrupted: KEY, KEY:VERSION "
         "or KEY@ALIAS (an alias is followed when it moves)",
     )
-    serve.add_argument("ref")
+    serve.add_argument(
+        "refs", nargs="+", metavar="REF[=WEIGHT]",
+        help="a registry version, or a split: `digits@production=0.9 digits@candidate=0.1`",
+    )  # fmt: skip
     serve.add_argument("--route", default="/", help="URL path (default /)")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--shadow", metavar="REF", help="a version that gets a copy of each request (never answers)")
+    serve.add_argument("--shadow-fraction", type=float, default=1.0, help="the share of requests copied (default 1)")
+    serve.add_argument(
+        "--config-out", metavar="FILE",
+        help="write the route as Ray Serve's config file (for `serve deploy FILE`, a RayService) instead of serving",
+    )  # fmt: skip
+    serve.add_argument("--host", help="the address to listen on (default 127.0.0.1; in a config file 0.0.0.0)")
     serve.add_argument("--port", type=int, help="HTTP port (default: RAYMODEL_SERVE_PORT, else 8000)")
     serve.add_argument("--replicas", default="1", help="a number, or 'auto'")
     serve.add_argument(
@@ -76,25 +85,46 @@ def add_commands(sub: Any) -> None:
     predict.set_defaults(handler=_predict)
 
 
+def served_refs(words: list[str]) -> Any:
+    """A reference (``digits@production``), or a split of ``REF=WEIGHT`` words."""
+    if len(words) == 1 and "=" not in words[0]:
+        return words[0]
+    split: dict[str, float] = {}
+    for word in words:
+        ref, equals, weight = word.rpartition("=")
+        if not equals or not ref:
+            raise SettingsError(
+                f"A split is `REF=WEIGHT ...` (`digits@production=0.9 digits@candidate=0.1`): `{word}` has no weight."
+            )
+        try:
+            split[ref] = float(weight)
+        except ValueError:
+            raise SettingsError(f"`{word}`: the weight `{weight}` is not a number.") from None
+    return split
+
+
 def _serve(args: argparse.Namespace) -> None:
-    from raymodel.serve import Servable  # Ray Serve: imported by the command that uses it
+    from raymodel.serve import Servable, config  # Ray Serve: imported by the command that uses it
 
     replicas: Any = (
         "auto" if args.replicas == "auto" else int(args.replicas) if args.replicas.isdigit() else args.replicas
     )
-    servable = Servable(
-        args.ref,
-        args.route,
-        registry=args.registry,
-        settings={
-            "host": args.host,
-            **({"port": args.port} if args.port is not None else {}),
-            "num_replicas": replicas,
-            "api": args.api,
-            "api_keys": args.api_keys,
-            "max_models_per_replica": args.max_models,
-        },  # fmt: skip
-    )
+    what = served_refs(args.refs)
+    settings = {
+        **({"host": args.host} if args.host is not None else {}),
+        **({"port": args.port} if args.port is not None else {}),
+        "num_replicas": replicas,
+        "api": args.api,
+        "api_keys": args.api_keys,
+        "max_models_per_replica": args.max_models,
+    }
+    where = {"registry": args.registry, "shadow": args.shadow, "shadow_fraction": args.shadow_fraction}
+    if args.config_out:
+        config(what, args.route, settings=settings, path=args.config_out, **where)
+        print(f"wrote {args.config_out}: `serve deploy {args.config_out}` serves {args.route} on a Ray cluster")
+        return
+    servable = Servable(what, args.route, settings={"host": "127.0.0.1", **settings}, **where)
+    args.ref = " ".join(args.refs)
     init(address=args.address)
     signal.signal(signal.SIGTERM, _interrupt)  # after Ray's own handler: `kill` stops serving like Ctrl-C
     app = None

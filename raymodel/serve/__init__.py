@@ -12,6 +12,7 @@ that does not match ``output_schema``, with a ``request_id``; the replica keeps
 serving).
 """
 
+from raymodel.serve._config import config, route_application
 from raymodel.serve._driver import Servable, ServedModel, rollout, rollouts
 from raymodel.serve._restore import restore
 from raymodel.serve._rollout import Guard, Rollout, check_steps
@@ -25,8 +26,10 @@ __all__ = [
     "ServeSettings",
     "ServedModel",
     "check_steps",
+    "config",
     "rollout",
     "rollouts",
     "served_spec",
     "restore",
+    "route_application",
 ]

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from raymodel.exceptions import SettingsError
 from raymodel.registry import Registry, default_uri, sources
-from raymodel.serve._settings import replica_options
+from raymodel.serve._settings import replica_options, replica_settings
 from raymodel.serve._traffic import check_ref, check_split
 
 
@@ -106,7 +106,7 @@ def _routed_application(servable: Any) -> Any:
     # Serve restarts a deployment whose version changes; the same version with a new ``user_config``
     # is reconfigured in place. The version is what the route is, less its weights. (Serve's Python
     # API gives every ``serve.run`` a random version, a restart; the option is private since 2.x.)
-    version = hashlib.sha256(repr((sorted(plan.items()), s)).encode()).hexdigest()[:16]
+    version = hashlib.sha256(repr((sorted(plan.items()), replica_settings(s))).encode()).hexdigest()[:16]
     info = {key: value for key, value in servable.info.items() if key != "split"}
     if split is not None:
         from raymodel.serve._route_server import RouteServer

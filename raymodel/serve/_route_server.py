@@ -35,6 +35,7 @@ from raymodel.serve._traffic import (
     MODEL_HEADER,
     REPLICA_HEADER,
     VersionStats,
+    check_split,
     compare,
     pick,
     point,
@@ -83,8 +84,9 @@ class RouteServer(ModelServer):
         threading.Thread(target=self._report, name="raymodel-report", daemon=True).start()
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        """A new split (and the rollout it belongs to) from Serve's ``user_config``: no restart."""
-        shares = list(config["split"].items())
+        """A new split (and the rollout it belongs to) from Serve's ``user_config``: no restart. Checked
+        here too: a Serve config file's ``user_config`` reaches the replica unchecked by raymodel."""
+        shares = list(check_split(config["split"]).items())
         await asyncio.get_running_loop().run_in_executor(None, self._apply, shares)
         self.rollout = config.get("rollout")
         logger.info("split now %s%s", shares, f" (rollout {self.rollout})" if self.rollout else "")

@@ -132,6 +132,15 @@ class ServeSettings(SettingsBase):
         return problems
 
 
+#: Settings of where a route is reached and what it is called, not of its replicas.
+ADDRESS_FIELDS = ("host", "port", "name")
+
+
+def replica_settings(s: ServeSettings) -> dict[str, Any]:
+    """``s`` less ``ADDRESS_FIELDS``: what a route's replicas are made of (a deployment's version)."""
+    return {field.name: getattr(s, field.name) for field in dataclasses.fields(s) if field.name not in ADDRESS_FIELDS}
+
+
 def replica_options(s: ServeSettings) -> dict[str, Any]:
     """The Serve deployment options of a route's model replicas: how many (or autoscaling), their
     resources, concurrency and access log."""
