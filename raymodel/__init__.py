@@ -33,7 +33,7 @@ from raymodel.model import RayModel
 from raymodel.train import Trainable, TrainResult, TrainSettings
 
 if TYPE_CHECKING:  # the names `__getattr__` gives on first use, as a type checker sees them
-    from raymodel import callbacks as callbacks, registry as registry, serve as serve, tune as tune
+    from raymodel import callbacks as callbacks, k8s as k8s, registry as registry, serve as serve, tune as tune
     from raymodel.backends.lightgbm import RayLightGBMModel as RayLightGBMModel
     from raymodel.backends.lightning import RayLightningModel as RayLightningModel
     from raymodel.backends.rllib import RayRLlibModel as RayRLlibModel
@@ -73,6 +73,7 @@ _LAZY = {
     "serve": ("raymodel.serve", None),
     "registry": ("raymodel.registry", None),
     "callbacks": ("raymodel.callbacks", None),
+    "k8s": ("raymodel.k8s", None),
     "Job": ("raymodel.jobs", "Job"),
     "predict_batch": ("raymodel.predict", "predict_batch"),
     "Predictions": ("raymodel.predict", "Predictions"),
@@ -145,6 +146,7 @@ __all__ = [
     "predict_batch",
     "Predictions",
     "callbacks",
+    "k8s",
     "dashboard",
     "data",
     "exceptions",

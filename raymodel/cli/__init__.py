@@ -2,7 +2,8 @@
 (``serve KEY@ALIAS --route /digits``), batch scoring (``predict KEY@ALIAS --input
 data.parquet --output scores/``), the training server (``server start|stop|status``)
 its jobs (``jobs list|show|logs|stop|wait``), jobs by reference (``train|tune KEY@ALIAS
---data pkg.module:OBJECT --register KEY@ALIAS``) and the web ``dashboard`` from a shell.
+--data pkg.module:OBJECT --register KEY@ALIAS``), the web ``dashboard``, and KubeRay's resources of
+them (``k8s cluster|job|service``, docs/kubernetes.md) from a shell.
 ``raymodel --address http://HEAD:8265 COMMAND`` runs any of them from a machine that is not a node
 of the cluster (docs/storage.md, "From a laptop").
 
@@ -22,7 +23,7 @@ import sys
 from typing import Any, Sequence
 
 from raymodel._internal import remote
-from raymodel.cli import _jobs, _models, _release, _serving, _train_tune
+from raymodel.cli import _jobs, _k8s, _models, _release, _serving, _train_tune
 from raymodel.exceptions import RayModelError
 
 
@@ -105,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     _jobs.add_commands(sub)
     _train_tune.add_commands(sub)
     _release.add_commands(sub)
+    _k8s.add_commands(sub)
     dash = sub.add_parser(
         "dashboard",
         help="the web dashboard: jobs and their curves, trials, models, routes, "

@@ -70,6 +70,15 @@ def add_commands(sub: Any) -> None:
         help=f"return once the warm pools are ready to take a job (at most {WARM_WAIT_S:g} s), not as soon as "
         "the server answers",
     )
+    start.add_argument(
+        "--attach",
+        action="store_true",
+        help="Ray runs on this node already (a KubeRay head, `ray start --head`): wait for it (RAY_ADDRESS, else "
+        "this node's), start the training server there with --warm and --pool-idle-s, and return",
+    )
+    start.add_argument(
+        "--attach-wait-s", type=float, default=300.0, help="how long --attach waits for Ray to answer (default 300)"
+    )
     start.set_defaults(handler=_server_start)
     stop = srv_sub.add_parser(
         "stop",
@@ -161,6 +170,8 @@ def _on_the_head(command: str) -> None:
 
 def _server_start(args: argparse.Namespace) -> None:
     _on_the_head("start")
+    if args.attach:
+        return _attach_server(args)
     already = joinable_server()  # a head that cannot take work: an error that says to stop it first
     if already:
         print(f"a raymodel server is already running at {already['address']}")
@@ -234,6 +245,35 @@ def _server_start(args: argparse.Namespace) -> None:
             return
         print(f"warming pools: {shown_warm(warm)} ...", flush=True)
         print(f"warm pools ready: {shown_warm(warm)} ({jobs.wait_warm(warm, WARM_WAIT_S):.1f} s)")
+
+
+def _attach_server(args: argparse.Namespace) -> None:
+    """The training server on a head whose Ray another process started (KubeRay's ``ray start --head``,
+    this container's ``postStart`` hook runs this): once Ray answers, the server is started there (a
+    detached actor: it outlives this process), its warm pools in the background."""
+    import ray
+
+    warm = parse_warm(args.warm, _cpus(args))  # a bad value fails before any wait
+    address = os.environ.get("RAY_ADDRESS") or "auto"
+    deadline = time.monotonic() + args.attach_wait_s
+    while True:
+        try:
+            init(address=address, pool_idle_s=args.pool_idle_s, warm=warm)
+            break
+        except ConnectionError as exc:  # Ray's head is still starting
+            ray.shutdown()
+            if time.monotonic() > deadline:
+                raise RayModelError(
+                    f"`--attach`: no Ray answered at {address} within {args.attach_wait_s:g} s ({exc}). Start Ray "
+                    "first (`ray start --head`), or set RAY_ADDRESS to the head's GCS address."
+                ) from None
+            time.sleep(2.0)
+    ray.get(jobs.server().list.remote())  # started and answering
+    where = ray.get_runtime_context().gcs_address
+    print(
+        f"raymodel training server running on the Ray cluster at {where}"
+        + (f"; warming {shown_warm(warm)}" if warm else "")
+    )
 
 
 def _server_stop(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ that does not match ``output_schema``, with a ``request_id``; the replica keeps
 serving).
 """
 
-from raymodel.serve._config import config, route_application
+from raymodel.serve._config import config, config_yaml, route_application
 from raymodel.serve._driver import Servable, ServedModel, rollout, rollouts
 from raymodel.serve._restore import restore
 from raymodel.serve._rollout import Guard, Rollout, check_steps
@@ -27,6 +27,7 @@ __all__ = [
     "ServedModel",
     "check_steps",
     "config",
+    "config_yaml",
     "rollout",
     "rollouts",
     "served_spec",

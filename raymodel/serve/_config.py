@@ -130,7 +130,7 @@ def _even(refs: Any) -> dict[str, float]:
     return {ref: 1.0 / len(refs) for ref in refs}
 
 
-def to_yaml(document: Mapping[str, Any]) -> str:
+def config_yaml(document: Mapping[str, Any]) -> str:
     """``document`` as YAML, in the order it was made."""
     import yaml
 
@@ -163,8 +163,6 @@ def _environment_variable(value: Any) -> str | None:
 
 
 def _write(path: Path, document: Mapping[str, Any]) -> None:
-    text = to_yaml(document)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.{os.getpid()}")
-    staged.write_text(text, encoding="utf-8")
-    os.replace(staged, path)
+    from raymodel._internal import storage
+
+    storage.write_text(str(path), config_yaml(document))
