@@ -254,6 +254,9 @@ def test_adapters_on_one_base_answer_by_model_the_least_recently_used_goes_and_a
             ask("bard:9")
     finally:
         served.shutdown()
+    # The same route as Ray Serve's config file, deployed by Ray's `serve deploy`, behind a key: it answers
+    # each version as the route above did.
+    config_route(settings, question, texts)
     # a route of the production adapter, rolled out to the candidate under a guard
     served = rm.Servable("bard@production", "/v1-bard", settings={"api": "openai"}).deploy()
     stop = threading.Event()
@@ -291,6 +294,50 @@ def test_adapters_on_one_base_answer_by_model_the_least_recently_used_goes_and_a
         assert after.choices[0].text == texts[1]
     finally:
         served.shutdown()
+
+
+def config_route(settings: rm.ServeSettings, question: str, texts: list[str]) -> None:
+    """``bard@*`` with ``settings`` and a key, written by ``rm.serve.config`` and deployed by ``serve deploy``."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import ray
+    from ray import serve
+
+    proxy = rm.ServeSettings()  # the session's Serve, running already: its HTTP options
+    given = {"api": "openai", "max_models_per_replica": settings.max_models_per_replica, "api_keys": [KEY]}
+    path = Path(tempfile.mkdtemp()) / "bard.yaml"
+    document = rm.serve.config(
+        "bard@*", "/v1-bard-config", settings={**given, "host": proxy.host, "port": proxy.port}, path=path
+    )
+    assert KEY not in path.read_text()
+    dashboard = "http://" + ray._private.worker.global_worker.node.address_info["webui_url"]
+    command = [str(Path(sys.executable).parent / "serve"), "deploy", str(path), "--address", dashboard]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    url = f"http://{proxy.host}:{proxy.port}/v1-bard-config"
+    try:
+        client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+
+        def listed() -> set[str] | None:
+            try:
+                return {m.id for m in client.models.list()}
+            except openai.APIError:
+                return None
+
+        deadline = time.monotonic() + 180
+        while not listed() and time.monotonic() < deadline:
+            time.sleep(1.0)
+        assert {"bard:1", "bard:2", "bard@production", "bard@candidate"} <= (listed() or set())
+        for model, text in (("bard:1", texts[0]), ("bard@candidate", texts[1]), ("bard:3", texts[2])):
+            done = client.completions.create(model=model, prompt=question, max_tokens=16, temperature=0)
+            assert done.choices[0].text == text, model
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="sk-wrong", max_retries=0).models.list()
+    finally:
+        serve.delete(document["applications"][0]["name"])
 
 
 def test_a_multiplexed_routes_router_asks_for_the_key_before_anything_else(tmp_path):
