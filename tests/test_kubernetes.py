@@ -48,7 +48,7 @@ def _printed(capsys, argv: list[str]) -> dict:
     return manifest
 
 
-def test_a_rayclusters_head_runs_the_training_server_with_token_auth_and_its_workers_scale(capsys):
+def test_a_rayclusters_head_runs_the_training_server_with_token_auth_and_its_workers_scale(capsys, tmp_path):
     argv = ["k8s", "cluster", "--name", "digits", "--image", "me/raymodel:1", "--storage", "s3://bucket/rm",
             "--workers", "2", "--min-workers", "1", "--max-workers", "6", "--worker-cpus", "4", "--worker-gpus", "1",
             "--worker-memory", "16Gi", "--warm", "torch:2", "--storage-secret", "s3-keys", "--redis", "redis:6379",
@@ -80,10 +80,11 @@ def test_a_rayclusters_head_runs_the_training_server_with_token_auth_and_its_wor
     assert worker["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 1}
     assert "lifecycle" not in worker and worker["envFrom"] == head["envFrom"]
     # -o FILE: the manifest there, standard output empty
-    assert cli_main([*argv, "-o", "/tmp/rm-k8s-test/cluster.yaml"]) == 0
+    written = tmp_path / "manifests" / "cluster.yaml"
+    assert cli_main([*argv, "-o", str(written)]) == 0
     out = capsys.readouterr()
-    assert out.out == "" and "wrote /tmp/rm-k8s-test/cluster.yaml" in out.err
-    assert yaml.safe_load(Path("/tmp/rm-k8s-test/cluster.yaml").read_text()) == manifest
+    assert out.out == "" and f"wrote {written}" in out.err
+    assert yaml.safe_load(written.read_text()) == manifest
 
 
 def test_a_rayjob_runs_the_raymodel_command_on_a_cluster_of_its_own_or_a_named_one(capsys):

@@ -17,12 +17,6 @@ API_VERSION = "ray.io/v1"
 KEYS_VARIABLE = "RAYMODEL_API_KEYS"
 #: The ports of a head: Ray's GCS, the dashboard (Ray's Jobs API: clients off the cluster), Serve's HTTP.
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("serve", 8000))
-#: Ray's settings that ``raymodel server start`` gives a head, as its container's environment.
-RAY_ENV = (
-    ("RAY_USAGE_STATS_ENABLED", "0"),
-    ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2"),
-    ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0"),
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,8 +274,14 @@ def _resource(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _env(shape: ClusterShape) -> list[dict[str, Any]]:
+    """Every Ray container's environment: the storage, Ray's settings that ``raymodel server start`` gives
+    a head (``cluster.ray_defaults``), no usage reports, and a route's keys from their Secret."""
+    from raymodel._internal import cluster
+
+    ray_env: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0"}
+    cluster.ray_defaults(ray_env)
     env: list[dict[str, Any]] = [{"name": "RAYMODEL_HOME", "value": shape.storage}]
-    env += [{"name": name, "value": value} for name, value in RAY_ENV]
+    env += [{"name": name, "value": value} for name, value in ray_env.items()]
     if shape.keys_secret:
         env.append({"name": KEYS_VARIABLE, "valueFrom": {"secretKeyRef": {"name": shape.keys_secret, "key": "keys"}}})
     return env
