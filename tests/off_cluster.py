@@ -154,7 +154,7 @@ def cluster_python(folder: Path) -> Path:
 
 
 def client(network: Network, head: Head, scratch: Path, scenarios: list[str], env: dict[str, str] | None = None,
-           timeout: float = 900) -> list[dict[str, Any]]:  # fmt: skip
+           timeout: float = 1500) -> list[dict[str, Any]]:  # fmt: skip
     """Run the client script in the namespace; its RESULT lines' JSON (it must succeed)."""
     laptop, extra = scratch / "laptop", scratch / "laptop_env"
     if not laptop.exists():

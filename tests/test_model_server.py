@@ -442,7 +442,13 @@ def test_rays_serve_deploy_of_a_routes_config_answers_as_the_route_does_and_a_ne
         until(lambda: _answers(url + "/info"), timeout=180)
         body = {"pixels": X[:2].tolist()}
         keys = [(body, {"x-raymodel-key": f"user-{i}"}) for i in range(1000)]
-        answers, theirs = _many(url, keys), _many(split.url, keys)
+        before = requests.get(split.url + "/info", timeout=30).json()["split"]  # as earlier tests left it
+        split.set_split(weights)  # the same route made by Servable, with this file's weights
+        try:
+            theirs = _many(split.url, keys)
+        finally:
+            split.set_split(before)
+        answers = _many(url, keys)
         assert {a.status_code for a in answers} == {200}
         named = [a.headers["x-raymodel-model"] for a in answers]
         assert named == [a.headers["x-raymodel-model"] for a in theirs]  # each key, the same version

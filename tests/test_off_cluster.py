@@ -32,7 +32,7 @@ def _off_cluster(scratch: Path) -> dict[str, dict]:
             "run `make test` as root on a machine with iproute2 (CI does)."
         )
     scenarios = ["errors", "train", "job", "tune", "release", "routes", "serve", "cli", "needs"]
-    return {row["scenario"]: row for row in run_script("off_cluster.py", scenarios, {}, timeout=1200)}
+    return {row["scenario"]: row for row in run_script("off_cluster.py", scenarios, {}, timeout=1700)}
 
 
 @pytest.mark.integration
