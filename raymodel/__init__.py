@@ -30,7 +30,7 @@ from raymodel.hooks import Callback, RunContext
 # The training server's client: importing it provides the drivers' `TrainingServer` port (raymodel.contract).
 from raymodel.jobs import init
 from raymodel.model import RayModel
-from raymodel.train import Trainable, TrainResult, TrainSettings
+from raymodel.train import DPO, GRPO, Trainable, TrainResult, TrainSettings
 
 if TYPE_CHECKING:  # the names `__getattr__` gives on first use, as a type checker sees them
     from raymodel import callbacks as callbacks, k8s as k8s, registry as registry, serve as serve, tune as tune
@@ -138,6 +138,8 @@ __all__ = [
     "ReleaseResult",
     "ModelRef",
     "LoRA",
+    "GRPO",
+    "DPO",
     "tune",
     "serve",
     "registry",

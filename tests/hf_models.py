@@ -197,3 +197,68 @@ def taught(model, pairs=PAIRS, steps: int = 60, lr: float = 3e-2):
         optimizer.zero_grad()
     model.model.eval()
     return model
+
+
+def _sums(n: int, start: int = 0) -> list[tuple[int, int]]:
+    import random
+
+    pairs = [(a, b) for a in range(10, 50) for b in range(10, 50)]
+    random.Random(0).shuffle(pairs)
+    return pairs[start : start + n]
+
+
+def make_sums_tokenizer():
+    """A byte-level BPE tokenizer trained in code on two-digit sums written with an arrow (``12+34→46``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([f"{a}+{b}→{a + b}" for a, b in _sums(400)], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=32
+    )
+
+
+def sum_prompts(n: int, start: int = 0) -> dict[str, list[str]]:
+    """``prompt`` (``12+34→``) and ``answer`` columns of ``n`` sums."""
+    pairs = _sums(n, start)
+    return {"prompt": [f"{a}+{b}→" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]}
+
+
+class Sevens(rm.RayTransformersModel):
+    """A random two-layer GPT-2 over the sums' byte-level BPE, a LoRA adapter on it, rewarded for the share
+    of sevens in its completions: a reward no supervised data teaches, which GRPO alone moves."""
+
+    lora = rm.LoRA(r=8, alpha=16, target_modules=("c_attn", "c_fc"))
+    default_config = {"lr": 2e-2, "seed": 0}
+
+    def setup(self, config):
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        self.tokenizer = make_sums_tokenizer()
+        torch.manual_seed(config["seed"])
+        eos = self.tokenizer.eos_token_id
+        self.model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=len(self.tokenizer),
+                n_positions=32,
+                n_embd=64,
+                n_layer=2,
+                n_head=2,
+                bos_token_id=eos,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )
+        )
+
+    def reward(self, prompts, completions, answer, **columns):
+        return [sum(ch == "7" for ch in c) / max(len(c), 1) for c in completions]

@@ -90,6 +90,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     on_ray_train: ClassVar[bool] = True
     #: ``(metric, mode)`` that ``tune`` optimizes without ``TuneSettings.metric`` (``None``: val_loss/loss, min).
     default_metric: ClassVar[tuple[str, str] | None] = None
+    #: ``TrainSettings.method`` kinds it trains with besides supervised (``"grpo"``, ``"dpo"``: transformers').
+    methods: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------- checking
     def import_framework(self) -> None:
@@ -117,6 +119,11 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
                 f"`{type(model).__name__}` must define {names} to be trained with the "
                 f"{self.name} backend. See the table 'What a subclass writes' in the docs' backends page."
             )
+
+    def prepare_method_data(self, model: Model, data: Any, method: Any) -> Any:
+        """``data`` as a ``DataSpec`` for a run of ``method`` (one of ``methods``), checked against the model
+        (its rewards, the columns they take) before any Ray resource is taken."""
+        raise NotImplementedError("The 'prepare_method_data' method must be implemented.")
 
     # ------------------------------------------------------------- training
     def run_needs(self, settings: Any) -> dict[str, float]:

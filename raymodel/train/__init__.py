@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from raymodel.train._driver import Trainable, initial_state, prepare
+from raymodel.train._methods import DPO, GRPO
 from raymodel.train._progress import HubRows, ProgressPrinter, format_metrics, is_terminal
 from raymodel.train._result import TrainResult
 from raymodel.train._session import LocalSession
@@ -18,6 +19,8 @@ from raymodel.train._settings import TrainSettings, worker_resources
 from raymodel.train._worker_run import WorkerRun
 
 __all__ = [
+    "DPO",
+    "GRPO",
     "Trainable",
     "TrainSettings",
     "TrainResult",

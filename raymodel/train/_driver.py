@@ -37,6 +37,12 @@ def prepare(model: Model, settings: Any, data: Any) -> tuple[TrainSettings, Any]
             f"`strategy={settings.strategy!r}`: the {backend.name} backend does not shard models; "
             f"`strategy='fsdp'` works with the torch and lightning backends. Leave `strategy` at 'ddp'."
         )
+    if settings.method is not None and settings.method.kind not in backend.methods:
+        raise SettingsError(
+            f"`method={type(settings.method).__name__}(...)` post-trains a language model: a "
+            f"`RayTransformersModel` (a causal LM, with `lora` or not); `{type(model).__name__}` is a "
+            f"{backend.name} model. Leave `method` out."
+        )
     backend.import_framework()
     backend.validate_model(model)
     if not backend.needs_data:
@@ -46,7 +52,10 @@ def prepare(model: Model, settings: Any, data: Any) -> tuple[TrainSettings, Any]
             )
         return settings, DataSpec()
     with backend.seeded(settings.seed):  # a model set up here starts from the same weights for a seed
-        spec = resolve(backend.prepare_data(model, data))
+        if settings.method is not None:
+            spec = resolve(backend.prepare_method_data(model, data, settings.method))
+        else:
+            spec = resolve(backend.prepare_data(model, data))
     backend.validate_data(spec)
     _check_finite(spec, settings.nonfinite)
     return settings, spec

@@ -18,6 +18,7 @@ from raymodel._internal.settings import (
     settings_class,
 )
 from raymodel.contract import worker_resources  # noqa: F401 - re-exported: what one worker holds
+from raymodel.train._methods import check_method
 
 #: The training step's float precision (Lightning's names).
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
@@ -35,7 +36,7 @@ class TrainSettings(SettingsBase):
     keyword of its own (``TrainSettings(num_workers=2, priority=5)``):
 
     - **run**, what is trained and where its files go: ``num_epochs``, ``batch_size``,
-      ``shuffle``, ``seed``, ``name``, ``storage_path``;
+      ``shuffle``, ``seed``, ``name``, ``storage_path``, ``method``;
     - **placement**, the workers and how a model is spread over them: ``num_workers``,
       ``use_gpu``, ``resources_per_worker``, ``strategy``, ``reshard_after_forward``,
       ``elastic_resize_s``, ``elastic_wait_s``;
@@ -58,6 +59,8 @@ class TrainSettings(SettingsBase):
             resumes from that run's newest complete checkpoint (Ray Train's behaviour).
         storage_path: Where runs are written; default ``$RAYMODEL_HOME/runs``.
             Any ``pyarrow.fs`` URI works (``s3://bucket/runs``).
+        method: How a language model is trained: ``None`` (supervised), ``rm.GRPO(...)`` (with the
+            class's rewards) or ``rm.DPO(...)`` (with preference pairs); a ``RayTransformersModel``'s.
         num_workers: Ray Train workers (one model replica each, DDP for torch).
             ``0`` runs the loop in this process (Ray Train's local mode), for debugging.
             ``(min, max)`` is an elastic run (Ray Train V2's elastic ``ScalingConfig``;
@@ -120,7 +123,7 @@ class TrainSettings(SettingsBase):
     """
 
     GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
-        "run": ("num_epochs", "batch_size", "shuffle", "seed", "name", "storage_path"),
+        "run": ("num_epochs", "batch_size", "shuffle", "seed", "name", "storage_path", "method"),
         "placement": (
             "num_workers",
             "use_gpu",
@@ -143,6 +146,7 @@ class TrainSettings(SettingsBase):
     seed: int = 0
     name: str | None = None
     storage_path: str | None = None
+    method: Any = None
     # placement: the workers and how a model is spread over them
     num_workers: int | tuple[int, int] = 1
     use_gpu: bool = False
@@ -219,6 +223,7 @@ class TrainSettings(SettingsBase):
             check_int("seed", self.seed, minimum=0, maximum=MAX_SEED),
             check_name("name", self.name),
             check_type("storage_path", self.storage_path, (str,), "a path or URI string", allow_none=True),
+            check_method(self.method),
             check_type("verbose", self.verbose, (bool,), "True or False"),
             check_type("progress", self.progress, (bool,), "True or False"),
             check_type("pool", self.pool, (bool,), "True or False"),
@@ -231,6 +236,16 @@ class TrainSettings(SettingsBase):
             check_number("grad_clip_norm", self.grad_clip_norm, minimum=0, exclusive_min=True, allow_none=True),
             check_number("grad_clip_value", self.grad_clip_value, minimum=0, exclusive_min=True, allow_none=True),
         )
+        method = self.method
+        if getattr(method, "kind", None) == "grpo" and not problems:
+            step = self.batch_size * max(self.max_workers, 1)
+            if step % method.num_generations:
+                problems.append(
+                    f"GRPO completes each prompt `num_generations={method.num_generations}` times, and a step's "
+                    f"completions (`batch_size={self.batch_size}` per worker x {max(self.max_workers, 1)} "
+                    f"worker(s) = {step}) must hold whole groups: make them divisible (e.g. `batch_size="
+                    f"{method.num_generations}`)."
+                )
         if self.grad_clip_norm is not None and self.grad_clip_value is not None:
             problems.append("Set one of `grad_clip_norm` and `grad_clip_value`, not both.")
         if self.precision == "16-mixed" and self.use_gpu is False:

@@ -59,6 +59,7 @@ class TransformersBackend(TorchBackend):
     state_keys = ("transformers", "modules")
     strategies = ("ddp",)
     elastic = False
+    methods = ("grpo", "dpo")  # TRL's GRPOTrainer and DPOTrainer (_post.py)
     checks_first_layer = False  # token ids reach an embedding; a shape error inside is not the request's
 
     def worker_loop(self, run: Any) -> Any:
@@ -91,6 +92,15 @@ class TransformersBackend(TorchBackend):
         from raymodel.backends.transformers._data import prepare
 
         return prepare(model, data)
+
+    def prepare_method_data(self, model: Model, data: Any, method: Any) -> Any:
+        from raymodel.data import DataSpec
+
+        if isinstance(data, DataSpec):  # prepared already (a job's runner is handed the driver's)
+            return data
+        from raymodel.backends.transformers import _post
+
+        return _post.prepare(model, data, method)
 
     def input_signature(self, model: Model, spec: Any) -> dict[str, Any] | None:
         return None  # text in: what a request must hold is checked by `preprocess`

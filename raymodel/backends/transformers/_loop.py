@@ -23,7 +23,7 @@ import transformers
 from raymodel._internal import tmp
 from raymodel.backends._torch.loop import TorchLoop
 from raymodel.backends._torch.optim import set_hyperparameters
-from raymodel.backends.transformers import _lora
+from raymodel.backends.transformers import _lora, _post
 from raymodel.backends.transformers._data import task_of
 from raymodel.data import TorchDataset
 from raymodel.exceptions import ModelDefinitionError
@@ -127,7 +127,14 @@ class TrainerLoop(TorchLoop):
             self.resume = shared
 
     async def score(self) -> dict[str, float]:
-        """The ``Trainer``'s ``evaluate`` over the validation split (its ``compute_metrics`` too)."""
+        """The ``Trainer``'s ``evaluate`` over the validation split (its ``compute_metrics`` too); a GRPO
+        run's: the mean reward of greedy completions (``val_reward``)."""
+        method = self.run.settings.method
+        if method is not None and method.kind == "grpo":
+            return await asyncio.to_thread(_post.val_reward, self)
+        if method is not None:
+            self.trainer = self.trainer or self._trainer(1, _TrainerPhases(self.run, self, 1))
+            return _post.renamed(_figures(await asyncio.to_thread(self.trainer.evaluate)))
         trainer = transformers.Trainer(
             model=self.model.model,
             args=self.arguments(1, validate=True),
@@ -166,6 +173,13 @@ class TrainerLoop(TorchLoop):
         run, model = self.run, self.model
         train = _dataset(run.splits["train"])
         valid = _dataset(run.splits["valid"]) if self.has_validation else None
+        if run.settings.method is not None:  # TRL's trainer (rewards, preferences)
+            trainer = _post.trainer(self, self.arguments(last, validate=valid is not None), train, valid, [bridge])
+            if run.session.in_worker_group:
+                from ray.train.huggingface.transformers import prepare_trainer
+
+                trainer = prepare_trainer(trainer)
+            return trainer
         trainer = transformers.Trainer(
             model=model.model,
             args=self.arguments(last, validate=valid is not None),
@@ -281,6 +295,7 @@ class _TrainerPhases(transformers.TrainerCallback):
         self.run, self.loop = run, loop
         self.epoch = first - 1
         self.loss: float | None = None
+        self.figures: dict[str, float] = {}
         self.metrics: dict[str, Any] = {}
         self.step = 0
         self.stopped = False  # the run's stop vote (or job.stop) ended it
@@ -298,7 +313,7 @@ class _TrainerPhases(transformers.TrainerCallback):
                 f"the Trainer begins its epoch {done + 1} where raymodel's run is at epoch {self.epoch}: its "
                 "checkpoint and the run's disagree (were `num_train_epochs` or the data changed by `training_args`?)"
             )
-        self.loss, self.metrics, self.step = None, {}, 0
+        self.loss, self.figures, self.metrics, self.step = None, {}, {}, 0
         self.run.sync(self.run.begin_epoch(self.epoch))
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -318,14 +333,20 @@ class _TrainerPhases(transformers.TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs and "loss" in logs:
             self.loss = float(logs["loss"])
+            self.figures = _post.figures(logs)  # TRL's (rewards, KL, lengths), the epoch's means
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **_: Any) -> None:
         self.metrics = dict(metrics or {})
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         metrics: dict[str, Any] = {} if self.loss is None else {"loss": self.loss}
+        metrics.update(self.figures)
+        method = self.run.settings.method
+        if self.loop.has_validation and method is not None and method.kind == "grpo":
+            self.metrics = _post.val_reward(self.loop)  # greedy completions of the held-out prompts
         if self.loop.has_validation:
-            metrics.update(self.run.sync(self.run.end_validation(_figures(self.metrics))))
+            figures = _figures(self.metrics) if method is None else _post.renamed(_figures(self.metrics))
+            metrics.update(self.run.sync(self.run.end_validation(figures)))
         self.stopped = self.run.sync(self.run.end_epoch(self.epoch, metrics))
         if self.stopped or self.epoch >= self.run.num_epochs:
             control.should_training_stop = True
