@@ -182,6 +182,17 @@ def test_what_would_make_a_manifest_kuberay_refuses_is_refused_naming_the_rule(c
     assert out.out == "" and says in out.err, out.err
 
 
+def test_the_storage_is_this_processs_raymodel_home_where_that_is_a_uri(capsys, store, monkeypatch):
+    monkeypatch.setenv("RAYMODEL_HOME", store.uri("home"))
+    manifest = _printed(capsys, ["k8s", "service", "/digits", "digits@production", "--image", "img"])
+    assert yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["args"]["registry"] == store.uri(
+        "home/registry"
+    )
+    monkeypatch.setenv("RAYMODEL_HOME", "/home/me/.raymodel")
+    assert cli_main(["k8s", "cluster", "--name", "d", "--image", "img"]) == 1
+    assert "must be a URI that every pod" in capsys.readouterr().err
+
+
 def test_keys_are_never_in_a_rayservice(store):
     shape = k8s.ClusterShape(image="img", storage=store.uri("home"))
     with pytest.raises(SettingsError, match="never holds a key"):

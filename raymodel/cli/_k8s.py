@@ -4,6 +4,7 @@ nothing else there; what they say besides goes to standard error."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -93,7 +94,11 @@ def add_commands(sub: Any) -> None:
 def _cluster_options(cmd: Any, warm: str, required: bool = True) -> None:
     need = " (required unless --cluster)" if not required else ""
     cmd.add_argument("--image", required=required, help=f"the pods' image, with Ray and raymodel{need}")
-    cmd.add_argument("--storage", required=required, metavar="URI", help=f"RAYMODEL_HOME: s3://bucket/raymodel{need}")
+    cmd.add_argument(
+        "--storage",
+        metavar="URI",
+        help="the cluster's RAYMODEL_HOME, s3://bucket/raymodel (default: this RAYMODEL_HOME)",
+    )
     cmd.add_argument("--workers", type=int, default=1, help="worker pods at the start (default 1)")
     cmd.add_argument("--min-workers", type=int, help="the autoscaler's least (default: --workers)")
     cmd.add_argument("--max-workers", type=int, help="the autoscaler's most (default: --workers)")
@@ -114,7 +119,7 @@ def _shape(args: argparse.Namespace) -> Any:
 
     return ClusterShape(
         image=args.image,
-        storage=args.storage,
+        storage=args.storage or os.environ.get("RAYMODEL_HOME"),
         workers=args.workers,
         min_workers=args.min_workers,
         max_workers=args.max_workers,

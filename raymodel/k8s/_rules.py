@@ -65,6 +65,11 @@ def check_gpus(value: Any) -> int:
 def check_storage(value: Any, label: str = "--storage") -> str:
     """The cluster's storage (or registry): a URI every pod reaches (an object store), never a folder of
     this machine."""
+    if value is None:
+        raise SettingsError(
+            f"`{label}` is required: the URI of the cluster's storage, which every pod reaches "
+            "(s3://bucket/raymodel); without it, RAYMODEL_HOME is used where it is such a URI."
+        )
     if not isinstance(value, str) or "://" not in value or value.startswith("file://"):
         raise SettingsError(
             f"`{label}` must be a URI that every pod of the cluster reaches, like s3://bucket/raymodel "
