@@ -115,11 +115,11 @@ def _cluster_options(cmd: Any, warm: str, required: bool = True) -> None:
 
 
 def _shape(args: argparse.Namespace) -> Any:
-    from raymodel.k8s import ClusterShape
+    from raymodel.k8s import ClusterShape, check_storage
 
     return ClusterShape(
         image=args.image,
-        storage=args.storage or os.environ.get("RAYMODEL_HOME"),
+        storage=check_storage(args.storage or os.environ.get("RAYMODEL_HOME")),
         workers=args.workers,
         min_workers=args.min_workers,
         max_workers=args.max_workers,

@@ -5,11 +5,12 @@ that would break one is refused, naming the rule); ``to_yaml`` writes them for `
 ``raymodel k8s cluster|job|service`` print them (docs/kubernetes.md)."""
 
 from raymodel.k8s._manifests import ClusterShape, cluster, cluster_spec, job, server_command, service, to_yaml
-from raymodel.k8s._rules import check_job_cluster
+from raymodel.k8s._rules import check_job_cluster, check_storage
 
 __all__ = [
     "ClusterShape",
     "check_job_cluster",
+    "check_storage",
     "cluster",
     "cluster_spec",
     "job",
