@@ -9,6 +9,9 @@ import raymodel as rm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
+import cloudpickle
+import llm_grpo
+from llm_grpo import bpe_tokenizer, gpt2, prompts_data, sums, sums_tokenizer
 from transformers_sentiment import (
     VOCAB,
     Sentiment,
@@ -18,6 +21,9 @@ from transformers_sentiment import (
     sentiment_rows,
     story_rows,
 )
+
+#: The example's builders travel with the classes that call them (a worker has no `examples/` on its path).
+cloudpickle.register_pickle_by_value(llm_grpo)
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -54,22 +60,7 @@ POEMS = [
 
 def make_bpe_tokenizer(vocab_size: int = 272):
     """A byte-level BPE tokenizer (GPT-2's kind) trained in code on ``POEMS``: nothing is downloaded."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(POEMS * 4, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=64
-    )
+    return bpe_tokenizer(POEMS * 4, vocab_size, max_length=64)
 
 
 class Poet(rm.RayTransformersModel):
@@ -78,24 +69,8 @@ class Poet(rm.RayTransformersModel):
     default_config = {"lr": 3e-3, "seed": 3}
 
     def setup(self, config):
-        import torch
-        from transformers import GPT2Config, GPT2LMHeadModel
-
         self.tokenizer = make_bpe_tokenizer()
-        torch.manual_seed(config["seed"])
-        eos = self.tokenizer.eos_token_id
-        self.model = GPT2LMHeadModel(
-            GPT2Config(
-                vocab_size=len(self.tokenizer),
-                n_positions=64,
-                n_embd=32,
-                n_layer=2,
-                n_head=2,
-                bos_token_id=eos,
-                eos_token_id=eos,
-                pad_token_id=eos,
-            )
-        )
+        self.model = gpt2(self.tokenizer, seed=config["seed"], n_positions=64, n_embd=32, n_head=2)
 
     def tokenize(self, batch):
         return self.tokenizer(batch["text"], truncation=True, max_length=32)
@@ -199,38 +174,9 @@ def taught(model, pairs=PAIRS, steps: int = 60, lr: float = 3e-2):
     return model
 
 
-def _sums(n: int, start: int = 0) -> list[tuple[int, int]]:
-    import random
-
-    pairs = [(a, b) for a in range(10, 50) for b in range(10, 50)]
-    random.Random(0).shuffle(pairs)
-    return pairs[start : start + n]
-
-
-def make_sums_tokenizer():
-    """A byte-level BPE tokenizer trained in code on two-digit sums written with an arrow (``12+34→46``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([f"{a}+{b}→{a + b}" for a, b in _sums(400)], trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=32
-    )
-
-
 def sum_prompts(n: int, start: int = 0) -> dict[str, list[str]]:
     """``prompt`` (``12+34→``) and ``answer`` columns of ``n`` sums."""
-    pairs = _sums(n, start)
-    return {"prompt": [f"{a}+{b}→" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]}
+    return prompts_data(sums(n, start))
 
 
 class Sevens(rm.RayTransformersModel):
@@ -241,24 +187,8 @@ class Sevens(rm.RayTransformersModel):
     default_config = {"lr": 2e-2, "seed": 0}
 
     def setup(self, config):
-        import torch
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        self.tokenizer = make_sums_tokenizer()
-        torch.manual_seed(config["seed"])
-        eos = self.tokenizer.eos_token_id
-        self.model = GPT2LMHeadModel(
-            GPT2Config(
-                vocab_size=len(self.tokenizer),
-                n_positions=32,
-                n_embd=64,
-                n_layer=2,
-                n_head=2,
-                bos_token_id=eos,
-                eos_token_id=eos,
-                pad_token_id=eos,
-            )
-        )
+        self.tokenizer = sums_tokenizer()
+        self.model = gpt2(self.tokenizer, seed=config["seed"], n_head=2)
 
     def reward(self, prompts, completions, answer, **columns):
         return [sum(ch == "7" for ch in c) / max(len(c), 1) for c in completions]

@@ -43,6 +43,17 @@ class Worded(Sevens):
         return [0.5, "high"][: len(completions)]
 
 
+class Weighed(Sevens):
+    """Two rewards: the sevens, and a constant ``bonus`` (the same for every completion of a group, so it
+    moves nothing; the weighted sum shows in ``reward``)."""
+
+    def bonus(self, prompts, completions, **columns):
+        return [1.0] * len(completions)
+
+
+WEIGHED = rm.GRPO(num_generations=4, beta=0.04, max_completion_length=6, rewards={"reward": 1.0, "bonus": 0.5})
+
+
 @pytest.mark.parametrize(
     ("model", "settings", "data", "error", "says"),
     [
@@ -54,11 +65,25 @@ class Worded(Sevens):
          "`batch_size=3` per worker x 2 worker"),
         (Sevens(), {"method": rm.DPO()}, sum_prompts(8), DataError, "no `chosen`, `rejected` column"),
         (Sentiment(), G4, sum_prompts(8), ModelDefinitionError, "a causal language"),
+        (Sevens(), {"method": WEIGHED, "batch_size": 4}, sum_prompts(8), ModelDefinitionError,
+         "names `bonus`, which `Sevens` does not define"),
+        (NoReward(), {"method": rm.GRPO(rewards={"bonus": 1.0}), "batch_size": 8}, sum_prompts(8),
+         ModelDefinitionError, "names `bonus`"),
     ],
 )  # fmt: skip
 def test_what_cannot_post_train_is_refused_before_any_worker_starts(no_ray, model, settings, data, error, says):
     with pytest.raises(error, match=says):
         prepare(model, settings, data)
+
+
+@pytest.mark.parametrize(
+    ("rewards", "says"),
+    [({}, "names the class's reward methods"), ({"a b": 1.0}, "keys are the names"),
+     ({"bonus": "1"}, r"`rewards\['bonus'\]` is a weight"), ({"bonus": float("nan")}, "a finite number")],
+)  # fmt: skip
+def test_rewards_that_name_no_method_with_a_weight_are_refused(rewards, says):
+    with pytest.raises(SettingsError, match=says):
+        rm.GRPO(rewards=rewards)
 
 
 def test_a_method_is_refused_for_a_model_that_is_not_a_language_model(no_ray):
@@ -76,25 +101,41 @@ def test_without_trl_the_error_names_the_extra(no_ray, monkeypatch):
 
 # ------------------------------------------------------------------ on Ray
 @pytest.mark.integration
-def test_grpo_on_two_workers_moves_the_model_toward_its_reward_and_reports_trls_figures(ray_session):
-    """A reward no data teaches (sevens in the completions): on a pool of 2 workers GRPO raises the held-out
-    greedy reward from the untrained model's; each row holds TRL's figures and ``val_reward``."""
+def test_grpo_on_two_workers_moves_the_model_toward_its_rewards_with_their_weights(ray_session, registry):
+    """A reward no data teaches (sevens in the completions) and a constant one weighed 0.5: on a pool of 2
+    workers GRPO raises the held-out greedy share of sevens from the registered parent's. Each epoch's row
+    holds TRL's figures (the weighted ``reward``, each reward's own) and the held-out ``val_reward``; each
+    step's row is in ``result.steps()``; the version it registers names its parent and the base it fits."""
     valid = sum_prompts(16, 200)
-    model = Sevens()
-    model.ensure_setup()
+    parent = registry.put(Weighed(), "sevens")
+    model = registry.get(parent)
     before = sevens(model, valid["prompt"])
     result = model.train(
-        rm.TrainSettings(num_workers=2, num_epochs=3, batch_size=4, method=GRPO, seed=1, progress=False),
+        rm.TrainSettings(num_workers=2, num_epochs=3, batch_size=4, method=WEIGHED, seed=1, progress=False),
         data={"train": sum_prompts(16), "valid": valid},
     )
     rows = result.history
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     for row in rows:
-        for figure in ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "completion_length", "val_reward"):
+        for figure in ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "completion_length"):
             assert figure in row, (figure, row)
-    assert rows[-1]["val_reward"] >= 0.2 and rows[-1]["val_reward"] > before + 0.15, (before, rows)
-    after = sevens(model, valid["prompt"])  # the instance holds the trained adapter
-    assert after == pytest.approx(rows[-1]["val_reward"], abs=0.05), (after, rows[-1])
+        assert row["reward_bonus"] == 1.0 and row["reward"] == pytest.approx(row["reward_reward"] + 0.5, abs=1e-4)
+        assert row["val_reward"] == pytest.approx(row["val_reward_reward"] + 0.5, abs=1e-6), row
+    last = rows[-1]["val_reward_reward"]
+    assert last >= 0.2 and last > before + 0.15, (before, rows)
+    assert sevens(model, valid["prompt"]) == pytest.approx(last, abs=0.05)  # the instance holds the adapter
+
+    steps = result.steps()  # 16 prompts, 2 a step (8 completions over 2 workers, groups of 4): 8 an epoch
+    assert [s["step"] for s in steps] == list(range(1, 25))
+    assert [s["epoch"] for s in steps] == [1] * 8 + [2] * 8 + [3] * 8
+    for epoch, row in enumerate(rows, start=1):
+        mine = [s for s in steps if s["epoch"] == epoch]
+        assert row["reward"] == pytest.approx(sum(s["reward"] for s in mine) / 8, abs=1e-6)
+        assert all("kl" in s and "reward_bonus" in s for s in mine)
+
+    child = registry.show(registry.put(result, "sevens"))
+    assert child.lineage["parent"] == str(parent)
+    assert child.lineage["adapter_of"] == registry.show(parent).lineage["adapter_of"]  # served beside it
 
 
 @pytest.mark.integration

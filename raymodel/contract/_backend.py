@@ -258,6 +258,11 @@ class WorkerLoop:
         """This worker's training batches per epoch, when known (the progress bar's total)."""
         return None
 
+    def step_rows(self) -> list[dict[str, float]]:
+        """Each training step's figures so far, where the framework logs them per step (post-training's,
+        TRL's): kept in the checkpoint (``TrainResult.steps``). Most loops report per epoch only."""
+        return []
+
     async def run_epochs(self, first: int, last: int) -> None:
         """Run epochs ``first..last``, stopping early when ``run.epoch`` says so (``last`` may grow
         mid-run: ``job.update(settings={"num_epochs": ...})``; ``run.num_epochs`` is the current one)."""

@@ -14,7 +14,7 @@ import numpy as np
 from raymodel._internal import locations, serialization, storage
 from raymodel.data import Arrays, InStore, RayDataset, in_object_store
 from raymodel.jobs import _store
-from raymodel.train import TrainSettings, initial_state, worker_resources
+from raymodel.train import TrainSettings, initial_state, with_parent, worker_resources
 
 
 def pool_key(kind: str, num_workers: int, resources: dict[str, float]) -> str:
@@ -86,7 +86,7 @@ def train_request(
         "data": spec,
         "state": initial_state(model),
         "deliver": deliver,
-        "info": info,
+        "info": with_parent(model, info) or None,
         "resume_from": resume_from,
         **(more or {}),
     }

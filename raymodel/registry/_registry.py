@@ -123,6 +123,7 @@ class Registry:
                     {
                         "config": manifest.get("config"),
                         **({"adapter_of": manifest["adapter_of"]} if manifest.get("adapter_of") else {}),
+                        **({"parent": parent} if (parent := (manifest.get("run") or {}).get("parent")) else {}),
                         **lineage,
                         **dict(lineage_more or {}),
                     }

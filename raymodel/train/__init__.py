@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raymodel.train._driver import Trainable, initial_state, prepare
+from raymodel.train._driver import Trainable, initial_state, prepare, with_parent
 from raymodel.train._methods import DPO, GRPO
 from raymodel.train._progress import HubRows, ProgressPrinter, format_metrics, is_terminal
 from raymodel.train._result import TrainResult
@@ -29,6 +29,7 @@ __all__ = [
     "prepare",
     "initial_state",
     "worker_resources",
+    "with_parent",
     "ProgressPrinter",
     "format_metrics",
     "is_terminal",

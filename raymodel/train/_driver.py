@@ -90,6 +90,14 @@ def _check_finite(spec: Any, policy: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
+def with_parent(model: Any, info: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A run's ``info`` with the registry version the model was loaded from as its ``parent`` (its checkpoints
+    record it, and a version registered from them names it in its lineage)."""
+    source = getattr(model, "source", None)
+    parent = source.get("registry") if isinstance(source, dict) else None
+    return {**({"parent": parent} if parent else {}), **(info or {})}
+
+
 class Trainable:
     """A model with its training settings and data, checked and ready for Ray Train V2.
 
@@ -134,7 +142,7 @@ class Trainable:
         self.path = storage.join(self.storage, self.name)
         self._events = list(events)
         self._hub = hub  # the caller's hub (it stops it), used for gathers too
-        self._info = {"name": self.name, "path": self.path, **(info or {})}
+        self._info = {"name": self.name, "path": self.path, **with_parent(model, info)}
         recorded = model.backend.input_signature(model, self.spec)
         if recorded is not None:  # recorded in every checkpoint of the run
             self._info["input_signature"] = {"nonfinite": self.settings.nonfinite, **recorded}

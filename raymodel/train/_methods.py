@@ -5,7 +5,8 @@ resource is taken."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Mapping
 
 from raymodel._internal.settings import SettingsBase, check_choice, check_int, check_number, collect, settings_class
 
@@ -19,7 +20,9 @@ class GRPO(SettingsBase):
 
     Each prompt of a step is completed ``num_generations`` times (a group); each completion's reward, less
     its group's mean, weighs its tokens' log-probabilities. The class gives ``reward(self, prompts,
-    completions, **columns)`` (columns of the data by name), a list of floats (``None`` skips one).
+    completions, **columns)`` (columns of the data by name), a list of floats (``None`` skips one), or
+    several such methods named in ``rewards`` with their weights: a completion's reward is their weighted
+    sum (TRL's ``reward_weights``), and each one's mean is a figure of the rows (``reward_<name>``).
 
     ``TrainSettings.batch_size`` is completions per worker and step, as TRL's per-device batch: the
     completions of one step over all workers (``batch_size * num_workers``) hold whole groups, so they
@@ -32,6 +35,8 @@ class GRPO(SettingsBase):
         max_completion_length: Tokens a completion may have.
         temperature: Sampling temperature of the completions.
         loss_type: TRL's loss: ``"dapo"`` (its default), ``"grpo"``, ``"dr_grpo"``, ``"bnpo"``.
+        rewards: The class's reward methods by name, each with its weight (``{"correct": 1.0,
+            "formatted": 0.2}``); ``None``: the class's ``reward`` alone.
     """
 
     num_generations: int = 8
@@ -39,6 +44,7 @@ class GRPO(SettingsBase):
     max_completion_length: int = 64
     temperature: float = 1.0
     loss_type: str = "dapo"
+    rewards: Mapping[str, float] | None = None
 
     kind = "grpo"
 
@@ -49,7 +55,27 @@ class GRPO(SettingsBase):
             check_int("max_completion_length", self.max_completion_length, minimum=1),
             check_number("temperature", self.temperature, minimum=0, exclusive_min=True),
             check_choice("loss_type", self.loss_type, GRPO_LOSSES),
+            _check_rewards(self.rewards),
         )
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The reward methods by name, with their weights (``{"reward": 1.0}`` where ``rewards`` names none)."""
+        return {"reward": 1.0} if self.rewards is None else {str(k): float(v) for k, v in self.rewards.items()}
+
+
+def _check_rewards(rewards: Any) -> str | None:
+    if rewards is None:
+        return None
+    example = '(e.g. `rewards={"correct": 1.0, "formatted": 0.2}`)'
+    if not isinstance(rewards, Mapping) or not rewards:
+        return f"`rewards` names the class's reward methods, each with its weight {example}; got {rewards!r}."
+    for name, weight in rewards.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            return f"`rewards` keys are the names of the class's reward methods {example}; got {name!r}."
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            return f"`rewards[{name!r}]` is a weight, a finite number {example}; got {weight!r}."
+    return None
 
 
 @settings_class

@@ -31,6 +31,19 @@ class TrainResult:
     config: dict[str, Any]
     name: str
 
+    def steps(self) -> list[dict[str, float]]:
+        """Each training step's row, where the backend logs per step (post-training: ``step``, ``epoch``,
+        ``loss`` and TRL's figures, e.g. ``reward``, ``kl``), read from the final checkpoint; ``[]`` for a
+        backend that reports per epoch only, or a run without a checkpoint."""
+        import json
+
+        from raymodel._internal import checkpoint, storage
+
+        if self.checkpoint is None:
+            return []
+        manifest = json.loads(storage.read_bytes(storage.join(self.checkpoint, checkpoint.MANIFEST)))
+        return list(manifest.get("steps", []))
+
     def plot(self, path: str | None = None) -> Any:
         """The learning curves: training and validation loss per epoch, and each other validation
         metric. Returns the matplotlib ``Figure``; with ``path``, also saves it as a PNG there."""

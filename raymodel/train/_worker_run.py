@@ -343,6 +343,7 @@ class WorkerRun(JobChanges):
                 "history": self.history,
                 "run": self.info,
                 "changes": self.changes,
+                **({"steps": steps} if (steps := self.worker.step_rows()) else {}),
             },
         )
         return directory

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,14 @@ class TrainerLoop(TorchLoop):
     def _checkpoint_folder(self) -> Path:
         step = self.trainer.state.global_step
         return Path(self.output_dir) / f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-{step}"
+
+    def step_rows(self) -> list[dict[str, float]]:
+        """Each step's figures so far (post-training: TRL's), from the ``Trainer``'s log, which its checkpoint
+        keeps: a resumed run has the steps before its restart, none twice."""
+        state = getattr(self.trainer, "state", None)
+        if state is None or self.run.settings.method is None:
+            return []
+        return [step_row(entry, self.run.settings.method) for entry in state.log_history if "loss" in entry]
 
     def batches_per_epoch(self) -> int | None:
         state = getattr(self.trainer, "state", None)
@@ -233,7 +242,9 @@ class TrainerLoop(TorchLoop):
             num_train_epochs=last,
             max_steps=-1,
             eval_strategy="epoch" if validate else "no",
-            logging_strategy="epoch",
+            # post-training: each step's log is that step's figures (the run's step rows), the epoch's their mean
+            logging_strategy="epoch" if self.run.settings.method is None else "steps",
+            logging_steps=1,
             save_strategy="epoch",
             save_total_limit=1,
             load_best_model_at_end=False,
@@ -296,6 +307,7 @@ class _TrainerPhases(transformers.TrainerCallback):
         self.epoch = first - 1
         self.loss: float | None = None
         self.figures: dict[str, float] = {}
+        self.steps: list[dict[str, float]] = []  # post-training: this epoch's step rows
         self.metrics: dict[str, Any] = {}
         self.step = 0
         self.stopped = False  # the run's stop vote (or job.stop) ended it
@@ -313,7 +325,7 @@ class _TrainerPhases(transformers.TrainerCallback):
                 f"the Trainer begins its epoch {done + 1} where raymodel's run is at epoch {self.epoch}: its "
                 "checkpoint and the run's disagree (were `num_train_epochs` or the data changed by `training_args`?)"
             )
-        self.loss, self.figures, self.metrics, self.step = None, {}, {}, 0
+        self.loss, self.figures, self.metrics, self.step, self.steps = None, {}, {}, 0, []
         self.run.sync(self.run.begin_epoch(self.epoch))
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -322,7 +334,8 @@ class _TrainerPhases(transformers.TrainerCallback):
             torch.nn.utils.clip_grad_value_(self.loop.model.model.parameters(), clip)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.run.hooks.has("after_batch") or self.run.progress is not None:
+        post = self.run.settings.method is not None  # its step's figures come with its log, next
+        if not post and (self.run.hooks.has("after_batch") or self.run.progress is not None):
             self.run.sync(self.run.after_batch(self.step, None))
         self.step += 1
 
@@ -331,9 +344,22 @@ class _TrainerPhases(transformers.TrainerCallback):
             self.run.sync(self.run.begin_validation())
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if logs and "loss" in logs:
+        if not logs or "loss" not in logs:
+            return
+        method = self.run.settings.method
+        if method is None:  # the epoch's log: its mean loss
             self.loss = float(logs["loss"])
-            self.figures = _post.figures(logs)  # TRL's (rewards, KL, lengths), the epoch's means
+            return
+        row = step_row({**logs, "step": state.global_step}, method)
+        self.steps.append(row)  # one step's figures (TRL's, over every worker): the epoch's row is their mean
+        self.loss = sum(r["loss"] for r in self.steps) / len(self.steps)
+        self.figures = {
+            k: sum(r[k] for r in self.steps if k in r) / sum(1 for r in self.steps if k in r)
+            for k in dict.fromkeys(k for r in self.steps for k in r)
+            if k not in ("step", "epoch", "loss")
+        }
+        if self.run.hooks.has("after_batch") or self.run.progress is not None:
+            self.run.sync(self.run.after_batch(self.step - 1, row))
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **_: Any) -> None:
         self.metrics = dict(metrics or {})
@@ -350,6 +376,12 @@ class _TrainerPhases(transformers.TrainerCallback):
         self.stopped = self.run.sync(self.run.end_epoch(self.epoch, metrics))
         if self.stopped or self.epoch >= self.run.num_epochs:
             control.should_training_stop = True
+
+
+def step_row(entry: dict[str, Any], method: Any) -> dict[str, float]:
+    """A step's row from the ``Trainer``'s log entry: its number, its loss and TRL's figures."""
+    epoch = math.ceil(round(float(entry.get("epoch", 0)), 6))  # the Trainer's is fractional: 1.5 is in epoch 2
+    return {"step": int(entry["step"]), "epoch": epoch, "loss": float(entry["loss"]), **_post.figures(entry, method)}
 
 
 def _figures(evaluated: dict[str, Any]) -> dict[str, Any]:

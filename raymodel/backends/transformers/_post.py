@@ -53,7 +53,7 @@ def prepare(model: Any, data: Any, method: Any) -> DataSpec:
         dataset = to_dataset(value, f"`data[{name!r}]`")
         splits[name] = TorchDataset(_columns(dataset, method, name))
     if method.kind == "grpo":
-        check_reward(model, splits["train"].dataset)
+        check_reward(model, method, splits["train"].dataset)
     return DataSpec(splits)
 
 
@@ -77,32 +77,42 @@ def _columns(dataset: Any, method: Any, split: str) -> Any:
     return dataset
 
 
-def has_reward(model: Any) -> bool:
-    return callable(getattr(type(model), "reward", None))
+def reward_calls(model: Any, method: Any) -> list[RewardCall]:
+    """TRL's reward functions: the class's methods ``method.weights`` names, in order."""
+    return [RewardCall(model, name) for name in method.weights]
 
 
-def check_reward(model: Any, dataset: Any) -> None:
-    """The class's ``reward`` on two rows, their prompts standing in for completions: a list of one number
+def check_reward(model: Any, method: Any, dataset: Any) -> None:
+    """Each reward method on two rows, their prompts standing in for completions: a list of one number
     (or ``None``) per completion, or an error naming what it returned."""
-    if not has_reward(model):
-        raise ModelDefinitionError(
-            f"GRPO trains on rewards: `{type(model).__name__}` must define `reward(self, prompts, completions, "
-            "**columns)` returning one float per completion (columns of the data by name; None skips one)."
-        )
+    cls = type(model).__name__
+    for name in method.weights:
+        if not callable(getattr(type(model), name, None)):
+            if method.rewards is None:
+                raise ModelDefinitionError(
+                    f"GRPO trains on rewards: `{cls}` must define `reward(self, prompts, completions, **columns)` "
+                    "returning one float per completion (columns of the data by name; None skips one), or name "
+                    "its reward methods in `rm.GRPO(rewards={...})`."
+                )
+            methods = sorted(n for n in dir(type(model)) if not n.startswith("_") and "reward" in n)
+            raise ModelDefinitionError(
+                f"`rm.GRPO(rewards=...)` names `{name}`, which `{cls}` does not define (its methods named like "
+                f"a reward: {methods}); each name is a method `{name}(self, prompts, completions, **columns)`."
+            )
     rows = dataset[: min(2, len(dataset))]
     prompts = rows["prompt"]
     completions = [p if isinstance(p, str) else "" for p in prompts]
-    RewardCall(model)(prompts=prompts, completions=completions, **_others(rows))  # checks what it returns
+    for call in reward_calls(model, method):
+        call(prompts=prompts, completions=completions, **_others(rows))  # checks what it returns
 
 
 class RewardCall:
-    """TRL's reward function: the class's ``reward`` with the data's columns by name (TRL's own keywords
-    left out), its answer checked (one float or ``None`` per completion)."""
+    """One of TRL's reward functions: a reward method of the class, with the data's columns by name (TRL's
+    own keywords left out), its answer checked (one float or ``None`` per completion)."""
 
-    __name__ = "reward"  # TRL names the figure `rewards/<name>/mean`
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
+    def __init__(self, model: Any, name: str = "reward") -> None:
+        self.model, self.name = model, name
+        self.__name__ = name  # TRL names the figure `rewards/<name>/mean`
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float | None]:
         given = {
@@ -111,8 +121,8 @@ class RewardCall:
             if k not in ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
         }
         texts = [_text(c) for c in completions]
-        out = self.model.reward(list(prompts), texts, **given)
-        name = f"`{type(self.model).__name__}.reward`"
+        out = getattr(self.model, self.name)(list(prompts), texts, **given)
+        name = f"`{type(self.model).__name__}.{self.name}`"
         if isinstance(out, (str, bytes)) or not isinstance(out, Sequence) and not hasattr(out, "tolist"):
             raise ModelDefinitionError(f"{name} must return a list of floats, one per completion; it returned {out!r}.")
         values = list(out.tolist() if hasattr(out, "tolist") else out)
@@ -191,11 +201,12 @@ def _trainer(
                 "temperature": float(method.temperature),
                 "loss_type": method.loss_type,
                 "log_completions": False,
+                "reward_weights": list(method.weights.values()),
             }
         )
         built = trl.GRPOTrainer(
             model=model.model,
-            reward_funcs=[RewardCall(model)],
+            reward_funcs=reward_calls(model, method),
             args=config,
             train_dataset=train,
             processing_class=tokenizer,
@@ -215,11 +226,15 @@ def _trainer(
     return built
 
 
-def figures(logs: Mapping[str, Any]) -> dict[str, float]:
-    """TRL's figures of a log, by a row's names."""
+def figures(logs: Mapping[str, Any], method: Any = None) -> dict[str, float]:
+    """TRL's figures of a log, by a row's names; with several reward methods each one's mean too
+    (``reward_<name>``)."""
+    named = dict(FIGURES)
+    if getattr(method, "rewards", None):
+        named.update({f"rewards/{name}/mean": f"reward_{name}" for name in method.weights})
     return {
         name: float(logs[key])
-        for key, name in FIGURES.items()
+        for key, name in named.items()
         if isinstance(logs.get(key), (int, float)) and math.isfinite(float(logs[key]))
     }
 
@@ -245,7 +260,9 @@ def val_reward(loop: Any) -> dict[str, float]:
     dataset = loop.run.splits["valid"].dataset
     mine = dataset.select(range(run.rank, len(dataset), max(run.world, 1)))
     net, tokenizer = model.model, model.tokenizer
+    calls, weights = reward_calls(model, method), list(method.weights.values())
     total, count = 0.0, 0
+    each = {name: (0.0, 0) for name in method.weights}
     was_training = net.training
     net.eval()
     try:
@@ -263,12 +280,23 @@ def val_reward(loop: Any) -> dict[str, float]:
                     pad_token_id=tokenizer.pad_token_id,
                 )
             completions = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-            rewards = RewardCall(model)(prompts=prompts, completions=completions, **_others(rows))
-            scored = [r for r in rewards if r is not None]
-            total, count = total + sum(scored), count + len(scored)
+            scores = [call(prompts=prompts, completions=completions, **_others(rows)) for call in calls]
+            for i in range(len(completions)):
+                given = [(w, one[i]) for w, one in zip(weights, scores) if one[i] is not None]
+                if given:  # TRL's sum: a None is left out of it, a completion with none at all is skipped
+                    total, count = total + sum(w * v for w, v in given), count + 1
+                for name, one in zip(method.weights, scores):
+                    if one[i] is not None:
+                        each[name] = (each[name][0] + one[i], each[name][1] + 1)
     finally:
         if was_training:
             net.train()
-    gathered = run.all_gather((total, count)) if run.world > 1 else [(total, count)]
-    total, count = sum(t for t, _ in gathered), sum(c for _, c in gathered)
-    return {"reward": total / count} if count else {}
+    gathered = run.all_gather((total, count, each)) if run.world > 1 else [(total, count, each)]
+    total, count = sum(g[0] for g in gathered), sum(g[1] for g in gathered)
+    out = {"reward": total / count} if count else {}
+    if method.rewards:
+        for name in method.weights:
+            t, n = sum(g[2][name][0] for g in gathered), sum(g[2][name][1] for g in gathered)
+            if n:
+                out[f"reward_{name}"] = t / n
+    return out
