@@ -176,14 +176,14 @@ def main() -> None:
             f"spread {min(gains):+.3f} .. {max(gains):+.3f}"
         )
     worst_grpo, best_control = min(d[3] for d in runs["GRPO"]), max(d[3] for d in runs["control"])
-    print(f"every GRPO seed above every control seed: {worst_grpo > best_control}")
+    print(f"every GRPO seed's gain above every control seed's: {worst_grpo > best_control}")
     picture(runs, before)
 
     # 3. The first seed's GRPO model is version 2, its lineage naming its parent; both served over OpenAI's API.
     _, model, result, _ = runs["GRPO"][0]
     child = rm.registry.put(result, key="adder")
     print(f"registered {child}: parent {rm.registry.show(child).lineage['parent']}")
-    serve_both(parent, child, held_out[:4])
+    serve_both(parent, child, held_out[:50])
     print(f"done in {time.monotonic() - start:.0f} s")
 
 
@@ -218,20 +218,24 @@ def picture(runs, before: float, path: str = "llm_grpo.png") -> None:
 
 
 def serve_both(parent, child, pairs) -> None:
-    """Both versions of ``adder`` on one OpenAI route; a request's ``model`` names one."""
+    """Both versions of ``adder`` on one OpenAI route (a request's ``model`` names one): each answers
+    ``pairs`` through the ``openai`` client, greedy."""
     import openai
 
     app = rm.Servable("adder@*", "/v1", settings=rm.ServeSettings(api="openai")).deploy()
     try:
         client = openai.OpenAI(base_url=app.url, api_key="unused")
-        for a, b in pairs:
-            answers = {
-                str(ref): client.completions.create(model=str(ref), prompt=f"{a}+{b}→", max_tokens=4, temperature=0)
+        print("served models:", [m.id for m in client.models.list()])
+        for ref in (parent, child):
+            answers = [
+                client.completions.create(model=str(ref), prompt=f"{a}+{b}→", max_tokens=4, temperature=0)
                 .choices[0]
                 .text
-                for ref in (parent, child)
-            }
-            print(f"{a}+{b}→ (is {a + b}): {answers}")
+                for a, b in pairs
+            ]
+            right = sum(answer.strip() == str(a + b) for answer, (a, b) in zip(answers, pairs))
+            shown = ", ".join(f"{a}+{b}→{answer}" for answer, (a, b) in list(zip(answers, pairs))[:3])
+            print(f"{ref} over OpenAI's API: {right} of {len(pairs)} held-out sums right ({shown}, ...)")
     finally:
         app.shutdown()
 

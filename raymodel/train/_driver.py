@@ -3,6 +3,7 @@ collect the result (a Ray Train run, ``_ray_train_run.py``; or the backend's own
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -12,6 +13,7 @@ from raymodel._internal.hub import gathers_through_hub, start_hub, stop_hub
 from raymodel.contract import RunEvents, RunOutcome, RunPlan, TrainingRun, training_server
 from raymodel.data import DataSpec, RayDataset, nonfinite, resolve
 from raymodel.exceptions import DataError, ModelDefinitionError, SettingsError
+from raymodel.train._methods import with_config
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
 from raymodel.train._settings import TrainSettings
@@ -43,6 +45,8 @@ def prepare(model: Model, settings: Any, data: Any) -> tuple[TrainSettings, Any]
             f"`RayTransformersModel` (a causal LM, with `lora` or not); `{type(model).__name__}` is a "
             f"{backend.name} model. Leave `method` out."
         )
+    if settings.method is not None:  # the config's `beta`, `num_generations` (a tune's sample) over the method's
+        settings = dataclasses.replace(settings, method=with_config(settings.method, model.config))
     backend.import_framework()
     backend.validate_model(model)
     if not backend.needs_data:

@@ -5,6 +5,7 @@ resource is taken."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping
 
@@ -47,6 +48,8 @@ class GRPO(SettingsBase):
     rewards: Mapping[str, float] | None = None
 
     kind = "grpo"
+    #: Settings a model's config may give a run (``model.tune`` searches them as it does ``lr``).
+    tunable = ("beta", "num_generations", "temperature")
 
     def _validate(self) -> list[str]:
         return collect(
@@ -92,6 +95,7 @@ class DPO(SettingsBase):
     max_length: int = 128
 
     kind = "dpo"
+    tunable = ("beta",)
 
     def _validate(self) -> list[str]:
         return collect(
@@ -101,6 +105,13 @@ class DPO(SettingsBase):
 
 
 METHODS = (GRPO, DPO)
+
+
+def with_config(method: Any, config: Mapping[str, Any]) -> Any:
+    """``method`` with the settings a model's config gives (``config["beta"]``, a tune's sample of it, say)
+    over its own; checked as the method's own are."""
+    given = {k: config[k] for k in getattr(method, "tunable", ()) if k in config}
+    return dataclasses.replace(method, **given) if given else method
 
 
 def check_method(value: Any) -> str | None:

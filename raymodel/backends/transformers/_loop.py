@@ -183,7 +183,8 @@ class TrainerLoop(TorchLoop):
         train = _dataset(run.splits["train"])
         valid = _dataset(run.splits["valid"]) if self.has_validation else None
         if run.settings.method is not None:  # TRL's trainer (rewards, preferences)
-            trainer = _post.trainer(self, self.arguments(last, validate=valid is not None), train, valid, [bridge])
+            arguments = self.arguments(last, validate=valid is not None)
+            trainer = _post.trainer(self, arguments, train, valid, [bridge], done=bridge.epoch)
             if run.session.in_worker_group:
                 from ray.train.huggingface.transformers import prepare_trainer
 

@@ -158,8 +158,9 @@ def _text(completion: Any) -> str:
 
 
 # ---------------------------------------------------------------- on a worker
-def trainer(loop: Any, args: Any, train: Any, valid: Any, callbacks: list[Any]) -> Any:
-    """TRL's trainer of the loop's method, built from the loop's ``TrainingArguments``."""
+def trainer(loop: Any, args: Any, train: Any, valid: Any, callbacks: list[Any], done: int = 0) -> Any:
+    """TRL's trainer of the loop's method, built from the loop's ``TrainingArguments``; ``done``: the epochs
+    of the run before this trainer's first (a resumed run's)."""
     import transformers
     import trl
 
@@ -175,7 +176,30 @@ def trainer(loop: Any, args: Any, train: Any, valid: Any, callbacks: list[Any]) 
     from raymodel.backends.transformers._data import quiet
 
     with quiet():  # TRL maps its datasets (progress bars)
-        return _trainer(trl, transformers, method, model, tokenizer, common, train, valid, callbacks)
+        built = _trainer(trl, transformers, method, model, tokenizer, common, train, valid, callbacks)
+    if done:
+        _order_from(built, done)
+    return built
+
+
+def _order_from(built: Any, done: int) -> None:
+    """GRPO's prompt order in a run that resumes after ``done`` epochs: the epoch's own, as in a run that
+    went on. TRL's sampler draws one permutation an epoch from a generator seeded once, and has no
+    ``set_epoch``: a new one would begin again at epoch 1's order. Its generator is moved past the
+    ``done`` epochs' permutations (HF's own sampler, DPO's, is seeded by the epoch already)."""
+    import torch
+
+    make = built._get_train_sampler
+
+    def sampler(*args: Any, **kwargs: Any) -> Any:
+        made = make(*args, **kwargs)
+        generator = getattr(made, "generator", None)
+        if isinstance(generator, torch.Generator) and hasattr(made, "num_samples"):
+            for _ in range(done):
+                torch.randperm(made.num_samples, generator=generator)
+        return made
+
+    built._get_train_sampler = sampler
 
 
 def _trainer(
