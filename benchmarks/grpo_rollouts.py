@@ -67,32 +67,36 @@ def trl_side(model, tokenizer, prompts, args):
 
 
 def engine_side(model, tokenizer, prompts, args):
+    import raymodel as rm
     from raymodel.backends.transformers._engine import Engine
     from raymodel.contract import TextRequest
 
-    class Holder:  # what the engine reads of a model instance
-        pass
+    class Held(rm.RayTransformersModel):  # the engine serves a model instance: this one holds TRL's model
+        def setup(self, config):
+            self.model, self.tokenizer = model, tokenizer
 
-    holder = Holder()
-    holder.model, holder.tokenizer = model, tokenizer
-    engine = Engine(holder, max_batch_size=len(prompts) * args.generations)
+    held = Held()
+    held.ensure_setup()
+    engine = Engine(held, max_batch_size=len(prompts) * args.generations)
     ids = [engine.prompt_ids(p) for p in prompts]
 
     def once():
-        done = threading.Barrier(len(prompts) * args.generations + 1)
-        counts = []
+        n = len(prompts) * args.generations
+        done, counts, failed = threading.Event(), [], []
 
-        def emit(item):
+        def emit(item):  # on the engine's thread
             if isinstance(item, dict):
                 counts.append(item["completion_tokens"])
-                done.wait()
             elif isinstance(item, BaseException):
-                raise item
+                failed.append(item)
+            if len(counts) + len(failed) == n:
+                done.set()
 
         for i, prompt in enumerate(ids):
             for g in range(args.generations):
                 engine.submit(TextRequest(ids=list(prompt), emit=emit, max_tokens=args.length, seed=i * 100 + g))
-        done.wait()
+        if not done.wait(timeout=600) or failed:
+            raise RuntimeError(f"the engine did not answer: {failed[:1]}")
         return sum(counts)
 
     return once, engine

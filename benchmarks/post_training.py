@@ -115,6 +115,10 @@ def _hand_written_loop(config: dict) -> None:
         "per_device_train_batch_size": config["batch"],
         "learning_rate": LR,
         "seed": SEED,
+        # as raymodel runs it: no clipping unless asked, each worker's loss its own batch's mean, a log each step
+        "max_grad_norm": 0.0,
+        "average_tokens_across_devices": False,
+        "logging_steps": 1,
         "save_strategy": "epoch",
         "save_total_limit": 1,
         "use_cpu": True,

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from raymodel.cli._release import add_release_options, release_flags
 from raymodel.cli._serving import served_refs
 
 
@@ -42,10 +43,7 @@ def add_commands(sub: Any) -> None:
         help="a setting or config key, as `raymodel train --set`",
     )
     job.add_argument("--register", metavar="KEY[@ALIAS]", help="register the result as the next version of KEY")
-    job.add_argument("--gate", metavar="METRIC", help="a release's gate: the figure it compares")
-    job.add_argument("--against", metavar="REF", help="a release's version to beat, e.g. digits@production")
-    job.add_argument("--route", help="a release's served route: the candidate is rolled out there")
-    job.add_argument("--steps", help="a release's rollout steps, e.g. 0.1,0.5,1")
+    add_release_options(job, required=False)  # with --release
     job.add_argument(
         "--cluster",
         dest="on_cluster",
@@ -156,14 +154,7 @@ def _job(args: argparse.Namespace) -> None:
             from raymodel.exceptions import SettingsError
 
             raise SettingsError("A release's job needs `--gate METRIC` (the figure its gate compares).")
-        for flag, value in (
-            ("--gate", args.gate),
-            ("--against", args.against),
-            ("--route", args.route),
-            ("--steps", args.steps),
-        ):
-            if value:
-                release += [flag, value]
+        release = release_flags(args)
     key = args.ref.split("@")[0].split(":")[0]
     name = args.name or f"{key}-{args.verb}".lower().replace("_", "-")
     manifest = k8s.job(

@@ -22,15 +22,32 @@ def add_commands(sub: Any) -> None:
     cmd.add_argument("--set", dest="pairs", action="append", default=[], metavar="KEY=VALUE",
                      help="a TrainSettings field or a config key; the value is read as JSON, else text")  # fmt: skip
     cmd.add_argument("--register", required=True, metavar="KEY[@ALIAS]", help="where the candidate goes")
-    cmd.add_argument("--gate", required=True, metavar="METRIC", help="the figure the gate compares, e.g. val_acc")
+    add_release_options(cmd, required=True)
+    cmd.add_argument("--wait", action="store_true", help="follow it to its end; exit 1 unless it is promoted")
+    cmd.set_defaults(handler=_release)
+
+
+def add_release_options(cmd: argparse.ArgumentParser, *, required: bool) -> None:
+    """A release's gate and rollout, as ``raymodel release`` and ``raymodel k8s job --release`` take them."""
+    cmd.add_argument("--gate", required=required, metavar="METRIC", help="the figure the gate compares, e.g. val_acc")
     cmd.add_argument("--mode", choices=("max", "min"), default="max", help="higher (max) or lower is better")
     cmd.add_argument("--min-delta", type=float, default=0.0, help="how much better than --against (default 0)")
     cmd.add_argument("--against", metavar="REF", help="the version to beat, e.g. digits@production")
     cmd.add_argument("--threshold", type=float, help="the score the candidate must reach whatever --against scores")
     cmd.add_argument("--route", help="a served route of --against's alias: the candidate is rolled out there")
     add_rollout_options(cmd, "0.1,0.5,1", 30.0)
-    cmd.add_argument("--wait", action="store_true", help="follow it to its end; exit 1 unless it is promoted")
-    cmd.set_defaults(handler=_release)
+
+
+def release_flags(args: argparse.Namespace) -> list[str]:
+    """The release options of ``args`` that differ from their defaults, as ``raymodel release`` flags again."""
+    probe = argparse.ArgumentParser(add_help=False)
+    add_release_options(probe, required=False)
+    flags: list[str] = []
+    for dest, default in vars(probe.parse_args([])).items():
+        value = getattr(args, dest, None)
+        if value is not None and value != default:
+            flags += [f"--{dest.replace('_', '-')}", str(value)]
+    return flags
 
 
 def _release(args: argparse.Namespace) -> int:

@@ -310,8 +310,9 @@ def val_reward(loop: Any) -> dict[str, float]:
                 if given:  # TRL's sum: a None is left out of it, a completion with none at all is skipped
                     total, count = total + sum(w * v for w, v in given), count + 1
                 for name, one in zip(method.weights, scores):
-                    if one[i] is not None:
-                        each[name] = (each[name][0] + one[i], each[name][1] + 1)
+                    value = one[i]
+                    if value is not None:
+                        each[name] = (each[name][0] + value, each[name][1] + 1)
     finally:
         if was_training:
             net.train()
