@@ -110,15 +110,16 @@ def test_a_rayjob_runs_the_raymodel_command_on_a_cluster_of_its_own_or_a_named_o
     assert "lifecycle" in spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     release = _printed(capsys, ["k8s", "job", "digits@production", "--data", "pkg.data:digits", "--release",
                                 "--register", "digits@candidate", "--gate", "val_acc", "--against", "digits@production",
-                                "--route", "/digits", "--steps", "0.1,1", "--cluster", "digits"])  # fmt: skip
+                                "--route", "/digits", "--steps", "0.1,1", "--min-delta", "0.01", "--max-p99-ms", "250",
+                                "--cluster", "digits"])  # fmt: skip
     assert problems(release) == [] and release["metadata"]["name"] == "digits-release"
     assert (
         release["spec"]["clusterSelector"] == {"ray.io/cluster": "digits"} and "rayClusterSpec" not in release["spec"]
     )
     assert release["spec"]["entrypoint"].startswith("raymodel release digits@production --data pkg.data:digits")
     assert (
-        "--gate val_acc --against digits@production --route /digits --steps 0.1,1 --wait"
-        in release["spec"]["entrypoint"]
+        "--gate val_acc --min-delta 0.01 --against digits@production --route /digits --steps 0.1,1 "
+        "--max-p99-ms 250.0 --wait" in release["spec"]["entrypoint"]  # `raymodel release`'s options, each passed on
     )
 
 
