@@ -18,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = """
+import socket
 import sys
 sys.path.insert(0, {examples!r})
 import requests
@@ -34,7 +35,10 @@ print(f"demo: trained, val_acc {{result.metrics['val_acc']:.3f}}")
 tuned = model.tune(settings={{"num_samples": 2, "max_epochs": 2, "train": {{"resources_per_worker": {{"CPU": 0.95}}}}}},
                    data=data)
 ref = rm.registry.put(tuned, key="digits", alias="production")
-app = rm.registry.get("digits", "production").serve("/digits", settings={{"port": {port},
+with socket.socket() as free:  # a free port now, not when the script began: the suite's routes take ports meanwhile
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+app = rm.registry.get("digits", "production").serve("/digits", settings={{"port": port,
                                                                           "ray_actor_options": {{"num_cpus": 0.5}}}})
 answer = requests.post(app.url, json={{"pixels": X[:1].tolist()}}, timeout=60)
 print(f"demo: served {{answer.status_code}} {{answer.json()}}")
@@ -63,7 +67,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def _demo(scratch: Path) -> subprocess.CompletedProcess:
     from s3server import free_port
 
-    script = STEPS.format(examples=str(ROOT / "examples"), port=free_port())
+    script = STEPS.format(examples=str(ROOT / "examples"))
     # What a `ray start` that ended without `ray stop` leaves (as does any `ray.cluster_utils.Cluster`):
     # the address Ray's own `ray.init()` would join. `rm.init(num_cpus=2)` starts a local instance still.
     (scratch / "ray").mkdir()
