@@ -307,7 +307,6 @@ class _TrainerPhases(transformers.TrainerCallback):
         self.run, self.loop = run, loop
         self.epoch = first - 1
         self.loss: float | None = None
-        self.figures: dict[str, float] = {}
         self.steps: list[dict[str, float]] = []  # post-training: this epoch's step rows
         self.metrics: dict[str, Any] = {}
         self.step = 0
@@ -326,7 +325,7 @@ class _TrainerPhases(transformers.TrainerCallback):
                 f"the Trainer begins its epoch {done + 1} where raymodel's run is at epoch {self.epoch}: its "
                 "checkpoint and the run's disagree (were `num_train_epochs` or the data changed by `training_args`?)"
             )
-        self.loss, self.figures, self.metrics, self.step, self.steps = None, {}, {}, 0, []
+        self.loss, self.metrics, self.step, self.steps = None, {}, 0, []
         self.run.sync(self.run.begin_epoch(self.epoch))
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -353,12 +352,6 @@ class _TrainerPhases(transformers.TrainerCallback):
             return
         row = step_row({**logs, "step": state.global_step}, method)
         self.steps.append(row)  # one step's figures (TRL's, over every worker): the epoch's row is their mean
-        self.loss = sum(r["loss"] for r in self.steps) / len(self.steps)
-        self.figures = {
-            k: sum(r[k] for r in self.steps if k in r) / sum(1 for r in self.steps if k in r)
-            for k in dict.fromkeys(k for r in self.steps for k in r)
-            if k not in ("step", "epoch", "loss")
-        }
         if self.run.hooks.has("after_batch") or self.run.progress is not None:
             self.run.sync(self.run.after_batch(self.step - 1, row))
 
@@ -367,7 +360,8 @@ class _TrainerPhases(transformers.TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         metrics: dict[str, Any] = {} if self.loss is None else {"loss": self.loss}
-        metrics.update(self.figures)
+        if self.steps:  # post-training: each figure's mean over the epoch's steps
+            metrics = _means(self.steps)
         method = self.run.settings.method
         if self.loop.has_validation and method is not None and method.kind == "grpo":
             self.metrics = _post.val_reward(self.loop)  # greedy completions of the held-out prompts
@@ -383,6 +377,12 @@ def step_row(entry: dict[str, Any], method: Any) -> dict[str, float]:
     """A step's row from the ``Trainer``'s log entry: its number, its loss and TRL's figures."""
     epoch = math.ceil(round(float(entry.get("epoch", 0)), 6))  # the Trainer's is fractional: 1.5 is in epoch 2
     return {"step": int(entry["step"]), "epoch": epoch, "loss": float(entry["loss"]), **_post.figures(entry, method)}
+
+
+def _means(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's mean over the step rows that have it (the step's number and epoch left out)."""
+    names = dict.fromkeys(k for row in rows for k in row if k not in ("step", "epoch"))
+    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in names}
 
 
 def _figures(evaluated: dict[str, Any]) -> dict[str, Any]:
