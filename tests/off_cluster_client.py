@@ -148,13 +148,21 @@ def train() -> None:
 def job() -> None:
     from digits_laptop.model import LaptopDigits, Paced, data
 
+    from raymodel._internal import storage
+
     rm.init(address=ADDRESS)
     model = LaptopDigits()
-    # 6 epochs of 3 s: the stream's call (a driver started on a busy head) begins while the job runs
-    settings = {"num_workers": 2, "num_epochs": 6, "batch_size": 64, "callbacks": [Paced(3.0)]}
+    # 6 epochs of 3 s, epoch 2 held until this process has row 1: the stream's call (a driver started on a
+    # busy head, which took longer than the whole job once) sees the later rows come as they are made.
+    go = storage.join(os.environ["RAYMODEL_HOME"], "scratch", f"go-{os.getpid()}")
+    settings = {"num_workers": 2, "num_epochs": 6, "batch_size": 64, "callbacks": [Paced(3.0, hold=go)]}
     job = model.train(settings, data=data(), wait=False)
     status = job.summary["status"]  # the record the server answered the submission with
-    streamed = [(time.monotonic(), row["epoch"]) for row in job.stream()]  # one call, each row as it comes
+    streamed = []
+    for row in job.stream():  # one call, each row as it comes
+        streamed.append((time.monotonic(), row["epoch"]))
+        if row["epoch"] == 1:
+            storage.write_text(go, "go")
     listed = [j.id for j in rm.jobs.list()]
     got = rm.jobs.get(job.id).id
     trained = job.wait(timeout=300)

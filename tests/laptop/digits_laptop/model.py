@@ -43,10 +43,20 @@ class LaptopDigits(rm.RayTorchModel):
 
 
 class Paced(rm.Callback):
-    """Epochs of at least ``seconds``: time to see each row arrive before the run ends."""
+    """Epochs of at least ``seconds``: time to see each row arrive before the run ends. With ``hold`` (a
+    location on the cluster's storage), epoch 2 begins once something is written there (at most
+    ``hold_s`` later): the follower writes it when it has row 1, so it sees the later rows come."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float, hold: str | None = None, hold_s: float = 300.0) -> None:
+        self.seconds, self.hold, self.hold_s = seconds, hold, hold_s
+
+    def before_epoch(self, epoch):
+        if self.hold is not None and epoch == 2:
+            from raymodel._internal import storage
+
+            until = time.monotonic() + self.hold_s
+            while not storage.exists(self.hold) and time.monotonic() < until:
+                time.sleep(0.5)
 
     def after_epoch(self, epoch, metrics):
         time.sleep(self.seconds)
