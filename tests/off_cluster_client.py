@@ -152,8 +152,8 @@ def job() -> None:
 
     rm.init(address=ADDRESS)
     model = LaptopDigits()
-    # 6 epochs of 3 s, epoch 2 held until this process has row 1: the stream's call (a driver started on a
-    # busy head, which took longer than the whole job once) sees the later rows come as they are made.
+    # 6 epochs of 3 s, epoch 2 held until this process has row 1: however late the stream's driver starts
+    # on a busy head, it sees the later rows come as they are made.
     go = storage.join(os.environ["RAYMODEL_HOME"], "scratch", f"go-{os.getpid()}")
     settings = {"num_workers": 2, "num_epochs": 6, "batch_size": 64, "callbacks": [Paced(3.0, hold=go)]}
     job = model.train(settings, data=data(), wait=False)
