@@ -180,6 +180,7 @@ def job() -> None:
     control = {"change": change, "eta": eta, "holds": holds, "status": long.status, "epochs": len(long.history())}
     result(
         "job",
+        calls=sessions(job.id),
         id=job.id,
         status_at_once=status,
         listed=job.id in listed,
@@ -193,6 +194,36 @@ def job() -> None:
         result_epochs=[row["epoch"] for row in trained.history],
         logs=job.logs(),
     )
+
+
+def sessions(job_id: str) -> dict[str, Any]:
+    """Calls one after another run in one driver of the cluster's (``remote._Session``): how many Ray jobs
+    ten calls started, and what they took. Then a driver that ended at its idle end, given a call as if it
+    had not: the call goes to another, which answers it."""
+    from ray.job_submission import JobSubmissionClient
+
+    from raymodel._internal import remote
+
+    ray_jobs = JobSubmissionClient(ADDRESS)
+    before = len(ray_jobs.list_jobs())
+    began = time.monotonic()
+    got = [rm.jobs.get(job_id).id for _ in range(10)]
+    ten = {"new_ray_jobs": len(ray_jobs.list_jobs()) - before, "s": time.monotonic() - began, "got": got}
+    cluster = remote.active()
+    cluster.end_sessions()
+    idle_s, fresh = remote.SESSION_IDLE_S, remote._Session.fresh
+    remote.SESSION_IDLE_S = 3.0
+    try:
+        rm.jobs.get(job_id)  # a driver of 3 s idle
+        time.sleep(6.0)  # it has ended
+        remote._Session.fresh = lambda self: not self.ended  # taken all the same
+        before = len(ray_jobs.list_jobs())
+        late = rm.jobs.get(job_id).id
+        replaced = {"got": late, "new_ray_jobs": len(ray_jobs.list_jobs()) - before}
+    finally:
+        remote.SESSION_IDLE_S, remote._Session.fresh = idle_s, fresh
+        cluster.end_sessions()
+    return {"ten": ten, "replaced": replaced}
 
 
 def tune() -> None:

@@ -95,6 +95,18 @@ def test_a_job_of_a_client_off_the_cluster_is_listed_followed_and_waited_for(lan
 
 @pytest.mark.integration
 @pytest.mark.lane("off_cluster")
+def test_calls_of_a_client_off_the_cluster_one_after_another_share_one_driver_there(lane):
+    calls = lane.result("off_cluster")["job"]["calls"]
+    ten = calls["ten"]
+    assert ten["got"] == [lane.result("off_cluster")["job"]["id"]] * 10, ten
+    assert ten["new_ray_jobs"] == 0, ten  # the driver of the calls before them took all ten
+    # A driver that ended at its idle end before it took the call: another one (started now) answers it.
+    replaced = calls["replaced"]
+    assert replaced["got"] == lane.result("off_cluster")["job"]["id"] and replaced["new_ray_jobs"] == 1, replaced
+
+
+@pytest.mark.integration
+@pytest.mark.lane("off_cluster")
 def test_a_client_off_the_cluster_tunes_with_asha_and_keeps_the_best_in_the_clusters_registry(lane):
     seen = lane.result("off_cluster")["tune"]
     assert seen["trials"] == 4 and max(seen["epochs_per_trial"]) == 3 and seen["stopped_early"] >= 1, seen

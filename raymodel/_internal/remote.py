@@ -1,31 +1,32 @@
 """A cluster this process is not a node of, reached through Ray's Jobs API on its dashboard's port.
 
 ``rm.init(address="http://HEAD:8265")`` (or ``RAY_ADDRESS=http://HEAD:8265``) makes this process a
-client of a cluster: it runs no raylet and starts no Ray. Each thing it asks of the cluster (``call``)
-is a job of Ray's there: the function and its arguments, pickled here (the user's classes by value),
-travel as a small package of the job's runtime env, beside what the client's ``runtime_env`` names
-(``py_modules``, ``pip``, ``env_vars``); the job's driver (this module's ``main(PACKAGE)``) joins the
-cluster, runs the function and writes what it has to say to its standard output as marked lines.
-This process reads them as Ray streams the job's log (a websocket: nothing polls): events as they
-come (a row, what a job waits for), then the function's value or its exception, raised here as it
-was raised there.
+client of a cluster: it runs no raylet and starts no Ray. What it asks of the cluster (``call``) runs
+in a driver there (``_Session``): a job of Ray's whose runtime env is what the client's ``runtime_env``
+names (``py_modules``, ``pip``, ``env_vars``), which runs the client's calls one after another. Each
+call, the function and its arguments pickled here (the user's classes by value), goes to the cluster's
+package store through the dashboard; the driver (``serve``) takes it, joins the cluster, runs it and
+writes what it has to say to its standard output as marked lines. This process reads them as Ray
+streams the driver's log (a websocket: nothing polls here): events as they come (a row, what a job
+waits for), then the function's value or its exception, raised here as it was raised there.
 
-The client's ``runtime_env`` goes further than the call's driver: it names it in ``JOB_ENV``
-(``job_env``), and each job the driver submits carries it to the training server, which starts the
-job's runner and pool with it (``with_job_env``). Actors inherit the runtime env of the job that made
-them, and none can unset a field of it, so the server itself is started by a call without it
-(``bare``): what one client named is no other client's.
+The client's ``runtime_env`` goes further than the driver: it names it in ``JOB_ENV`` (``job_env``),
+and each job the driver submits carries it to the training server, which starts the job's runner and
+pool with it (``with_job_env``). Actors inherit the runtime env of the job that made them, and none
+can unset a field of it, so the server itself is started by a call without it (``bare``: a job of
+its own, ``main``): what one client named is no other client's.
 
 Connecting checks, before anything is submitted, that the address answers and that the cluster
 takes this process's token (Ray's token auth). That the cluster runs the same raymodel, Ray and
-Python (the pickles that travel need all three the same) is the first thing each call's driver says,
-before it loads anything of this process's: a call to a cluster of other versions runs nothing there
-and raises here, naming both sides.
+Python (the pickles that travel need all three the same) is the first thing a driver says, before
+this process sends it anything: a call to a cluster of other versions runs nothing there and raises
+here, naming both sides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import contextlib
 import copy
@@ -35,11 +36,13 @@ import importlib
 import json
 import logging
 import os
+import queue
 import re
 import signal
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -75,6 +78,9 @@ class Cluster:
     #: raymodel's, Ray's and Python's versions on the cluster.
     versions: dict[str, str]
     client: Any = dataclasses.field(repr=False, default=None)
+    #: The drivers there that run this process's calls and have none now, by their runtime env.
+    idle: dict[str, list[_Session]] = dataclasses.field(repr=False, default_factory=dict)
+    lock: threading.Lock = dataclasses.field(repr=False, default_factory=threading.Lock)
 
     def uploaded_env(self) -> dict[str, Any]:
         """``runtime_env`` as the cluster holds it: each ``py_modules`` folder (or module) in Ray's
@@ -87,6 +93,51 @@ class Cluster:
         env.pop("excludes", None)  # the uploads' own: URIs have none
         return env
 
+    def session(self, env: dict[str, Any]) -> _Session:
+        """A driver of ``env`` for a call: an idle one far from its idle end, or one started now."""
+        key = json.dumps(env, sort_keys=True)
+        with self.lock:
+            idle = self.idle.setdefault(key, [])
+            while idle:
+                session = idle.pop()
+                if session.fresh():
+                    return session
+                session.end()
+        return _Session.new(self, env, key)
+
+    def give_back(self, session: _Session) -> None:
+        """A session whose call has ended: kept for the next call (at most ``_KEEP`` per env), or ended."""
+        with self.lock:
+            idle = self.idle.setdefault(session.key, [])
+            if len(idle) < _KEEP and session.fresh():
+                idle.append(session)
+                return
+        session.end()
+
+    def end_sessions(self) -> None:
+        """End every idle session's driver (this process is done with the cluster)."""
+        with self.lock:
+            ending = [session for idle in self.idle.values() for session in idle]
+            self.idle.clear()
+        for session in ending:
+            session.end()
+
+    def put_package(self, name: str, payload: bytes) -> None:
+        """Put ``payload`` in the cluster's package store as ``gcs://NAME`` (through the dashboard)."""
+        answer = self.client._do_request("PUT", f"/api/packages/gcs/{name}", data=payload)
+        if answer.status_code != 200:
+            raise ClusterError(
+                f"The cluster at {self.address} did not take a call ({answer.status_code}): {answer.text[:500]}"
+            )
+
+
+#: How long a driver of calls (``_Session``) waits for its next call before it ends.
+SESSION_IDLE_S = 300.0
+#: How often such a driver looks for its next call in the package store.
+_LOOK_S = 0.1
+#: The idle drivers a client keeps per runtime env (calls made at once start more; those end as they
+#: come back).
+_KEEP = 2
 
 _CLUSTER: list[Cluster] = []
 
@@ -154,6 +205,7 @@ def connect(address: str, runtime_env: dict[str, Any] | None = None) -> Cluster:
     for name in _RAYS_CHATTY:
         logging.getLogger(name).setLevel(logging.WARNING)
     cluster = Cluster(address.rstrip("/"), dict(runtime_env or {}), {}, client)
+    _end_sessions()
     _CLUSTER[:] = [cluster]
     return cluster
 
@@ -229,7 +281,8 @@ def version_problem(theirs: dict[str, str], ours: dict[str, str]) -> str | None:
 
 
 def disconnect() -> None:
-    """Forget the cluster: the next call uses Ray here again."""
+    """Forget the cluster (its drivers of this process's calls end): the next call uses Ray here again."""
+    _end_sessions()
     _CLUSTER.clear()
 
 
@@ -331,30 +384,17 @@ def call(
     by_value: tuple = (),
     bare: bool = False,
 ) -> Any:
-    """``fn(*args)`` on the cluster, as a job of Ray's there; each ``emit(event)`` of ``fn`` reaches
-    ``on_event`` here as it is made. Returns what ``fn`` returned, or raises what it raised.
-    ``by_value``: objects whose classes' modules travel by value (they need not exist on the cluster).
-    ``bare``: without the client's ``runtime_env`` (what starts the training server, whose actors would
-    keep it: Ray's actors inherit the runtime env of the job that made them, and no child unsets it)."""
+    """``fn(*args)`` on the cluster, in a driver of the cluster's (a session: ``_Session``); each
+    ``emit(event)`` of ``fn`` reaches ``on_event`` here as it is made. Returns what ``fn`` returned, or
+    raises what it raised. ``by_value``: objects whose classes' modules travel by value (they need not
+    exist on the cluster). ``bare``: without the client's ``runtime_env``, in a job of its own (what
+    starts the training server, whose actors would keep it: Ray's actors inherit the runtime env of the
+    job that made them, and no child unsets it)."""
     cluster = active()
     if cluster is None:
         raise RayModelError(
             "This process is not a client of a cluster off this machine: `rm.init(address='http://HEAD:8265')`."
         )
-    outcome: dict[str, Any] = {}
-
-    def on_line(kind: str, body: str) -> None:
-        if kind == "versions":  # the driver's first line, before it loads anything of this process's
-            cluster.versions = json.loads(body)
-            outcome["versions"] = cluster.versions
-            return
-        value = serialization.loads(base64.b64decode(body)) if body else None
-        if kind == "event":
-            if on_event is not None:
-                on_event(value)
-        else:
-            outcome[kind] = value
-
     payload = serialization.dumps((fn, args), *by_value)
     if len(payload) >= package_limit():
         raise SettingsError(
@@ -363,6 +403,54 @@ def call(
             f"{_mib(package_limit())} (RAY_max_grpc_message_size). Put the weights on the storage both reach "
             "(`model.save('s3://...')`, then serve or load that URI) and call again."
         )
+    what = getattr(fn, "__qualname__", repr(fn))
+    env = _call_env(cluster, bare)
+    if bare:
+        return _one_off(cluster, env, payload, what, on_event)
+    for _ in range(2):
+        session = cluster.session(env)
+        try:
+            outcome = session.run(payload, on_event)
+        except KeyboardInterrupt:
+            session.end()  # the driver takes it as a KeyboardInterrupt of the call's own, and ends
+            raise
+        except BaseException:
+            session.end()
+            raise
+        if outcome is not None:
+            cluster.give_back(session)
+            return _answer(outcome)
+        if session.took:
+            break
+        # The driver ended before it took the call (it was at its idle end): another one takes it.
+    raise ClusterError(
+        f"A call of the cluster's ({what}) ended without an answer: " + _job_failure(cluster, session.job)
+    )
+
+
+def _call_env(cluster: Cluster, bare: bool) -> dict[str, Any]:
+    """The runtime env of a call's driver: the client's (unless ``bare``), and this process's storage
+    (runs, the registry, serve checkpoints), not the head's default, so that what the client writes and
+    reads is where the cluster writes and reads."""
+    users = {} if bare else cluster.uploaded_env()
+    env = dict(users)
+    ours = {k: os.environ[k] for k in ("RAYMODEL_HOME", "RAYMODEL_REGISTRY") if os.environ.get(k)}
+    if users:
+        ours[JOB_ENV] = json.dumps(users, sort_keys=True)
+    env["env_vars"] = {**ours, **env.get("env_vars", {}), _ON_CLUSTER: "1"}
+    return env
+
+
+def _answer(outcome: dict[str, Any]) -> Any:
+    if "raise" in outcome:
+        raise outcome["raise"]
+    if "error" in outcome:
+        raise RayModelError(outcome["error"])
+    return outcome["return"]
+
+
+def _one_off(cluster: Cluster, env: dict[str, Any], payload: bytes, what: str, on_event: Any) -> Any:
+    """A call in a job of its own: its package carries the call, and its driver ends with it."""
     with tempfile.TemporaryDirectory(prefix="raymodel-call-") as folder:
         # Named by its content: Ray keeps a package by the hash of its files, not of its folder's name, so
         # a call made again (the same pickle) finds its package under the same name.
@@ -372,42 +460,176 @@ def call(
         (package / "__init__.py").write_text("")
         (package / "call.pkl").write_bytes(payload)
         (package / "versions.json").write_text(json.dumps(versions_here()))
-        users = {} if bare else cluster.uploaded_env()
-        env = dict(users)
-        env["py_modules"] = [*env.get("py_modules", ()), str(package)]
-        # The call's driver uses this process's storage (runs, the registry, serve checkpoints), not the
-        # head's default: what the client writes and reads is where the cluster writes and reads.
-        ours = {k: os.environ[k] for k in ("RAYMODEL_HOME", "RAYMODEL_REGISTRY") if os.environ.get(k)}
-        if users:
-            ours[JOB_ENV] = json.dumps(users, sort_keys=True)
-        env["env_vars"] = {**ours, **env.get("env_vars", {}), _ON_CLUSTER: "1"}
+        env = {**env, "py_modules": [*env.get("py_modules", ()), str(package)]}
         job = cluster.client.submit_job(
             # Not `python -m` of this module: `raymodel`'s import has imported it before it runs as `__main__`
             # (runpy's RuntimeWarning, a line of every call's log).
             entrypoint=f"python -c 'import sys; from raymodel._internal.remote import main; main(sys.argv[1])' {name}",
             runtime_env=env,
-            metadata={"raymodel": "call", "function": getattr(fn, "__qualname__", repr(fn))},
+            metadata={"raymodel": "call", "function": what},
         )
+    session = _Session(cluster, job)
     try:
-        _stream(cluster, job, on_line, _say_here)
+        if session.start():
+            outcome = session.follow(1, on_event)
+            if outcome is not None:
+                return _answer(outcome)
     except KeyboardInterrupt:
-        cluster.client.stop_job(job)  # the call's driver takes it as a KeyboardInterrupt of its own
+        session.end()
         raise
-    if "versions" not in outcome:
-        _check_importable(cluster, job)
-    elif (other := _other_versions(cluster, outcome["versions"])) is not None:
-        disconnect()
-        raise other
-    if "raise" in outcome:
-        raise outcome["raise"]
-    if "error" in outcome:
-        raise RayModelError(outcome["error"])
-    if "return" in outcome:
-        return outcome["return"]
-    raise ClusterError(
-        f"A call of the cluster's ({getattr(fn, '__qualname__', fn)}) ended without an answer: "
-        + _job_failure(cluster, job)
-    )
+    finally:
+        session.close_stream()
+    raise ClusterError(f"A call of the cluster's ({what}) ended without an answer: " + _job_failure(cluster, job))
+
+
+class _Session:
+    """A driver of the cluster's (a job of Ray's) that runs this client's calls one after another, for
+    as long as they come: one driver's start (a process that imports Ray and raymodel, and Ray's job
+    supervisor) for many calls, not one for each.
+
+    It reads each call from Ray's package store (``gcs://NAME_N.pkl``, which this process puts there
+    through the dashboard, the only port it reaches), says ``took N``, runs it, and sends its events and
+    its value as marked lines of its log, which this process reads as Ray streams it (a websocket, for
+    the session's life). A driver given no call for ``SESSION_IDLE_S`` ends; this process gives a session
+    no call once it has been idle half that long, and takes another (or starts one)."""
+
+    def __init__(self, cluster: Cluster, job: str, name: str = "", key: str = "") -> None:
+        self.cluster, self.job, self.name, self.key = cluster, job, name, key
+        self.calls, self.took, self.ended = 0, False, False
+        self.idle_since = time.monotonic()
+        self.idle_s = SESSION_IDLE_S  # its driver's (given as it starts)
+        self.lines: queue.SimpleQueue[str | BaseException | None] = queue.SimpleQueue()
+        self._reader = threading.Thread(target=self._read, name="raymodel-cluster-log", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def new(cls, cluster: Cluster, env: dict[str, Any], key: str) -> _Session:
+        name = f"raymodel_session_{os.urandom(8).hex()}"
+        job = cluster.client.submit_job(
+            entrypoint=(
+                "python -c 'import sys; from raymodel._internal.remote import serve; serve(sys.argv[1], "
+                f"float(sys.argv[2]))' {name} {SESSION_IDLE_S:g}"
+            ),
+            runtime_env=env,
+            metadata={"raymodel": "session"},
+        )
+        session = cls(cluster, job, name, key)
+        if not session.start():
+            session.end()
+            raise ClusterError(
+                "A driver of the cluster's ended before it said its versions: " + _job_failure(cluster, job)
+            )
+        return session
+
+    # ------------------------------------------------------------ the log
+    def _read(self) -> None:
+        async def tail() -> None:
+            buffer = ""
+            async for chunk in self.cluster.client.tail_job_logs(self.job):
+                buffer += chunk
+                *lines, buffer = buffer.split("\n")
+                for text in lines:
+                    self.lines.put(text)
+            if buffer:
+                self.lines.put(buffer)
+
+        try:
+            asyncio.run(tail())
+        except BaseException as exc:  # noqa: BLE001 - the caller raises it
+            self.lines.put(exc)
+        self.lines.put(None)
+
+    def _next(self) -> str | None:
+        """The log's next line; ``None`` once it has ended. Waits in short steps: a KeyboardInterrupt
+        reaches the caller between them."""
+        while True:
+            try:
+                item = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                self.ended = True
+                raise item
+            if item is None:
+                self.ended = True
+            return item
+
+    def close_stream(self) -> None:
+        """Stop reading the log (a one-off call's, which has ended)."""
+        self._reader.join(timeout=5)
+
+    # ------------------------------------------------------------ calls
+    def start(self) -> bool:
+        """Read the driver's first line, its versions (checked against this process's); ``False`` where
+        its log ended before it said them."""
+        while (text := self._next()) is not None:
+            marked = _marked(text)
+            if marked is None:
+                _say_here(text)
+            elif marked[0] == "versions":
+                self.cluster.versions = json.loads(marked[2])
+                if (other := _other_versions(self.cluster, self.cluster.versions)) is not None:
+                    self.end()
+                    disconnect()
+                    raise other
+                return True
+        _check_importable(self.cluster, self.job)
+        return False
+
+    def run(self, payload: bytes, on_event: Callable[[Any], None] | None) -> dict[str, Any] | None:
+        """Send the call ``payload`` and follow it; its outcome, or ``None`` where the driver ended first."""
+        self.calls += 1
+        self.took = False
+        self.cluster.put_package(f"{self.name}_{self.calls}.pkl", payload)
+        return self.follow(self.calls, on_event)
+
+    def follow(self, number: int, on_event: Callable[[Any], None] | None) -> dict[str, Any] | None:
+        """The marked lines of call ``number`` to its outcome (``return``, ``raise`` or ``error``), each
+        event handed to ``on_event`` as it comes; ``None`` where the log ends first."""
+        while (text := self._next()) is not None:
+            marked = _marked(text)
+            if marked is None:
+                _say_here(text)
+                continue
+            kind, of, body = marked
+            if of != number:
+                continue
+            if kind == "took":
+                self.took = True
+                continue
+            value = serialization.loads(base64.b64decode(body)) if body else None
+            if kind == "event":
+                if on_event is not None:
+                    on_event(value)
+                continue
+            self.took = True
+            self.idle_since = time.monotonic()
+            return {kind: value}
+        return None
+
+    def fresh(self) -> bool:
+        """Whether this session may take a call: its driver is far from its idle end."""
+        alive = not self.ended and self._reader.is_alive()  # its log has not ended
+        return alive and time.monotonic() - self.idle_since < self.idle_s / 2
+
+    def end(self) -> None:
+        """Stop the driver (a call under way there gets a KeyboardInterrupt). Not waited for long: this
+        process may be ending, and the cluster gone (a driver left behind ends at its idle end)."""
+        self.ended = True
+        with contextlib.suppress(Exception):
+            self.cluster.client._do_request("POST", f"/api/jobs/{self.job}/stop", timeout=5)
+
+
+def _marked(text: str) -> tuple[str, int, str] | None:
+    """A marked line's kind, call number and body; ``None`` for any other line."""
+    if not text.startswith(MARK):
+        return None
+    kind, _, rest = text[len(MARK) :].partition(" ")
+    number, _, body = rest.partition(" ")
+    try:
+        return kind, int(number), body.strip()
+    except ValueError:
+        return None
 
 
 def _say_here(line: str) -> None:
@@ -415,43 +637,6 @@ def _say_here(line: str) -> None:
     if not line.strip() or line.startswith(_RAYS_OWN) or _RAYS_LOG_LINE.match(line):
         return
     print(line, file=sys.stderr, flush=True)
-
-
-def _stream(cluster: Cluster, job: str, on_line: Callable[[str, str], None], other: Callable[[str], None]) -> None:
-    """Read the job's log to its end as Ray streams it, handing each marked line to ``on_line`` (its
-    kind and body) and each other line to ``other``. In a thread of its own: the caller may be in an
-    event loop (a notebook)."""
-    failure: list[BaseException] = []
-
-    def line(text: str) -> None:
-        if text.startswith(MARK):
-            kind, _, body = text[len(MARK) :].partition(" ")
-            on_line(kind, body.strip())
-        else:
-            other(text)
-
-    async def tail() -> None:
-        buffer = ""
-        async for chunk in cluster.client.tail_job_logs(job):
-            buffer += chunk
-            *lines, buffer = buffer.split("\n")
-            for text in lines:
-                line(text)
-        if buffer:
-            line(buffer)
-
-    def run() -> None:
-        try:
-            asyncio.run(tail())
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-            failure.append(exc)
-
-    reader = threading.Thread(target=run, name="raymodel-cluster-log", daemon=True)
-    reader.start()
-    while reader.is_alive():
-        reader.join(timeout=0.5)  # a KeyboardInterrupt reaches the caller between joins
-    if failure:
-        raise failure[0]
 
 
 def _check_importable(cluster: Cluster, job: str) -> None:
@@ -483,6 +668,14 @@ def _job_failure(cluster: Cluster, job: str) -> str:
     return f"Ray's job {job} is {info.status} ({info.message or 'no message'}); its log ends:\n{tail}"
 
 
+def _end_sessions() -> None:
+    for cluster in _CLUSTER:
+        cluster.end_sessions()
+
+
+atexit.register(_end_sessions)  # this process's drivers on the cluster end with it, not at their idle end
+
+
 # ---------------------------------------------------------- the cluster's side
 #: Set in a call's driver: it is on the cluster, whatever RAY_ADDRESS says.
 _ON_CLUSTER = "RAYMODEL_CALL_DRIVER"
@@ -491,6 +684,10 @@ _ON_CLUSTER = "RAYMODEL_CALL_DRIVER"
 def in_call() -> bool:
     """Whether this process is a call's driver on the cluster (a client off it made the call)."""
     return bool(os.environ.get(_ON_CLUSTER))
+
+
+#: The number of the call a driver runs now (its marked lines name it).
+_NOW = [1]
 
 
 def emit(event: Any) -> None:
@@ -503,9 +700,9 @@ def _send(kind: str, value: Any) -> None:
     _send_line(kind, base64.b64encode(serialization.dumps(value)).decode())
 
 
-def _send_line(kind: str, body: str) -> None:
+def _send_line(kind: str, body: str = "", number: int | None = None) -> None:
     out = sys.__stdout__ or sys.stdout  # the driver's own, where sys.stdout is redirected (``raymodel`` commands)
-    out.write(f"{MARK}{kind} {body}\n")
+    out.write(f"{MARK}{kind} {_NOW[0] if number is None else number} {body}\n")
     out.flush()
 
 
@@ -514,14 +711,45 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def main(package: str) -> None:
-    """A call's driver: run the call in ``package``'s ``call.pkl`` and send its value (or exception)."""
+    """A one-off call's driver: run the call in ``package``'s ``call.pkl`` and send its value (or exception)."""
     signal.signal(signal.SIGTERM, _interrupt)
     folder = Path(importlib.import_module(package).__file__ or "").parent
     ours = versions_here()
-    _send_line("versions", json.dumps(ours))
+    _send_line("versions", json.dumps(ours), 0)
     if version_problem(json.loads((folder / "versions.json").read_text()), ours):
         return  # the client says it: nothing of its pickles is loaded here
-    payload = (folder / "call.pkl").read_bytes()
+    _run((folder / "call.pkl").read_bytes())
+
+
+def serve(name: str, idle_s: float) -> None:
+    """A session's driver (``_Session``): its versions, then each call the client puts in the package store
+    (``gcs://NAME_1.pkl``, ``NAME_2.pkl``, ...) taken, run and answered in turn, until none comes for
+    ``idle_s`` seconds or the client stops the job (a KeyboardInterrupt: it ends here too)."""
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    _send_line("versions", json.dumps(versions_here()), 0)  # the client sends nothing where they differ
+    store = GcsClient(address=os.environ["RAY_ADDRESS"])  # the cluster's GCS (Ray's job manager sets it)
+    number, idle_since = 1, time.monotonic()
+    try:
+        while time.monotonic() - idle_since < idle_s:
+            key = f"gcs://{name}_{number}.pkl".encode()
+            payload = store.internal_kv_get(key, None)
+            if payload is None:
+                time.sleep(_LOOK_S)
+                continue
+            store.internal_kv_del(key, False, None)
+            _NOW[0] = number
+            _send_line("took")
+            if not _run(payload):
+                return  # interrupted: the client ended this session
+            number, idle_since = number + 1, time.monotonic()
+    except KeyboardInterrupt:
+        return
+
+
+def _run(payload: bytes) -> bool:
+    """Run a call and send its value (or exception); ``False`` where it was interrupted."""
     try:
         fn, args = serialization.loads(payload)
         value = fn(*args)
@@ -530,5 +758,6 @@ def main(package: str) -> None:
             _send("raise", exc)
         except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
             _send("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        return
+        return not isinstance(exc, KeyboardInterrupt)
     _send("return", value)
+    return True
