@@ -21,8 +21,8 @@ def test_every_hook_is_declared_once_as_a_documented_no_op():
     assert all(n.startswith(("before_", "after_", "on_")) for n in CALLBACK_HOOK_NAMES)
 
 
-def test_runner_skips_what_nobody_overrode_and_chains_before_batch():
-    calls = []
+def _plus_one_then_kept(calls: list) -> tuple[rm.RayModel, rm.Callback]:
+    """A model whose ``before_batch`` adds 1, and a callback whose ``before_batch`` keeps the batch (``None``)."""
 
     class Model(rm.RayModel):
         def before_batch(self, batch, batch_idx):
@@ -32,12 +32,22 @@ def test_runner_skips_what_nobody_overrode_and_chains_before_batch():
     class Cb(rm.Callback):
         async def before_batch(self, batch, batch_idx):
             calls.append(("cb", batch))
-            return None  # keeps the batch
+            return None
 
-    model, cb = Model(), Cb()
+    return Model(), Cb()
+
+
+def test_the_runner_skips_the_hooks_nobody_overrode():
+    model, cb = _plus_one_then_kept([])
     runner = HookRunner(model, [cb])
     assert runner.has("before_batch") and not runner.has("after_batch")
     assert is_default(model, "after_batch") and not is_default(model, "before_batch")
+
+
+def test_before_batch_runs_the_model_then_each_callback_whose_none_keeps_the_batch():
+    calls: list = []
+    model, cb = _plus_one_then_kept(calls)
+    runner = HookRunner(model, [cb])
     assert asyncio.run(runner.before_batch(1, 0)) == 2
     assert calls == [("model", 1), ("cb", 2)]
     assert cb.model is model

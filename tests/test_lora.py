@@ -42,12 +42,15 @@ def greedy(hf_model, tokenizer, prompt: str = PROMPT["prompt"], n: int = PROMPT[
     return tokenizer.decode(out[0, ids.shape[-1] :], skip_special_tokens=True)
 
 
-def test_a_lora_declaration_defaults_alpha_to_twice_the_rank_and_its_config_keys_win():
+def test_a_lora_declarations_alpha_defaults_to_twice_its_rank():
     assert rm.LoRA().resolved({}) == (8, 16.0)
     assert rm.LoRA(r=4, alpha=4).resolved({}) == (4, 4.0)
-    assert rm.LoRA(r=4).resolved({"lora_r": 16}) == (16, 32.0)
-    assert rm.LoRA(r=4).resolved({"lora_r": 2, "lora_alpha": 7}) == (2, 7.0)
     assert rm.LoRA(target_modules="c_attn").target_modules == ("c_attn",)
+
+
+def test_the_lora_keys_of_a_models_config_win_over_its_declaration():
+    assert rm.LoRA(r=4).resolved({"lora_r": 16}) == (16, 32.0)  # alpha still twice the rank, the config's
+    assert rm.LoRA(r=4).resolved({"lora_r": 2, "lora_alpha": 7}) == (2, 7.0)
     assert rm.LoRA().resolved({"lora_r": np.int64(4), "lora_alpha": np.float32(2)}) == (4, 2.0)  # a searcher's
 
 

@@ -40,7 +40,7 @@ SMALL = {"ray_actor_options": {"num_cpus": 0.25}}  # three routes' replicas fit 
 
 
 # ---------------------------------------------------------------- without a cluster
-def test_a_split_is_checked_and_keys_land_by_weight_and_stay():
+def test_a_split_is_checked_before_anything_serves_it():
     assert check_split({"digits@production": 0.9, "digits@candidate": 0.1}) == {
         "digits@production": 0.9,
         "digits@candidate": 0.1,
@@ -54,6 +54,9 @@ def test_a_split_is_checked_and_keys_land_by_weight_and_stay():
     ):
         with pytest.raises(SettingsError, match=says):
             check_split(bad)
+
+
+def test_a_splits_keys_land_by_weight_and_each_stays_where_it_landed():
     shares = [("a", 0.9), ("b", 0.1)]
     landed = collections.Counter(pick(shares, point(f"user-{i}")) for i in range(20000))
     assert abs(landed["b"] / 20000 - 0.1) < 0.01

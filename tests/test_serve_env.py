@@ -14,9 +14,12 @@ from raymodel._internal import ingress
 from raymodel.exceptions import SettingsError
 
 
-def test_haproxy_is_the_default_ingress_and_the_environment_or_an_argument_chooses_another(monkeypatch):
+def test_haproxy_is_the_default_ingress(monkeypatch):
     monkeypatch.delenv("RAYMODEL_SERVE_INGRESS", raising=False)
     assert ingress.resolve_ingress(None) == "haproxy"
+
+
+def test_the_environment_chooses_another_ingress_and_an_argument_overrides_it(monkeypatch):
     monkeypatch.setenv("RAYMODEL_SERVE_INGRESS", "proxy")
     assert ingress.resolve_ingress(None) == "proxy"
     assert ingress.resolve_ingress("haproxy") == "haproxy"

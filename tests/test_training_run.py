@@ -177,16 +177,12 @@ def test_a_ray_train_run_starts_no_helper_it_does_not_need(no_ray, tmp_path):
     assert callbacks({}, swept=True) == [c for c in everything if c not in (data, cleaner)]
 
 
-def test_a_torch_runs_process_group_is_torch_configs_and_its_controller_imports_no_torch(no_ray, tmp_path):
+def test_a_torch_runs_process_group_is_rays_torch_config(no_ray, tmp_path):
     """``ProcessGroup`` (``backends/_torch/process_group.py``) is Ray's ``TorchConfig``: its fields and their
     defaults, its state export and framework, and Ray's own steps on the workers (checked here when Ray
-    is upgraded); a torch run's ``TorchTrainer`` carries it, and what the run's controller unpickles of it
-    imports no torch (Ray's ``TorchConfig`` does: its module imports torch)."""
+    is upgraded); a torch run's ``TorchTrainer`` carries it."""
     import dataclasses
-    import subprocess
-    import sys
 
-    import cloudpickle
     from ray.train.torch import TorchTrainer, config as ray_torch
 
     from raymodel.backends._torch.process_group import ProcessGroup
@@ -199,36 +195,61 @@ def test_a_torch_runs_process_group_is_torch_configs_and_its_controller_imports_
     for step in ("_set_torch_distributed_env_vars", "_setup_torch_process_group", "_shutdown_torch"):
         assert callable(getattr(ray_torch, step)), step
     assert callable(ray_torch.TorchConfigContextManager)
-
     plan = RunPlan(name="r", storage=str(tmp_path), loop=print, loop_config={})
     trainer = RayTrainRun(TinyNet.backend, plan).trainer()
     assert isinstance(trainer, TorchTrainer) and isinstance(trainer.backend_config, ProcessGroup)
-    config = trainer.backend_config
+
+
+def test_what_a_torch_runs_controller_unpickles_of_its_process_group_imports_no_torch(no_ray, tmp_path):
+    """The process group of a torch run's trainer, as its controller unpickles it, imports no torch (Ray's
+    ``TorchConfig`` does: its module imports torch). In a fresh process, as the controller is."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+    from ray.train.torch import config as ray_torch
+
+    from raymodel.train._ray_train_run import RayTrainRun
+
+    plan = RunPlan(name="r", storage=str(tmp_path), loop=print, loop_config={})
+    config = RayTrainRun(TinyNet.backend, plan).trainer().backend_config
     blob = cloudpickle.dumps((config, config.backend_cls, config.train_func_context))
     code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read())[0].framework; print('torch' in sys.modules)"
     unpickled = lambda blob: subprocess.run(  # noqa: E731 - a fresh process, as the controller is
         [sys.executable, "-c", code], input=blob, capture_output=True, check=True
     ).stdout.strip()
     assert unpickled(blob) == b"False"
+    rays = ray_torch.TorchConfig()
     rays_blob = cloudpickle.dumps((rays, rays.backend_cls, rays.train_func_context))
     assert unpickled(rays_blob) == b"True"  # what the check would see of Ray's own
 
 
-def test_a_torch_runs_own_trainer_is_a_data_parallel_trainer_and_building_it_imports_no_torch(no_ray, tmp_path):
+def test_a_torch_runs_own_trainer_is_a_data_parallel_trainer_with_the_process_group(no_ray, tmp_path):
     """raymodel's own run of a torch, Lightning or transformers model (``RayTrainRun.fit``: a pool's, a
-    one-off's) is Ray's ``DataParallelTrainer`` with ``ProcessGroup``, which is what ``TorchTrainer`` builds,
-    so the process that fits it (a pool's actor, a job's runner) does not import torch (``TorchTrainer``'s
-    module does) before it asks for the run's controller. Built in a fresh process, as a pool's actor
-    builds it. ``as_trainer()`` and a run of no workers (Ray Train's local mode) keep ``TorchTrainer``."""
-    import subprocess
-    import sys
-
+    one-off's) is Ray's ``DataParallelTrainer`` with ``ProcessGroup``, which is what ``TorchTrainer`` builds.
+    ``as_trainer()`` and a run of no workers (Ray Train's local mode) keep ``TorchTrainer``."""
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from raymodel.backends._torch.backend import TorchBackend
     from raymodel.backends._torch.process_group import ProcessGroup
     from raymodel.train._ray_train_run import RayTrainRun
+
+    run = lambda workers: RayTrainRun(  # noqa: E731
+        TorchBackend(), RunPlan(name="r", storage=str(tmp_path), loop=print, loop_config={}, num_workers=workers)
+    )
+    own = run(2).trainer(own=True)
+    assert type(own) is DataParallelTrainer and isinstance(own.backend_config, ProcessGroup)
+    assert isinstance(run(2).trainer(), TorchTrainer)  # as_trainer()'s
+    assert isinstance(run(0).trainer(own=True), TorchTrainer)  # local mode: TorchTrainer's own controller
+
+
+def test_building_a_torch_runs_own_trainer_imports_no_torch(no_ray, tmp_path):
+    """The process that fits raymodel's own torch run (a pool's actor, a job's runner) does not import torch
+    (``TorchTrainer``'s module does) before it asks for the run's controller. Built in a fresh process, as a
+    pool's actor builds it."""
+    import subprocess
+    import sys
 
     code = (
         "import sys\n"
@@ -241,11 +262,3 @@ def test_a_torch_runs_own_trainer_is_a_data_parallel_trainer_and_building_it_imp
     )
     built = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert built.stdout.split() == ["DataParallelTrainer", "ProcessGroup", "False"], built.stderr[-2000:]
-
-    run = lambda workers: RayTrainRun(  # noqa: E731
-        TorchBackend(), RunPlan(name="r", storage=str(tmp_path), loop=print, loop_config={}, num_workers=workers)
-    )
-    own = run(2).trainer(own=True)
-    assert type(own) is DataParallelTrainer and isinstance(own.backend_config, ProcessGroup)
-    assert isinstance(run(2).trainer(), TorchTrainer)  # as_trainer()'s
-    assert isinstance(run(0).trainer(own=True), TorchTrainer)  # local mode: TorchTrainer's own controller
