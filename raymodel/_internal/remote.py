@@ -491,7 +491,11 @@ class _Session:
     through the dashboard, the only port it reaches), says ``took N``, runs it, and sends its events and
     its value as marked lines of its log, which this process reads as Ray streams it (a websocket, for
     the session's life). A driver given no call for ``SESSION_IDLE_S`` ends; this process gives a session
-    no call once it has been idle half that long, and takes another (or starts one)."""
+    no call once it has been idle half that long, and takes another (or starts one).
+
+    Ray has no public API for this: the call goes through the Jobs SDK's request (``_do_request``, the
+    PUT of Ray's own package upload) and the driver reads it with ``GcsClient``'s key-value calls (Ray
+    2.60); the off-cluster lane (``tests/test_off_cluster.py``) checks both when Ray is upgraded."""
 
     def __init__(self, cluster: Cluster, job: str, name: str = "", key: str = "") -> None:
         self.cluster, self.job, self.name, self.key = cluster, job, name, key
