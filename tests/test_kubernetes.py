@@ -7,7 +7,9 @@ deploy`` in tests/test_model_server.py and tests/test_llm_serving.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
 import time
 import zipfile
@@ -235,16 +237,42 @@ def test_a_rayjobs_entrypoint_and_runtime_env_train_and_register_through_rays_jo
     spec = manifest["spec"]
     dashboard = "http://" + ray._private.worker.global_worker.node.address_info["webui_url"]
     client = JobSubmissionClient(dashboard)
-    job_id = until(lambda: _submitted(client, spec), 120)  # the head's job agent may still be starting
-    deadline = time.monotonic() + 420
-    while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-        assert time.monotonic() < deadline, client.get_job_logs(job_id)[-3000:]
-        time.sleep(1.0)
+    with _found_by_auto():
+        job_id = until(lambda: _submitted(client, spec), 120)  # the head's job agent may still be starting
+        deadline = time.monotonic() + 420
+        while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            assert time.monotonic() < deadline, client.get_job_logs(job_id)[-3000:]
+            time.sleep(1.0)
     logs = client.get_job_logs(job_id)
     assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, logs[-3000:]
+    trained = re.search(r"(train-\S+) submitted: train k8s-digits:", logs)
+    assert trained and rm.jobs.get(trained.group(1)).status == "SUCCEEDED", logs[-2000:]  # a job of this head's
     made = reg.show("k8s-digits", "candidate")
     assert made.version == start.version + 1 and "registered k8s-digits:" in logs, logs[-2000:]
     assert made.lineage["parent"] == f"k8s-digits:{start.version}", made.lineage  # trained from production
+
+
+@contextlib.contextmanager
+def _found_by_auto():
+    """Ray's job supervisor gives a job's driver the cluster it finds by ``auto``: the address that ``ray
+    start`` writes in its temp folder (``ray_current_cluster``), else any GCS running on the machine. A
+    RayJob's head is a ``ray start``; this session's instance was started by ``ray.init``, which writes
+    none, so a driver could join a lane's cluster running beside it (seen in a clean-clone run). While
+    the job runs, the session's address is there, as ``ray start`` would have written it."""
+    import ray
+    from ray._common.utils import get_ray_address_file
+
+    node = ray._private.worker._global_node
+    path = Path(get_ray_address_file(node.get_temp_dir_path()))
+    before = path.read_text() if path.exists() else None
+    path.write_text(node.gcs_address)
+    try:
+        yield
+    finally:
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(before)
 
 
 def _submitted(client, spec: dict) -> str | None:
