@@ -257,7 +257,7 @@ def _found_by_auto():
     """Ray's job supervisor gives a job's driver the cluster it finds by ``auto``: the address that ``ray
     start`` writes in its temp folder (``ray_current_cluster``), else any GCS running on the machine. A
     RayJob's head is a ``ray start``; this session's instance was started by ``ray.init``, which writes
-    none, so a driver could join a lane's cluster running beside it (seen in a clean-clone run). While
+    none, so a driver could join a lane's cluster running beside it, and fail when that one ends. While
     the job runs, the session's address is there, as ``ray start`` would have written it."""
     import ray
     from ray._common.utils import get_ray_address_file
