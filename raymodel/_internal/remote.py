@@ -13,8 +13,8 @@ waits for), then the function's value or its exception, raised here as it was ra
 The client's ``runtime_env`` goes further than the driver: it names it in ``JOB_ENV`` (``job_env``),
 and each job the driver submits carries it to the training server, which starts the job's runner and
 pool with it (``with_job_env``). Actors inherit the runtime env of the job that made them, and none
-can unset a field of it, so the server itself is started by a call without it (``bare``: a job of
-its own, ``main``): what one client named is no other client's.
+can unset a field of it, so the server itself is started by a call without it (``bare``: in a
+driver of its own, ended once it answered): what one client named is no other client's.
 
 Connecting checks, before anything is submitted, that the address answers and that the cluster
 takes this process's token (Ray's token auth). That the cluster runs the same raymodel, Ray and
@@ -32,7 +32,6 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -387,7 +386,7 @@ def call(
     """``fn(*args)`` on the cluster, in a driver of the cluster's (a session: ``_Session``); each
     ``emit(event)`` of ``fn`` reaches ``on_event`` here as it is made. Returns what ``fn`` returned, or
     raises what it raised. ``by_value``: objects whose classes' modules travel by value (they need not
-    exist on the cluster). ``bare``: without the client's ``runtime_env``, in a job of its own (what
+    exist on the cluster). ``bare``: without the client's ``runtime_env``, in a driver of its own (what
     starts the training server, whose actors would keep it: Ray's actors inherit the runtime env of the
     job that made them, and no child unsets it)."""
     cluster = active()
@@ -403,28 +402,26 @@ def call(
             f"{_mib(package_limit())} (RAY_max_grpc_message_size). Put the weights on the storage both reach "
             "(`model.save('s3://...')`, then serve or load that URI) and call again."
         )
-    what = getattr(fn, "__qualname__", repr(fn))
     env = _call_env(cluster, bare)
-    if bare:
-        return _one_off(cluster, env, payload, what, on_event)
     for _ in range(2):
         session = cluster.session(env)
         try:
             outcome = session.run(payload, on_event)
-        except KeyboardInterrupt:
-            session.end()  # the driver takes it as a KeyboardInterrupt of the call's own, and ends
-            raise
-        except BaseException:
+        except BaseException:  # a KeyboardInterrupt too: the driver takes it as the call's own, and ends
             session.end()
             raise
         if outcome is not None:
-            cluster.give_back(session)
+            if bare:
+                session.end()  # its env is no client's: no other call runs there
+            else:
+                cluster.give_back(session)
             return _answer(outcome)
         if session.took:
             break
         # The driver ended before it took the call (it was at its idle end): another one takes it.
     raise ClusterError(
-        f"A call of the cluster's ({what}) ended without an answer: " + _job_failure(cluster, session.job)
+        f"A call of the cluster's ({getattr(fn, '__qualname__', fn)}) ended without an answer: "
+        + _job_failure(cluster, session.job)
     )
 
 
@@ -449,39 +446,6 @@ def _answer(outcome: dict[str, Any]) -> Any:
     return outcome["return"]
 
 
-def _one_off(cluster: Cluster, env: dict[str, Any], payload: bytes, what: str, on_event: Any) -> Any:
-    """A call in a job of its own: its package carries the call, and its driver ends with it."""
-    with tempfile.TemporaryDirectory(prefix="raymodel-call-") as folder:
-        # Named by its content: Ray keeps a package by the hash of its files, not of its folder's name, so
-        # a call made again (the same pickle) finds its package under the same name.
-        name = f"raymodel_call_{hashlib.sha256(payload).hexdigest()[:16]}"
-        package = Path(folder) / name
-        package.mkdir()
-        (package / "__init__.py").write_text("")
-        (package / "call.pkl").write_bytes(payload)
-        (package / "versions.json").write_text(json.dumps(versions_here()))
-        env = {**env, "py_modules": [*env.get("py_modules", ()), str(package)]}
-        job = cluster.client.submit_job(
-            # Not `python -m` of this module: `raymodel`'s import has imported it before it runs as `__main__`
-            # (runpy's RuntimeWarning, a line of every call's log).
-            entrypoint=f"python -c 'import sys; from raymodel._internal.remote import main; main(sys.argv[1])' {name}",
-            runtime_env=env,
-            metadata={"raymodel": "call", "function": what},
-        )
-    session = _Session(cluster, job)
-    try:
-        if session.start():
-            outcome = session.follow(1, on_event)
-            if outcome is not None:
-                return _answer(outcome)
-    except KeyboardInterrupt:
-        session.end()
-        raise
-    finally:
-        session.close_stream()
-    raise ClusterError(f"A call of the cluster's ({what}) ended without an answer: " + _job_failure(cluster, job))
-
-
 class _Session:
     """A driver of the cluster's (a job of Ray's) that runs this client's calls one after another, for
     as long as they come: one driver's start (a process that imports Ray and raymodel, and Ray's job
@@ -497,7 +461,7 @@ class _Session:
     PUT of Ray's own package upload) and the driver reads it with ``GcsClient``'s key-value calls (Ray
     2.60); the off-cluster lane (``tests/test_off_cluster.py``) checks both when Ray is upgraded."""
 
-    def __init__(self, cluster: Cluster, job: str, name: str = "", key: str = "") -> None:
+    def __init__(self, cluster: Cluster, job: str, name: str, key: str) -> None:
         self.cluster, self.job, self.name, self.key = cluster, job, name, key
         self.calls, self.took, self.ended = 0, False, False
         self.idle_since = time.monotonic()
@@ -557,10 +521,6 @@ class _Session:
             if item is None:
                 self.ended = True
             return item
-
-    def close_stream(self) -> None:
-        """Stop reading the log (a one-off call's, which has ended)."""
-        self._reader.join(timeout=5)
 
     # ------------------------------------------------------------ calls
     def start(self) -> bool:
@@ -712,17 +672,6 @@ def _send_line(kind: str, body: str = "", number: int | None = None) -> None:
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # Ray's stop of the job (the client's Ctrl-C): the call ends as it would here
-
-
-def main(package: str) -> None:
-    """A one-off call's driver: run the call in ``package``'s ``call.pkl`` and send its value (or exception)."""
-    signal.signal(signal.SIGTERM, _interrupt)
-    folder = Path(importlib.import_module(package).__file__ or "").parent
-    ours = versions_here()
-    _send_line("versions", json.dumps(ours), 0)
-    if version_problem(json.loads((folder / "versions.json").read_text()), ours):
-        return  # the client says it: nothing of its pickles is loaded here
-    _run((folder / "call.pkl").read_bytes())
 
 
 def serve(name: str, idle_s: float) -> None:
