@@ -70,7 +70,7 @@ def main() -> None:
 
     print("== a first release: nothing in production yet, so the gate passes ==")
     first = DigitsNet(config={"hidden": 32, "lr": 3e-4}).release(
-        data=data, settings={**SETTINGS, "num_epochs": 1}, register="digits@production", gate=GATE, wait=True
+        data=data, settings={**SETTINGS, "num_epochs": 1}, register="digits@production", gate=GATE
     )
     timeline(first)
 
@@ -85,6 +85,7 @@ def main() -> None:
             gate=GATE,
             route="/digits",
             rollout=rm.RolloutPlan(steps=(0.5, 1.0), step_s=3, guard=rm.Guard(max_error_rate=0.01, min_requests=20)),
+            wait=False,  # the Job at once: this script watches its stage
         )
         while job.status in ("PENDING", "RUNNING"):
             print(f"  ... {job.stage}")
@@ -93,9 +94,8 @@ def main() -> None:
 
         print("== a worse candidate: rejected at the gate, the route and the alias untouched ==")
         worse = DigitsNet(config={"hidden": 8, "lr": 1e-5}).release(
-            data=data, settings={**SETTINGS, "num_epochs": 1}, register="digits", gate=GATE, route="/digits",
-            wait=True,
-        )  # fmt: skip
+            data=data, settings={**SETTINGS, "num_epochs": 1}, register="digits", gate=GATE, route="/digits"
+        )
         timeline(worse)
     finally:
         seen = client.stop()

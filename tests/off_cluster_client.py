@@ -284,6 +284,7 @@ def release() -> None:
         gate=rm.Gate(metric="val_acc", mode="max", min_delta=-1.0, against="laptop-digits@production"),
         route="/laptop-release",
         rollout={"steps": (0.5, 1.0), "step_s": 1.0, "guard": {"min_requests": 5}},
+        wait=False,
     )
     answers: list[int] = []
     done = threading.Event()

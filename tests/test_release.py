@@ -201,6 +201,7 @@ def any_score_release(released: dict[str, Any], rollout: Any) -> Any:
         gate=rm.Gate(metric="val_acc", against="digits@production", min_delta=-1.0),
         route="/release",
         rollout=rollout,
+        wait=False,
     )
 
 
@@ -222,6 +223,7 @@ def test_a_better_candidate_goes_from_data_to_production_in_one_job_while_every_
             gate=rm.Gate(metric="val_acc", against="digits@production"),
             route="/release",
             rollout=rm.RolloutPlan(steps=(0.5, 1.0), step_s=1, guard=rm.Guard(max_error_rate=0.0, min_requests=10)),
+            wait=False,
         )
         assert job.kind == "release" and job.stage in STAGES
         result = job.wait(timeout=600)
@@ -244,12 +246,14 @@ def test_a_better_candidate_goes_from_data_to_production_in_one_job_while_every_
 
 @pytest.mark.integration
 @pytest.mark.beside  # rollouts' steps and jobs' waits: the second session (tests/beside.py)
-def test_a_worse_candidate_is_rejected_at_the_gate_with_both_figures_and_nothing_is_touched(released):
+def test_a_worse_candidate_is_rejected_at_the_gate_with_both_figures_and_nothing_is_touched(released, capsys):
+    """``release`` waits by default, as ``train`` and ``tune`` do: it prints each stage as it ends and
+    returns the ``ReleaseResult``."""
     from models import DigitsNet
 
     versions = [r.version for r in rm.registry.list("digits")]
     production = rm.registry.show("digits", "production").version
-    job = DigitsNet(config={"lr": 0.0}).release(
+    result = DigitsNet(config={"lr": 0.0}).release(
         data=released["data"],
         settings={**TRAIN, "num_epochs": 1},
         register="digits@candidate",
@@ -257,8 +261,11 @@ def test_a_worse_candidate_is_rejected_at_the_gate_with_both_figures_and_nothing
         route="/release",
         rollout={"steps": (1.0,), "step_s": 0},
     )
-    result = job.wait(timeout=600)
-    assert result.status == "REJECTED" and job.status == "REJECTED", result
+    assert isinstance(result, rm.ReleaseResult) and result.status == "REJECTED", result
+    job = [j for j in rm.jobs.list() if j.kind == "release"][-1]  # the newest: this one
+    assert job.status == "REJECTED"
+    printed = capsys.readouterr().out
+    assert f"{job.id} evaluate" in printed and f"{job.id} REJECTED: {result.reason}" in printed, printed
     judged = result.stage("evaluate")
     mine, theirs = judged["candidate"]["val_acc"], judged["against"]["val_acc"]
     assert mine < theirs and f"val_acc {mine:.6g} against {theirs:.6g} of digits@production" in result.reason
@@ -311,6 +318,7 @@ def test_a_candidate_that_breaks_its_guard_is_rolled_back_and_no_alias_moves(rel
             gate=rm.Gate(metric="val_acc", against="digits@production", min_delta=-1.0),  # any score passes
             route="/release",
             rollout=rm.RolloutPlan(steps=(0.5, 1.0), step_s=30, guard=rm.Guard(max_error_rate=0.01, min_requests=10)),
+            wait=False,
         )
         result = job.wait(timeout=600)
     finally:
@@ -392,6 +400,7 @@ def test_a_release_whose_server_is_killed_while_it_trains_ends_with_each_epoch_o
         settings={"num_workers": 1, "num_epochs": 6, "batch_size": 8, "progress": False},
         register="slow@production",
         gate=rm.Gate(metric="val_loss", mode="min", against="slow@production"),  # the first: nothing to beat
+        wait=False,
     )
     until(lambda: len(job.history()) >= 2, 180)
     ray.kill(ray.get_actor(NAME, namespace=NAMESPACE), no_restart=False)  # Ray restarts it
@@ -598,6 +607,7 @@ def test_a_tuned_release_gates_the_best_trial_and_a_stop_in_its_rollout_leaves_t
             gate=rm.Gate(metric="val_acc", against="digits@production", min_delta=-1.0),
             route="/release",
             rollout=rm.RolloutPlan(steps=(0.5, 1.0), step_s=600, guard=rm.Guard(min_requests=5)),
+            wait=False,
         )
         until(lambda: job.stage == "rollout" and running_rollouts() and running_rollouts()[0].state()["step"] == 1, 300)
         job.stop()

@@ -27,10 +27,9 @@ from raymodel.jobs._listing import (
     wait_warm,
 )
 from raymodel.jobs._port import ServerClient
-from raymodel.jobs._release import follow as follow_release
+from raymodel.jobs._release import follow as follow_release, submit_release
 from raymodel.jobs._release_plan import Gate, ReleaseResult, RolloutPlan, current_stage, describe as describe_stage
 from raymodel.jobs._submit import submit, submit_train, submit_tune, train_and_wait, tune_and_wait
-from raymodel.jobs._verb import Releases
 from raymodel.jobs._views import Stream, held
 from raymodel.jobs._warm import cpus_needed as warm_cpus, parse_warm, shown as shown_warm
 
@@ -39,8 +38,8 @@ __all__ = [
     "Gate",
     "RolloutPlan",
     "ReleaseResult",
-    "Releases",
     "follow_release",
+    "submit_release",
     "current_stage",
     "describe_stage",
     "list",
