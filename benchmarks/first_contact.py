@@ -262,8 +262,14 @@ def side_env(home: str) -> dict[str, str]:
     if token or Path.home().joinpath(".ray", "auth_token").is_file():  # token auth, as raymodel turns it on
         env.setdefault("RAY_AUTH_MODE", "token")
     path = os.pathsep.join(filter(None, [str(HERE), str(EXAMPLES), env.get("PYTHONPATH")]))
-    return {**env, **RAY_ENV, "PYTHONPATH": path, "RAYMODEL_HOME": home,
-            "RAYMODEL_SERVER_FILE": os.path.join(home, "server.json"), "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    return {
+        **env,
+        **RAY_ENV,
+        "PYTHONPATH": path,
+        "RAYMODEL_HOME": home,
+        "RAYMODEL_SERVER_FILE": os.path.join(home, "server.json"),
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _cli(args: list[str], env: dict[str, str]) -> float:
@@ -355,11 +361,14 @@ def report_off_cluster(out: dict[str, Any]) -> None:
     rm_walls, hand_walls = [r["wall"] for r in out["rm"]], [r["wall"] for r in out["hand"]]
     ratio = statistics.median(rm_walls) / statistics.median(hand_walls)
     print("\n## off the cluster: a client process that is not a node, its first job, start to end")
-    print(f"        torch: `raymodel server start --warm torch:2 --wait` {out['start']:.1f} s; raymodel clients "
-          + ", ".join(f"{w:.1f}" for w in rm_walls) + f" s; `ray start --head` {out['hand_start']:.1f} s; "
-          "hand-written clients (JobSubmissionClient, entrypoint + working_dir) "
-          + ", ".join(f"{w:.1f}" for w in hand_walls)
-          + f" s; ratio of medians {ratio:.2f}x (goal <= 0.5x: {'met' if ratio <= 0.5 else 'NOT met'})")  # fmt: skip
+    print(
+        f"        torch: `raymodel server start --warm torch:2 --wait` {out['start']:.1f} s; raymodel clients "
+        + ", ".join(f"{w:.1f}" for w in rm_walls)
+        + f" s; `ray start --head` {out['hand_start']:.1f} s; "
+        "hand-written clients (JobSubmissionClient, entrypoint + working_dir) "
+        + ", ".join(f"{w:.1f}" for w in hand_walls)
+        + f" s; ratio of medians {ratio:.2f}x (goal <= 0.5x: {'met' if ratio <= 0.5 else 'NOT met'})"
+    )
     for side in ("rm", "hand"):
         for r in out[side]:
             print(f"  off {side}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.items()))
@@ -413,11 +422,15 @@ def report_cold(backends: list[str], runs: dict[str, dict[str, list[dict]]]) -> 
         inits += [r["init_s"] for r in runs[backend]["rm"]]
         ratio = statistics.median(mine) / statistics.median(hand)
         goal = GOALS[backend]
-        print(f"{backend:>13}: hand-written {_median(hand)}  raymodel {_median(mine)}  "
-              f"{ratio:.2f}x (goal <= {goal:g}x: {'met' if ratio <= goal else 'NOT met'})")  # fmt: skip
+        print(
+            f"{backend:>13}: hand-written {_median(hand)}  raymodel {_median(mine)}  "
+            f"{ratio:.2f}x (goal <= {goal:g}x: {'met' if ratio <= goal else 'NOT met'})"
+        )
     hand_inits = [r["init_s"] for b in backends for r in runs[b]["hand"]]
-    print(f"rm.init() itself (a local Ray started, the server asked to warm): {_median(inits)} (goal <= 3 s); "
-          f"ray.init() in the hand-written processes (ray imported before): {_median(hand_inits)}")  # fmt: skip
+    print(
+        f"rm.init() itself (a local Ray started, the server asked to warm): {_median(inits)} (goal <= 3 s); "
+        f"ray.init() in the hand-written processes (ray imported before): {_median(hand_inits)}"
+    )
     _exits({b: runs[b] for b in backends})
     print("\nmarks of each process, nothing running (s from its start; wall: to its exit, Ray's shutdown included):")
     for backend in backends:
@@ -440,14 +453,19 @@ def report_servers(servers: dict[str, dict[str, object]], warm_jobs: int) -> Non
         hand_walls = [r["wall"] for r in out["hand"]]  # type: ignore[union-attr]
         print(f"{backend:>13}: warm pools `--warm {out['warm_spec']}`")
         if "at_start" in out:
-            print(f"{backend:>13}: `raymodel server start` (not waiting) {out['plain_start']:.1f} s, then a process "
-                  f"at once {out['at_start']['wall']:.1f} s (its warm pool still starting)")  # type: ignore[index]  # fmt: skip
-        print(f"{backend:>13}: `raymodel server start --wait` {out['start']:.1f} s; raymodel processes "
-              + ", ".join(f"{w:.1f}" for w in rm_walls)
-              + f" s (goal <= 3 s each: {'met' if max(rm_walls) <= 3 else 'NOT met'}); "
-              f"`ray start --head` {out['hand_start']:.1f} s; hand-written processes "
-              + ", ".join(f"{w:.1f}" for w in hand_walls) + " s; "
-              f"ratio of medians {statistics.median(rm_walls) / statistics.median(hand_walls):.2f}x")  # fmt: skip
+            print(
+                f"{backend:>13}: `raymodel server start` (not waiting) {out['plain_start']:.1f} s, then a process "
+                f"at once {out['at_start']['wall']:.1f} s (its warm pool still starting)"
+            )  # type: ignore[index]
+        print(
+            f"{backend:>13}: `raymodel server start --wait` {out['start']:.1f} s; raymodel processes "
+            + ", ".join(f"{w:.1f}" for w in rm_walls)
+            + f" s (goal <= 3 s each: {'met' if max(rm_walls) <= 3 else 'NOT met'}); "
+            f"`ray start --head` {out['hand_start']:.1f} s; hand-written processes "
+            + ", ".join(f"{w:.1f}" for w in hand_walls)
+            + " s; "
+            f"ratio of medians {statistics.median(rm_walls) / statistics.median(hand_walls):.2f}x"
+        )
     _exits({b: {"rm": list(out["rm"]), "hand": list(out["hand"])} for b, out in servers.items()})  # type: ignore[call-overload]
     warm: Any = servers.get("torch", {}).get("warm")
     if warm:

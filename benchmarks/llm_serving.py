@@ -66,7 +66,7 @@ class TinyGPT(rm.RayTransformersModel):
                 bos_token_id=eos,
                 eos_token_id=eos,
                 pad_token_id=eos,
-            )  # fmt: skip
+            )
         )
 
 
@@ -87,8 +87,9 @@ class HandWritten:
         ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
         eos = self.tokenizer.eos_token_id
         with torch.inference_mode():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                      do_sample=False, pad_token_id=eos)  # fmt: skip
+            out = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, pad_token_id=eos
+            )
         new = out[0, ids.shape[-1] :]
         return {"text": self.tokenizer.decode(new, skip_special_tokens=True), "tokens": int(new.shape[-1])}
 
@@ -122,8 +123,9 @@ def plain_loop(model: TinyGPT, seconds: float, max_tokens: int) -> dict:
     while time.perf_counter() - began < seconds:
         ids = model.tokenizer(PROMPTS[i % len(PROMPTS)], return_tensors="pt")["input_ids"]
         with torch.inference_mode():
-            out = model.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                       do_sample=False, pad_token_id=eos)  # fmt: skip
+            out = model.model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False, pad_token_id=eos
+            )
         tokens += out.shape[-1] - ids.shape[-1]
         i += 1
     return {"tokens_s": tokens / (time.perf_counter() - began), "requests": i}
@@ -131,8 +133,14 @@ def plain_loop(model: TinyGPT, seconds: float, max_tokens: int) -> dict:
 
 def raymodel_request(session: requests.Session, url: str, prompt: str, max_tokens: int) -> tuple[int, float]:
     """``(generated tokens, seconds to the first piece)`` of one streamed completion."""
-    body = {"model": "TinyGPT", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "TinyGPT",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     began, first, tokens = time.perf_counter(), None, 0
     with session.post(url + "/completions", json=body, stream=True, timeout=120) as answer:
         answer.raise_for_status()
@@ -195,8 +203,9 @@ def main() -> None:
     taught(model)
     figures = {"plain loop (in process, no HTTP)": plain_loop(model, args.seconds, args.max_tokens)}
     rm.init()
-    settings = rm.ServeSettings(api="openai", max_batch_size=16, max_ongoing_requests=64,
-                                ray_actor_options={"num_cpus": 1})  # fmt: skip
+    settings = rm.ServeSettings(
+        api="openai", max_batch_size=16, max_ongoing_requests=64, ray_actor_options={"num_cpus": 1}
+    )
     served = model.serve("/v1", settings=settings)
     load(raymodel_request, served.url, 1, 2, args.max_tokens)  # warm
     for clients in (1, 8):

@@ -121,8 +121,11 @@ def main() -> None:
             for side in SIDES if rep % 2 == 0 else tuple(reversed(SIDES)):
                 runs[side].append(one(side, env))
                 got = runs[side][-1]
-                print(f"  rep {rep + 1} {side}: start {got['start_s']:.1f} s, 2 workers {got['job2_s']:.1f} s, "
-                      f"1 worker {got['job1_s']:.1f} s", flush=True)  # fmt: skip
+                print(
+                    f"  rep {rep + 1} {side}: start {got['start_s']:.1f} s, 2 workers {got['job2_s']:.1f} s, "
+                    f"1 worker {got['job1_s']:.1f} s",
+                    flush=True,
+                )
     print("\nA 1-worker job after a 2-worker one, a head of 4 CPUs started earlier (medians [range]):")
     names = {"auto": "raymodel, auto (torch:2,torch:1)", "torch:2": "raymodel, torch:2 only", "hand": "hand-written"}
     for side in SIDES:
@@ -130,8 +133,10 @@ def main() -> None:
         print(f"  {names[side]:34} head start {start}, 2-worker job {job2}, 1-worker job {job1}")
     median = {side: statistics.median(r["job1_s"] for r in runs[side]) for side in SIDES}
     print(f"  the 1-worker job, raymodel auto / hand-written: {median['auto'] / median['hand']:.2f}x")
-    print(f"  the 1-worker job, raymodel auto / raymodel torch:2 only (raymodel against itself): "
-          f"{median['auto'] / median['torch:2']:.2f}x")  # fmt: skip
+    print(
+        f"  the 1-worker job, raymodel auto / raymodel torch:2 only (raymodel against itself): "
+        f"{median['auto'] / median['torch:2']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

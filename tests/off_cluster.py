@@ -119,11 +119,19 @@ class Head:
             "object-manager-port": free_port(),
         }
         command = [
-            str(self.python), "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()",
-            "start", "--head", f"--node-ip-address={self.host}", f"--dashboard-host={self.host}",
-            f"--num-cpus={self.num_cpus}", f"--temp-dir={self.scratch / 'head'}", "--disable-usage-stats",
-            "--include-dashboard=true", *(f"--{name}={port}" for name, port in ports.items()),
-        ]  # fmt: skip
+            str(self.python),
+            "-c",
+            "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()",
+            "start",
+            "--head",
+            f"--node-ip-address={self.host}",
+            f"--dashboard-host={self.host}",
+            f"--num-cpus={self.num_cpus}",
+            f"--temp-dir={self.scratch / 'head'}",
+            "--disable-usage-stats",
+            "--include-dashboard=true",
+            *(f"--{name}={port}" for name, port in ports.items()),
+        ]
         out = subprocess.run(command, env=self.env(), capture_output=True, text=True, cwd=self.scratch, timeout=120)
         if out.returncode != 0:
             self.__exit__()
@@ -147,14 +155,22 @@ def cluster_python(folder: Path) -> Path:
         ours = sysconfig.get_paths()["purelib"]
         theirs = subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         Path(theirs, "cluster_site.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
     return python
 
 
-def client(network: Network, head: Head, scratch: Path, scenarios: list[str], env: dict[str, str] | None = None,
-           timeout: float = 1500) -> list[dict[str, Any]]:  # fmt: skip
+def client(
+    network: Network,
+    head: Head,
+    scratch: Path,
+    scenarios: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 1500,
+) -> list[dict[str, Any]]:
     """Run the client script in the namespace; its RESULT lines' JSON (it must succeed)."""
     laptop, extra = scratch / "laptop", scratch / "laptop_env"
     if not laptop.exists():

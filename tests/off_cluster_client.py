@@ -447,9 +447,18 @@ def cli() -> None:
 
     status = raymodel("server", "status")
     trained = raymodel(
-        "train", "laptop-digits:1", "--data", "digits_laptop.model:data", "--set", "num_epochs=1",
-        "--set", "progress=false", "--register", "laptop-digits@cli", "--wait",
-    )  # fmt: skip
+        "train",
+        "laptop-digits:1",
+        "--data",
+        "digits_laptop.model:data",
+        "--set",
+        "num_epochs=1",
+        "--set",
+        "progress=false",
+        "--register",
+        "laptop-digits@cli",
+        "--wait",
+    )
     job_id = trained["out"].split()[0] if trained["out"] else ""
     listed = raymodel("jobs", "list")
     shown = raymodel("jobs", "show", job_id)
@@ -460,9 +469,19 @@ def cli() -> None:
     page = requests.get(url, timeout=60).status_code if url else 0
     start = raymodel("server", "start")
     result(
-        "cli", status=status, trained=trained, job_id=job_id, listed=listed, shown=shown, logs=logs, models=models,
-        dashboard=dash, dashboard_url=url, page=page, start=start,
-    )  # fmt: skip
+        "cli",
+        status=status,
+        trained=trained,
+        job_id=job_id,
+        listed=listed,
+        shown=shown,
+        logs=logs,
+        models=models,
+        dashboard=dash,
+        dashboard_url=url,
+        page=page,
+        start=start,
+    )
 
 
 def routes() -> None:

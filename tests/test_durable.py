@@ -92,26 +92,20 @@ def test_a_record_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 def test_a_server_killed_as_a_job_ends_leaves_it_ended_and_the_next_removes_its_folder(tmp_path, monkeypatch):
     """A job's record says it ended before its payload goes: a server killed in between (seen under load in
     the chaos test: a job resumed as RUNNING without its payload, and failed) leaves an ended job and a
-    folder, which the next server removes. In-process: the server's own methods on its state."""
-    import threading
+    folder, which the next server removes. In-process: the server's book and recovery on their own."""
 
     from raymodel.jobs import _store
-    from raymodel.jobs._server.actor import JobServer
+    from raymodel.jobs._server.book import JobBook
+    from raymodel.jobs._server.records import JobRecord
+    from raymodel.jobs._server.recovery import Recovery
 
     monkeypatch.setenv("RAYMODEL_HOME", str(tmp_path))
     job_id = "train-20261128-120000-abcdef"
-    record = {"id": job_id, "kind": "train", "status": "RUNNING", "submitted": 1.0, "history": [], "log": []}
-    record["durable"] = True
+    record = JobRecord(job_id, "train", "RUNNING", submitted=1.0, durable=True)
     _store.save_payload(job_id, b"the job", None)
-    _store.save_record(record)
+    _store.save_record(record.as_dict())
 
-    def server() -> JobServer:
-        made = object.__new__(JobServer)  # its state, without its actor's threads and runners
-        made.records, made.payloads, made.extras = {}, {}, {}
-        made.changed = threading.Condition(threading.RLock())
-        return made
-
-    first = server()
+    first = JobBook()
     first.records[job_id], first.payloads[job_id] = record, b"the job"
 
     def killed(job_id: str) -> None:  # the server dies as it removes the job's folder
@@ -120,12 +114,12 @@ def test_a_server_killed_as_a_job_ends_leaves_it_ended_and_the_next_removes_its_
     with monkeypatch.context() as kill:
         kill.setattr(_store, "remove", killed)
         with pytest.raises(KeyboardInterrupt):
-            first._finish(job_id, "SUCCEEDED")
+            first.finish(job_id, "SUCCEEDED")
     (stored,) = _store.load_records()
     assert stored["status"] == "SUCCEEDED"  # ended, not a RUNNING job whose payload is gone
     assert _store.folders() == {job_id}
 
-    server()._recover()
+    Recovery(JobBook()).recover()
     (stored,) = _store.load_records()
     assert stored["status"] == "SUCCEEDED" and _store.folders() == set()  # the next server removed the folder
 
@@ -136,15 +130,17 @@ def test_a_runner_that_ends_with_the_servers_node_leaves_its_job_to_the_next_ser
     the runner's death while its own node is gone leaves the job RUNNING in storage, for the next server
     to resume, not FAILED (clean-clone run 22: the chaos test's head restart failed a running job with
     "The job's runner died ... Owner's node has crashed"). A runner that died on a live node fails its
-    job, as before. In-process: the server's ``_reap`` on its state, with a real call that ended in an
+    job, as before. In-process: the server's parts, with a real call that ended in an
     error; the node's liveness as Ray reports it, then as a stopping head's."""
-    import threading
 
     import ray
 
     from raymodel.jobs import _store
     from raymodel.jobs._server import recovery
     from raymodel.jobs._server.actor import JobServer
+    from raymodel.jobs._server.book import JobBook
+    from raymodel.jobs._server.records import JobRecord
+    from raymodel.jobs._server.watched import Watched
 
     monkeypatch.setenv("RAYMODEL_HOME", str(tmp_path))
     monkeypatch.setattr(recovery, "NODE_GONE_WAIT_S", 0.5)
@@ -154,68 +150,64 @@ def test_a_runner_that_ends_with_the_servers_node_leaves_its_job_to_the_next_ser
     def runner_call() -> None:
         raise RuntimeError("the runner's process ended")
 
-    def bare() -> JobServer:
-        made = object.__new__(JobServer)  # its state, without its actor's threads and runners
-        made.records, made.payloads, made.extras, made.runners, made.pools = {}, {}, {}, {}, {}
-        made.pool_refs, made.ready_refs, made.spare, made.lock = {}, {}, None, threading.RLock()
-        made.changed, made.wake = threading.Condition(made.lock), threading.Event()
-        return made
+    class Unused:  # the parts a runner's end does not reach here (no pool, no runner of the server's)
+        def finished(self, job_id: str, own_env: bool) -> None:
+            pass
 
     def server(job_id: str) -> JobServer:
-        made = bare()
-        record = {"id": job_id, "kind": "train", "status": "RUNNING", "submitted": 1.0, "history": []}
-        made.records[job_id] = {**record, "log": [], "durable": True}
+        made = object.__new__(JobServer)  # its parts, without its actor's thread, runners and pools
+        made.book, made.watched, made.runners = JobBook(), Watched(), Unused()
+        made.recovery = recovery.Recovery(made.book)
+        made.book.records[job_id] = JobRecord(job_id, "train", "RUNNING", submitted=1.0, durable=True)
         _store.save_payload(job_id, b"the job", None)
-        _store.save_record(made.records[job_id])
-        made.done_refs = {}
-        made.watch(made.done_refs, runner_call.remote(), job_id)  # as the server's launch does: its end wakes `_reap`
+        made.book.save(job_id)
+        # as the scheduler's launch does: its end wakes the loop, and goes to the server
+        made.watched.watch(runner_call.remote(), lambda ref: made._run_ended(job_id, ref))
         return made
 
     alive = server("train-20261129-120000-aaaaaa")
-    alive._reap(timeout=60)
+    alive.watched.reap(timeout=60)
     (failed,) = _store.load_records()
     assert failed["status"] == "FAILED" and failed["error"].startswith("The job's runner died"), failed
 
     gone = server("train-20261129-120000-bbbbbb")
     monkeypatch.setattr(recovery, "node_alive", lambda: False)
-    gone._reap(timeout=60)
-    assert not gone.done_refs  # taken, and left
+    gone.watched.reap(timeout=60)
+    assert not gone.watched.calls  # taken, and left
     stored = {r["id"]: r for r in _store.load_records()}
     assert stored["train-20261129-120000-bbbbbb"]["status"] == "RUNNING"
     assert "train-20261129-120000-bbbbbb" in _store.folders()  # its payload stays, for the next server
-    following = bare()
-    following._recover()  # the next head's server
-    resumed = following.records["train-20261129-120000-bbbbbb"]
-    assert resumed["status"] == "PENDING" and resumed["resume"] and resumed["restarts"] == 1, resumed
+    following = recovery.Recovery(JobBook())
+    following.recover()  # the next head's server
+    resumed = following.book.records["train-20261129-120000-bbbbbb"]
+    assert resumed.status == "PENDING" and resumed.resume and resumed.restarts == 1, resumed
 
 
 def test_the_servers_loop_wakes_when_a_call_that_began_during_its_wait_ends(ray_session):
     """A job that ``submit`` launched while the server's loop waited (for the calls it watched when the wait
     began) was seen to end only when that wait ran out: a warm job's end waited for the loop's 0.25-s
     tick (its wall 0.255 s at p50, its last row at about 0.16 s). ``watch`` wakes the loop at the end of
-    any watched call. In-process: the server's ``_reap`` on its state, with a 60-s wait, and a real call
-    (a pool's readiness) that begins during that wait and ends at once."""
+    any watched call. In-process: the server's ``Watched`` with a 60-s wait, and a real call (a pool's
+    readiness) that begins during that wait and ends at once."""
     import threading
 
     import ray
 
-    from raymodel.jobs._server.actor import JobServer
+    from raymodel.jobs._server.watched import Watched
 
-    made = object.__new__(JobServer)  # its state, without its actor's threads and runners
-    made.done_refs, made.pool_refs, made.ready_refs, made.wake = {}, {}, {}, threading.Event()
+    watched = Watched()
     ready: list[str] = []
-    made._pool_ready = lambda pool_id, ref: ready.append(pool_id)  # type: ignore[method-assign]
 
     @ray.remote(num_cpus=0)
     def wait_ready() -> bool:
         return True
 
-    loop = threading.Thread(target=made._reap, args=(60.0,), daemon=True)
+    loop = threading.Thread(target=watched.reap, args=(60.0,), daemon=True)
     loop.start()
     time.sleep(0.5)  # the loop is in its wait, watching nothing
-    made.watch(made.ready_refs, wait_ready.remote(), "pool-1")
+    watched.watch(wait_ready.remote(), lambda ref: ready.append("pool-1"))
     loop.join(timeout=30)  # woken by the call's end, not by the wait's 60 s
-    assert not loop.is_alive() and ready == ["pool-1"] and not made.ready_refs
+    assert not loop.is_alive() and ready == ["pool-1"] and not watched.calls
 
 
 def test_pruning_keeps_what_is_in_use_and_bounds_the_rest(tmp_path, monkeypatch):
@@ -299,3 +291,29 @@ def test_chaos_a_queue_of_jobs_through_kills_of_the_server_a_worker_and_the_head
     assert sorted(chaos["listed"]) == sorted(set(chaos["listed"]))  # no record twice
     assert set(chaos["ids"]) <= set(chaos["listed"])  # and none lost
     assert chaos["left"] == [] and chaos["free_cpus"] == 2.0  # no job folder left, every CPU back
+
+
+def test_a_job_record_written_before_the_records_were_typed_loads():
+    """``tests/records/train-job-d4a7f0c.json``: a record as the server wrote it before ``JobRecord``
+    (a job of 3 epochs, changed to 4 while it ran, on a pool of 1 worker). It loads with every field
+    it held; a mid-run record of that server (a preemption under way under its old key ``preempt_by``,
+    workers lost) loads too, and the stored form of what loaded loads again the same."""
+    import json
+
+    from raymodel.jobs._server.records import JobRecord, Lost
+
+    stored = json.loads((Path(__file__).parent / "records" / "train-job-d4a7f0c.json").read_text())
+    record = JobRecord.from_dict(stored)
+    assert (record.id, record.kind, record.status, record.epochs) == (stored["id"], "train", "SUCCEEDED", 4)
+    assert record.needs == {"CPU": 1.0} and record.pool_key == "torch/1x[CPU=1]" and record.pool_id
+    assert [row["epoch"] for row in record.history] == [1, 2, 3, 4] and record.last_epoch == 4
+    assert record.changes[0]["settings"] == {"num_epochs": 4} and record.changes[0]["epoch"] == 1
+    assert record.result["checkpoint"] and record.log == stored["log"] and record.durable
+    assert record.as_dict() == {**stored, **{k: v for k, v in record.as_dict().items() if k not in stored}}
+
+    running = {**stored, "status": "RUNNING", "preempt_by": "train-20261207-170000-abcdef", "stopping": True}
+    running["lost"] = {"at": 1796662560.0, "epoch": 2, "rows": 2, "nodes": ["a1b2"]}
+    record = JobRecord.from_dict(running)
+    assert record.active and record.preempting == "train-20261207-170000-abcdef" and record.stopping
+    assert record.lost == Lost(at=1796662560.0, epoch=2, rows=2, nodes=["a1b2"])
+    assert JobRecord.from_dict(json.loads(json.dumps(record.as_dict()))) == record

@@ -2,7 +2,8 @@
 they hold on the code, they fail on an upward import (inside a function or under TYPE_CHECKING too)
 and on a cross-package private import, and no import circle remains in raymodel/ (counted with grimp,
 lazy and TYPE_CHECKING imports included). Only raymodel/jobs/ knows the training server's actor, and no
-two modules define a class of the same name. The test modules read alone: none imports another (what
+two modules define a class of the same name, and no module takes another's private name. The test
+modules read alone: none imports another (what
 they share lives in helper modules beside them)."""
 
 from __future__ import annotations
@@ -140,6 +141,43 @@ def test_no_two_modules_define_a_class_of_the_same_name():
     assert len(where) > 50  # the walk found the package's classes
     twice = {name: paths for name, paths in where.items() if len(paths) > 1}
     assert not twice, f"classes of one name in several modules (rename one): {twice}"
+
+
+def _private_names_taken(source: str, package_root: Path) -> list[str]:
+    """The private names (``_name``, not modules) that ``source`` imports from raymodel's modules, or reads
+    as attributes of a raymodel module it imported."""
+
+    def is_module(module: str, name: str) -> bool:
+        base = package_root.joinpath(*module.split("."))
+        return (base / f"{name}.py").exists() or (base / name / "__init__.py").exists()
+
+    tree = ast.parse(source)
+    taken, modules = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raymodel"):
+            for alias in node.names:
+                if is_module(node.module or "", alias.name):
+                    modules.add(alias.asname or alias.name)
+                elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                    taken.append(f"{node.module}.{alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                taken.append(f"{node.value.id}.{node.attr}")
+    return taken
+
+
+def test_no_module_takes_another_modules_private_name():
+    """What modules share is exported under a public name: no module of raymodel/ imports another's
+    ``_helper`` or reads ``module._helper`` (a private module, ``_store``, is a package's own, and fine)."""
+    taken = {
+        str(path.relative_to(ROOT)): names
+        for path in sorted((ROOT / "raymodel").rglob("*.py"))
+        if (names := _private_names_taken(path.read_text(), ROOT))
+    }
+    assert not taken, f"private names taken from other modules (export them under a public name): {taken}"
+    seeded = "from raymodel.serve._deployment import _hidden\nfrom raymodel.jobs import _store\n_store._secret()\n"
+    assert _private_names_taken(seeded, ROOT) == ["raymodel.serve._deployment._hidden", "_store._secret"]
 
 
 def test_the_jobs_package_init_defines_nothing():

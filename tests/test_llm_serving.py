@@ -128,14 +128,18 @@ def test_the_engine_batches_requests_that_arrive_together_and_mid_generation(cha
     sizes: list[int] = []
     engine = chatty.backend.text_engine(chatty, 16, sizes.append)
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        late = [pool.submit(lambda p=p, i=i: (time.sleep(0.02 * i), generate(engine, p))[1]) for i, p in
-                enumerate(PROMPTS)]  # fmt: skip
+        late = [
+            pool.submit(lambda p=p, i=i: (time.sleep(0.02 * i), generate(engine, p))[1]) for i, p in enumerate(PROMPTS)
+        ]
         got = {p: f.result() for p, f in zip(PROMPTS, late)}
     for p in PROMPTS:
         pieces, finish = got[p]
         assert "".join(pieces) == want[p], (p, pieces)
-        assert finish == {"finish_reason": "length", "prompt_tokens": len(engine.prompt_ids(p)),
-                          "completion_tokens": 20}  # fmt: skip
+        assert finish == {
+            "finish_reason": "length",
+            "prompt_tokens": len(engine.prompt_ids(p)),
+            "completion_tokens": 20,
+        }
     assert max(sizes) > 1 and engine.joins, sizes
     # a stop string ends the text before it; its start is never sent, then taken back
     full = "".join(generate(engine, "la fa", max_tokens=30)[0])
@@ -167,8 +171,16 @@ def test_the_openai_client_completes_chats_and_streams_the_same_text_batched_beh
         assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 40
         assert done.usage.prompt_tokens == len(chatty.tokenizer("crème")["input_ids"])
         # streamed: the pieces join to exactly that text; the usage comes last
-        chunks = list(client.completions.create(model="Chatty", prompt="crème", max_tokens=40, temperature=0,
-                                                stream=True, stream_options={"include_usage": True}))  # fmt: skip
+        chunks = list(
+            client.completions.create(
+                model="Chatty",
+                prompt="crème",
+                max_tokens=40,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         pieces = [c.choices[0].text for c in chunks if c.choices]
         assert "".join(pieces) == answer and len([p for p in pieces if p]) > 3, pieces
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
@@ -179,8 +191,9 @@ def test_the_openai_client_completes_chats_and_streams_the_same_text_batched_beh
         chat = client.chat.completions.create(model="Chatty", messages=messages, max_tokens=24, temperature=0)
         assert chat.object == "chat.completion" and chat.choices[0].message.content == said
         assert chat.choices[0].message.role == "assistant"
-        streamed = client.chat.completions.create(model="Chatty", messages=messages, max_tokens=24, temperature=0,
-                                                  stream=True)  # fmt: skip
+        streamed = client.chat.completions.create(
+            model="Chatty", messages=messages, max_tokens=24, temperature=0, stream=True
+        )
         deltas = [c.choices[0].delta.content or "" for c in streamed]
         assert "".join(deltas) == said, deltas
         # 8 at once, from one replica, decoded in batches: each answer as it is alone
@@ -210,8 +223,9 @@ def test_the_openai_client_completes_chats_and_streams_the_same_text_batched_beh
         assert again.choices[0].text == answer
     finally:
         served.shutdown()
-    logs = glob.glob(os.path.join(ray_session._private.worker._global_node.get_logs_dir_path(), "**", "*"),
-                     recursive=True)  # fmt: skip
+    logs = glob.glob(
+        os.path.join(ray_session._private.worker._global_node.get_logs_dir_path(), "**", "*"), recursive=True
+    )
     leaked = [path for path in logs if os.path.isfile(path) and KEY.encode() in open(path, "rb").read()]
     assert not leaked, leaked
 
@@ -279,8 +293,9 @@ def test_adapters_on_one_base_answer_by_model_the_least_recently_used_goes_and_a
         worker.start()
         rollout = None
         try:
-            rollout = served.rollout("bard@candidate", steps=(0.5, 1.0), step_s=1,
-                                     guard=rm.Guard(max_error_rate=0.0, min_requests=3))  # fmt: skip
+            rollout = served.rollout(
+                "bard@candidate", steps=(0.5, 1.0), step_s=1, guard=rm.Guard(max_error_rate=0.0, min_requests=3)
+            )
             assert rollout.wait(timeout=120) == "promoted", (rollout.reason, failed)
         finally:
             stop.set()
@@ -346,8 +361,9 @@ def test_a_multiplexed_routes_router_asks_for_the_key_before_anything_else(tmp_p
     from types import SimpleNamespace
 
     from raymodel.serve._route_deployments import ModelRouter
+    from raymodel.serve._route_plan import RoutePlan
 
-    plan = {"registry": str(tmp_path / "registry"), "multiplex": "digits"}
+    plan = RoutePlan(str(tmp_path / "registry"), multiplex="digits")
     router = ModelRouter(None, plan, {}, 1 << 20, rm.ServeSettings(api_keys=[KEY]).api_keys)
     request = SimpleNamespace(headers={}, method="GET", scope={"path": "/digits/info", "root_path": "/digits"})
     refused = asyncio.run(router(request))

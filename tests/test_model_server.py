@@ -108,6 +108,7 @@ def test_following_an_alias_never_puts_back_the_split_a_reconfiguration_replaced
     from types import SimpleNamespace
 
     from raymodel.registry import sources
+    from raymodel.serve._route_plan import RoutePlan
     from raymodel.serve._route_server import RouteServer, _Route
 
     loading = threading.Event()
@@ -120,7 +121,7 @@ def test_following_an_alias_never_puts_back_the_split_a_reconfiguration_replaced
 
     monkeypatch.setattr(sources, "load", load)
     server = RouteServer.__new__(RouteServer)
-    server.plan, server.loads, server._lock = {"shadow": None}, 0, threading.Lock()
+    server.plan, server.loads, server._lock = RoutePlan("mem://"), 0, threading.Lock()
     aliases = {"production": 1}
     server.registry = SimpleNamespace(uri="mem://", resolve=lambda key, version: aliases.get(version, version))
     server.route = _Route([("bard@production", 1.0)], {"bard@production": "bard:1"}, {"bard:1": "bard:1 loaded"})
@@ -149,6 +150,7 @@ def test_a_routes_figures_are_its_requests_over_the_window_not_its_versions_wors
 
     from raymodel.serve._deployment import ModelServer
     from raymodel.serve._route_deployments import ModelRouter
+    from raymodel.serve._route_plan import RoutePlan
     from raymodel.serve._route_server import RouteServer
 
     now = time.time()
@@ -159,7 +161,12 @@ def test_a_routes_figures_are_its_requests_over_the_window_not_its_versions_wors
     batches = collections.deque([(now - 120, 16), (now - 3, 2), (now - 2, 4)])
     route = SimpleNamespace(labels={"digits@a": "digits:1", "digits@b": "digits:2"}, shares=[("digits@a", 0.9)])
     server = SimpleNamespace(
-        figures=stats, batch_sizes=batches, info={"route": "/digits"}, route=route, rollout=None, plan={}
+        figures=stats,
+        batch_sizes=batches,
+        info={"route": "/digits"},
+        route=route,
+        rollout=None,
+        plan=RoutePlan("mem://"),
     )
     server._refs = lambda shares: RouteServer._refs(server, shares)
     router = SimpleNamespace(figures=stats, batches=batches, info={"route": "/digits"})
@@ -301,8 +308,24 @@ def test_a_routes_serve_config_holds_its_plan_for_raymodels_builder_and_never_a_
     # The command line: a split as REF=WEIGHT words; keys named by a variable stay a name (a Secret's there).
     monkeypatch.delenv("ROUTE_KEYS", raising=False)
     out = tmp_path / "cli.yaml"
-    assert cli_main(["serve", "digits@production=0.9", "digits@candidate=0.1", "--shadow", "digits:3", "--route",
-                     "/digits", "--api-keys", "ROUTE_KEYS", "--config-out", str(out)]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "serve",
+                "digits@production=0.9",
+                "digits@candidate=0.1",
+                "--shadow",
+                "digits:3",
+                "--route",
+                "/digits",
+                "--api-keys",
+                "ROUTE_KEYS",
+                "--config-out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert f"wrote {out}" in capsys.readouterr().out
     written = yaml.safe_load(out.read_text())["applications"][0]["args"]
     assert written["refs"] == list(split) and written["settings"]["api_keys"] == "ROUTE_KEYS"

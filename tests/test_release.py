@@ -525,11 +525,33 @@ def _release_restart(scratch: Path) -> dict[str, Any]:
             return steps
         load = Load(f"http://127.0.0.1:{serve_port}/rel", {"pixels": digits_data().splits["valid"].x[:1].tolist()})
         steps["released"] = released = run(
-            "release", "digits@production", "--data", "models:digits_data",
-            "--set", "num_workers=1", "--set", "num_epochs=3", "--set", "batch_size=64", "--set", "lr=0.003",
-            "--register", "digits", "--gate", "val_acc", "--against", "digits@production",
-            "--route", "/rel", "--steps", "0.5,1", "--step-s", "6", "--min-requests", "5",
-        )  # fmt: skip
+            "release",
+            "digits@production",
+            "--data",
+            "models:digits_data",
+            "--set",
+            "num_workers=1",
+            "--set",
+            "num_epochs=3",
+            "--set",
+            "batch_size=64",
+            "--set",
+            "lr=0.003",
+            "--register",
+            "digits",
+            "--gate",
+            "val_acc",
+            "--against",
+            "digits@production",
+            "--route",
+            "/rel",
+            "--steps",
+            "0.5,1",
+            "--step-s",
+            "6",
+            "--min-requests",
+            "5",
+        )
         if released.returncode:
             return steps
         steps["job_id"] = job_id = released.stdout.split()[0]

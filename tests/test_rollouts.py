@@ -219,8 +219,13 @@ def test_a_rollout_goes_on_after_the_process_that_started_it_exits(registry):
     }
     cli = [sys.executable, "-m", "raymodel.cli"]
     try:
-        bad = subprocess.run([*cli, "serve", "rollout", "/ro-cli", "digits:3", "--steps", "0.5,0.2"], env=env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        bad = subprocess.run(
+            [*cli, "serve", "rollout", "/ro-cli", "digits:3", "--steps", "0.5,0.2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert bad.returncode == 1 and "`steps` must increase" in bad.stderr, bad.stderr
         command = [*cli, "serve", "rollout", "/ro-cli", "digits:3", "--steps", "0.5,1", "--step-s", "1"]
         command += ["--min-requests", "10", "--max-error-rate", "0.05"]

@@ -8,6 +8,7 @@ cluster of their own (``tests/nodeloss.py``, ``ray.cluster_utils.Cluster``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -25,24 +26,15 @@ from raymodel.cli._jobs import parse_changes
 from raymodel.exceptions import SettingsError
 from raymodel.jobs._server.control import _check_update
 from raymodel.jobs._server.queue import choose_victims, etas, queue_order
+from raymodel.jobs._server.records import JobRecord
 
 TESTS = os.path.dirname(__file__)
 BASE = {"num_workers": 2, "batch_size": 4, "progress": False}
 
 
 def _job(id, status="RUNNING", priority=0, cpus=2.0, submitted=0.0, started=0.0, **more):
-    return {
-        "id": id,
-        "kind": "train",
-        "status": status,
-        "priority": priority,
-        "preemptible": True,
-        "needs": {"CPU": cpus},
-        "submitted": submitted,
-        "started": started,
-        "history": [],
-        **more,
-    }
+    needs = {"CPU": cpus}
+    return JobRecord(id, "train", status, priority=priority, needs=needs, submitted=submitted, started=started, **more)
 
 
 # ------------------------------------------------------------------ policy
@@ -54,7 +46,7 @@ def test_the_queue_orders_by_priority_then_submission():
         _job("d", "PENDING", 5, submitted=4),
         _job("e", "RUNNING", 9),
     ]
-    assert [j["id"] for j in queue_order(jobs)] == ["b", "d", "a", "c"]
+    assert [j.id for j in queue_order(jobs)] == ["b", "d", "a", "c"]
 
 
 def test_preemption_takes_the_fewest_lowest_priority_jobs_and_never_an_equal_one():
@@ -64,18 +56,18 @@ def test_preemption_takes_the_fewest_lowest_priority_jobs_and_never_an_equal_one
     keep = _job("keep", priority=0, cpus=1, started=3, preemptible=False)
     running = [low_old, low_new, mid, keep]
     victims, enough = choose_victims(_job("hi", "PENDING", 5, cpus=1), running, {"CPU": 0.0})
-    assert [v["id"] for v in victims] == ["low-new"] and enough  # the least work lost
+    assert [v.id for v in victims] == ["low-new"] and enough  # the least work lost
     victims, enough = choose_victims(_job("hi", "PENDING", 5, cpus=3), running, {"CPU": 0.0})
-    assert [v["id"] for v in victims] == ["low-new", "low-old", "mid"] and enough
+    assert [v.id for v in victims] == ["low-new", "low-old", "mid"] and enough
     victims, enough = choose_victims(_job("hi", "PENDING", 5, cpus=5), running, {"CPU": 0.0})
     assert not enough  # the one that is not preemptible stays: not enough, so nobody is preempted
     _, enough = choose_victims(_job("eq", "PENDING", 3, cpus=2), [mid], {"CPU": 1.0})
     assert not enough  # equal priorities queue
     trial = _job("trial-job", priority=0, cpus=1, started=5, trial_id="t1")  # a tune job's trial: one by one
-    tune = {**_job("tune-job", priority=0, cpus=0.01), "kind": "tune"}  # holds no workers itself
+    tune = dataclasses.replace(_job("tune-job", priority=0, cpus=0.01), kind="tune")  # holds no workers itself
     victims, _ = choose_victims(_job("hi", "PENDING", 5, cpus=1), [tune, trial, low_old], {"CPU": 0.0})
-    assert [v["id"] for v in victims] == ["trial-job"]
-    being = _job("going", priority=0, cpus=2, preempt_by="hi")
+    assert [v.id for v in victims] == ["trial-job"]
+    being = _job("going", priority=0, cpus=2, preempting="hi")
     victims, enough = choose_victims(_job("hi", "PENDING", 5, cpus=2), [being, low_old], {"CPU": 0.0})
     assert victims == [] and enough  # one already on its way out is counted, not preempted again
 
@@ -104,8 +96,9 @@ def test_an_update_is_checked_before_it_is_recorded():
     assert "below the 3 epoch(s)" in _check_update(record, {}, {"num_epochs": 2})
     assert "Nothing to change" in _check_update(record, {}, {})
     assert "plain data" in _check_update(record, {"lr": object()}, {})
-    assert "SUCCEEDED" in _check_update({**record, "status": "SUCCEEDED"}, {"lr": 1.0}, {})
-    assert "fixed when its run started" in _check_update({**record, "pool_key": None}, {}, {"keep_checkpoints": 1})
+    assert "SUCCEEDED" in _check_update(dataclasses.replace(record, status="SUCCEEDED"), {"lr": 1.0}, {})
+    one_off = dataclasses.replace(record, pool_key=None)
+    assert "fixed when its run started" in _check_update(one_off, {}, {"keep_checkpoints": 1})
     assert parse_changes(["lr=1e-4", "num_epochs=40", "name=big"]) == (
         {"lr": 1e-4, "name": "big"},
         {"num_epochs": 40},

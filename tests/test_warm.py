@@ -217,11 +217,9 @@ def test_the_next_jobs_runner_imports_the_warm_pools_frameworks_while_it_waits(m
     """The payload of a job on a warm torch pool imports torch as its runner unpickles it (about 1 s of
     the first job, before any epoch): the server's spare runner imports it once the pools are warmed."""
     import sys
-    import threading
 
     from raymodel.jobs import _address
-    from raymodel.jobs._server.actor import JobServer
-    from raymodel.jobs._server.runner import JobRunner
+    from raymodel.jobs._server.runner import JobRunner, Runners
     from raymodel.jobs._warm import runner_imports
 
     assert runner_imports(["torch", "torch", "rllib"]) == ("torch", "raymodel.backends._torch.backend")  # no pool
@@ -236,12 +234,11 @@ def test_the_next_jobs_runner_imports_the_warm_pools_frameworks_while_it_waits(m
         class warm:
             remote = staticmethod(lambda *args: told.append(args))
 
-    server = object.__new__(JobServer)  # its state, without its actor's threads and runners
-    server.warm_pools, server.pools, server.lock, server.spare = {}, {}, threading.RLock(), Spare()
-    server._start_warm = lambda check_room=True: []  # type: ignore[method-assign]
-    server.warm([("torch", 2)])
+    runners = object.__new__(Runners)  # the server's part, without the spare runner it starts
+    runners.spare = Spare()
+    runners.warm([("torch", 2)])
     assert told == [(("torch", "raymodel.backends._torch.backend"), ())]
-    server.warm([("rllib", 0)])  # no pool: the runner's call starts RLlib's Algorithm actor
+    runners.warm([("rllib", 0)])  # no pool: the runner's call starts RLlib's Algorithm actor
     assert told[-1] == ((), ("raymodel.backends.rllib:warm_algorithm_actor",))
 
     _MADE.clear()
@@ -373,10 +370,12 @@ def test_warm_pools_of_one_kind_start_one_after_another_each_once_the_one_before
     """``torch:2,xgboost:1,torch:1`` (``auto`` where the CPUs hold both sizes): torch's and xgboost's first
     pools start at once, torch's 1-worker pool once its 2-worker pool is ready, where the cluster has room
     for it then. The server's logic in-process; on Ray: tests/multinode.py."""
-    import threading
     from types import SimpleNamespace
 
     from raymodel.jobs._pools import keeper
+    from raymodel.jobs._server.book import JobBook
+    from raymodel.jobs._server.records import PoolRecord
+    from raymodel.jobs._server.watched import Watched
     from raymodel.jobs._warm import warm_pools
 
     free = {"CPU": 1.0}
@@ -384,31 +383,30 @@ def test_warm_pools_of_one_kind_start_one_after_another_each_once_the_one_before
 
     class Keeper(keeper.PoolKeeper):
         def __init__(self, specs):
-            self.pools, self.warm_pools, self.draining = {}, warm_pools(specs), False
-            self.lock = threading.RLock()
-            self.changed = threading.Condition(self.lock)
+            super().__init__(JobBook(), Watched(), idle_s=120)
+            self.warm_pools = warm_pools(specs)
 
-        def _new_pool(self, spec, needs, job_id):
+        def _new_pool(self, spec, needs, job_id):  # no actor: its record only
             pool_id = f"{spec['kind']}:{spec['num_workers']}"
-            self.pools[pool_id] = {"key": spec["key"], "state": "idle", "ready": False, "job": job_id, "started": 0}
+            self.pools[pool_id] = PoolRecord(pool_id, spec["key"], spec["kind"], spec["num_workers"], needs, "idle", 0)
             return pool_id
 
     server = Keeper([("torch", 2), ("xgboost", 1), ("torch", 1)])
     assert server._start_warm(check_room=False) == ["torch:2", "xgboost:1"]  # not torch:1: behind torch:2
-    server._pool_ready("xgboost:1", True)
+    server._ready("xgboost:1", True)
     assert list(server.pools) == ["torch:2", "xgboost:1"]  # another kind's readiness does not start it
-    server._pool_ready("torch:2", True)
+    server._ready("torch:2", True)
     assert list(server.pools) == ["torch:2", "xgboost:1", "torch:1"]
     assert "warming pool torch:1 of 1 torch worker(s)" in capsys.readouterr().out
 
     free["CPU"] = 0.0  # no room when the first is ready: not started (the server's re-warming looks later)
     server = Keeper([("torch", 2), ("torch", 1)])
     assert server._start_warm(check_room=False) == ["torch:2"]
-    server._pool_ready("torch:2", True)
+    server._ready("torch:2", True)
     assert list(server.pools) == ["torch:2"]
     free["CPU"] = 1.0
     assert server._start_warm(check_room=False) == ["torch:1"]  # the 2-worker one ready: not behind now
-    server.pools["torch:2"]["state"] = "ending"
+    server.pools["torch:2"].state = "ending"
     assert server._behind(next(reversed(server.warm_pools)))  # behind again while the first is not running
 
 

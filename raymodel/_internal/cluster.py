@@ -174,8 +174,7 @@ def _exit_quickly() -> None:
     for none (``log_to_driver`` off: raymodel's default) disconnects at once. And the interpreter's final
     garbage collections walk every object still alive (torch's, the user's data): frozen, they are left to
     the process's end, as Python allows (``__del__`` is not promised at exit; ``atexit`` hooks and
-    ``weakref.finalize`` still run). Measured on the 2-core VM, a process joined to a server, after a small
-    torch job: from its last line to its exit 2.1 s before, 0.55 s after.
+    ``weakref.finalize`` still run). docs/performance.md has what this saves a process's exit.
 
     A process that started its own instance ends that instance's autoscaler monitor first (``_end_monitor``)."""
     import ray
@@ -195,8 +194,8 @@ def _end_monitor() -> None:
     Ray's shutdown ends its processes one at a time, the GCS before the monitor, and gives each a second
     after SIGTERM; the monitor's SIGTERM handler writes an "autoscaler failed" error to the GCS and
     publishes it to the drivers, and with the GCS gone it waits out that second, then is killed. A local
-    instance's monitor has no nodes to launch or end: killed first, it costs nothing (measured on the
-    2-core VM: Ray's shutdown 1.72 s, 1.02 s of it the monitor's wait)."""
+    instance's monitor has no nodes to launch or end: killed first, it costs nothing, and the shutdown
+    does not wait out that second."""
     import ray
 
     node = getattr(ray._private.worker, "_global_node", None)
@@ -204,7 +203,7 @@ def _end_monitor() -> None:
         return
     try:
         node.kill_monitor(check_alive=False)  # SIGKILL, then reaped; a joined process's node has none
-    except Exception:  # noqa: BLE001 - Ray's shutdown ends it as before
+    except Exception:  # noqa: BLE001 - Ray's shutdown ends it then, after its wait
         pass
 
 

@@ -48,7 +48,7 @@ def serve_env(ingress: str, private: Mapping[str, str] | None = None) -> dict[st
         "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
         # Serve kills a proxy (HAProxy's manager or the Python proxy) that is not ready 5 s after its
         # actor was created, and `serve.start` then fails ("killed by `ray.kill`"): on a busy 2-core
-        # machine a proxy's start (a process, Serve's imports, HAProxy) takes longer (seen in CI).
+        # machine a proxy's start (a process, Serve's imports, HAProxy) can take longer.
         "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
     }
     if ingress != "haproxy":

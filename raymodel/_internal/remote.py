@@ -196,8 +196,11 @@ def connect(address: str, runtime_env: dict[str, Any] | None = None) -> Cluster:
             f"(s3://bucket/raymodel, gs://...): it is {home}, a folder of this machine, which the cluster cannot "
             "read. Set RAYMODEL_HOME to a URI (the cluster's own, if it has one) and connect again."
         )
-    _refuse_local("RAYMODEL_REGISTRY", os.environ.get("RAYMODEL_REGISTRY"), "leave it unset (the registry is then "
-                  "RAYMODEL_HOME's)")  # fmt: skip
+    _refuse_local(
+        "RAYMODEL_REGISTRY",
+        os.environ.get("RAYMODEL_REGISTRY"),
+        "leave it unset (the registry is then RAYMODEL_HOME's)",
+    )
     client = _client(address)
     # Ray's lines about each call's package upload and log stream say nothing to a user (its modules
     # set their loggers' level when imported: after the client's import, then).

@@ -108,19 +108,18 @@ def add_commands(sub: Any) -> None:
         cmd.set_defaults(handler=handler)
     update = jobs.add_parser("update", help="change a running job from its next epoch boundary")
     update.add_argument("id")
-    update.add_argument(
-        "--set",
-        dest="changes",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"a config key or a setting ({', '.join(UPDATABLE)}); the value is read as JSON, else text",
-    )
+    add_set_option(update, f"a config key or a setting ({', '.join(UPDATABLE)})", dest="changes")
     update.set_defaults(handler=_jobs_update)
     logs = jobs.add_parser("logs", help="a job's log")
     logs.add_argument("id")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     logs.set_defaults(handler=_jobs_logs)
+
+
+def add_set_option(cmd: Any, what: str, dest: str = "pairs") -> None:
+    """``--set KEY=VALUE`` (repeated, into ``dest``): ``what`` a key names."""
+    help = f"{what}; the value is read as JSON, else text"
+    cmd.add_argument("--set", dest=dest, action="append", default=[], metavar="KEY=VALUE", help=help)
 
 
 def _processes(marker: str, *more: str) -> list[int]:
@@ -299,9 +298,9 @@ def _server_stop(args: argparse.Namespace) -> int:
     gcs, began = set(_processes("gcs_server")) & set(head), start_times(pids)
     # Its daemons first (its raylet ends its workers, as at any stop), then its GCS (a raylet whose GCS
     # went first waits for it, and had to be killed), then what of theirs still runs, killed: told to
-    # end gently, a job server that outlived its node took its runners' deaths in its shutdown for the
-    # jobs' own, and ended them FAILED (seen under load in the chaos test; it now leaves them to the next
-    # server when its node is gone: ``Recovery._left_to_next_server``).
+    # end gently, a job server that outlives its node under load can take its runners' deaths in its
+    # shutdown for the jobs' own (it leaves them to the next server when its node is gone:
+    # ``Recovery.left_to_next_server``).
     killed = terminate([p for p in head if p not in gcs], wait_s=TERM_WAIT_S)
     killed += terminate(sorted(gcs), wait_s=TERM_WAIT_S)
     rest = start_times([p for p in pids if p not in gcs and p not in head])

@@ -8,7 +8,7 @@ from typing import Any
 
 from raymodel import jobs, registry
 from raymodel._internal import name_rules
-from raymodel.cli._jobs import attach, parse_pairs
+from raymodel.cli._jobs import add_set_option, attach, parse_pairs
 from raymodel.cli._serving import add_rollout_options, rollout_steps
 from raymodel.jobs import check_register, load_data, split_sets
 
@@ -19,8 +19,7 @@ def add_commands(sub: Any) -> None:
     )
     cmd.add_argument("ref", help="the version to train further: KEY, KEY:VERSION or KEY@ALIAS")
     cmd.add_argument("--data", required=True, metavar="MODULE:OBJECT", help="the data (with a valid split)")
-    cmd.add_argument("--set", dest="pairs", action="append", default=[], metavar="KEY=VALUE",
-                     help="a TrainSettings field or a config key; the value is read as JSON, else text")  # fmt: skip
+    add_set_option(cmd, "a TrainSettings field or a config key")
     cmd.add_argument("--register", required=True, metavar="KEY[@ALIAS]", help="where the candidate goes")
     add_release_options(cmd, required=True)
     cmd.add_argument("--wait", action="store_true", help="follow it to its end; exit 1 unless it is promoted")
@@ -64,9 +63,17 @@ def _release(args: argparse.Namespace) -> int:
     settings, config = split_sets(parse_pairs(args.pairs), "train", record.lineage.get("config") or {})
     attach()
     job = jobs.submit(
-        f"{key}:{record.version}", "release", settings=settings, data=data, config=config,
-        register=args.register, registry=reg.uri, gate=gate, route=args.route, rollout=plan,
-    )  # fmt: skip
+        f"{key}:{record.version}",
+        "release",
+        settings=settings,
+        data=data,
+        config=config,
+        register=args.register,
+        registry=reg.uri,
+        gate=gate,
+        route=args.route,
+        rollout=plan,
+    )
     print(f"{job.id} submitted: release {key}:{record.version} -> {args.register}", flush=True)
     if not args.wait:
         return 0

@@ -19,28 +19,34 @@ def add_commands(sub: Any) -> None:
         "or KEY@ALIAS (an alias is followed when it moves)",
     )
     serve.add_argument(
-        "refs", nargs="+", metavar="REF[=WEIGHT]",
+        "refs",
+        nargs="+",
+        metavar="REF[=WEIGHT]",
         help="a registry version, or a split: `digits@production=0.9 digits@candidate=0.1`",
-    )  # fmt: skip
+    )
     serve.add_argument("--route", default="/", help="URL path (default /)")
     serve.add_argument("--shadow", metavar="REF", help="a version that gets a copy of each request (never answers)")
     serve.add_argument("--shadow-fraction", type=float, default=1.0, help="the share of requests copied (default 1)")
     serve.add_argument(
-        "--config-out", metavar="FILE",
+        "--config-out",
+        metavar="FILE",
         help="write the route as Ray Serve's config file (for `serve deploy FILE`, a RayService) instead of serving",
-    )  # fmt: skip
+    )
     serve.add_argument("--host", help="the address to listen on (default 127.0.0.1; in a config file 0.0.0.0)")
     serve.add_argument("--port", type=int, help="HTTP port (default: RAYMODEL_SERVE_PORT, else 8000)")
     serve.add_argument("--replicas", default="1", help="a number, or 'auto'")
     serve.add_argument(
-        "--api", choices=("raymodel", "openai"), default="raymodel",
+        "--api",
+        choices=("raymodel", "openai"),
+        default="raymodel",
         help="openai: a causal LM answers OpenAI's API under the route (/completions, /chat/completions, /models)",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--api-keys", metavar="VAR_OR_FILE",
+        "--api-keys",
+        metavar="VAR_OR_FILE",
         help="the environment variable or file holding the route's keys (never keys themselves: a command "
         "line is seen by every user of the machine); requests need `Authorization: Bearer <key>`",
-    )  # fmt: skip
+    )
     serve.add_argument("--max-models", type=int, default=3, help="versions (adapters) a replica holds at once")
     serve.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     serve.set_defaults(handler=_serve)

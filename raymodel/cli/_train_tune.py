@@ -8,7 +8,7 @@ from typing import Any
 
 from raymodel import jobs, registry
 from raymodel._internal import name_rules
-from raymodel.cli._jobs import attach, parse_pairs
+from raymodel.cli._jobs import add_set_option, attach, parse_pairs
 from raymodel.jobs import check_register, load_data, split_sets
 
 
@@ -20,16 +20,10 @@ def add_commands(sub: Any) -> None:
         cmd = sub.add_parser(kind, help=text)
         cmd.add_argument("ref", help="KEY, KEY:VERSION or KEY@ALIAS")
         cmd.add_argument("--data", required=True, metavar="MODULE:OBJECT", help="the training data, importable here")
-        cmd.add_argument(
-            "--set",
-            dest="pairs",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help=f"a {'Train' if kind == 'train' else 'Tune'}Settings field"
-            + (" (or train.FIELD)" if kind == "tune" else "")
-            + " or a config key; the value is read as JSON, else text",
+        field = f"a {'Train' if kind == 'train' else 'Tune'}Settings field" + (
+            " (or train.FIELD)" if kind == "tune" else ""
         )
+        add_set_option(cmd, field + " or a config key")
         cmd.add_argument("--register", metavar="KEY[@ALIAS]", help="register the result as the next version of KEY")
         cmd.add_argument("--wait", action="store_true", help="block until the job ends; exit 1 if it failed")
         cmd.set_defaults(handler=_submit_by_reference, kind=kind)

@@ -11,7 +11,7 @@ from raymodel._internal import cluster
 from raymodel.exceptions import TrainingError
 from raymodel.jobs._client import follow
 from raymodel.jobs._constants import DONE
-from raymodel.jobs._job import Job, _submit_checked, submit_request
+from raymodel.jobs._job import Job, submit_checked, submit_request
 
 
 def train_on_server(model: Any, settings: Any, data: Any) -> Any:
@@ -29,7 +29,7 @@ def train_on_server(model: Any, settings: Any, data: Any) -> Any:
     printer = None
     if hub is not None:
         printer = ProgressPrinter(hub, type(model).__name__, settings.num_epochs, model.backend.epoch_unit)
-    job = _submit_checked(model, settings, spec, hub)
+    job = submit_checked(model, settings, spec, hub)
     try:
         record = _await(job, printer)
     except KeyboardInterrupt:

@@ -122,13 +122,15 @@ def split_sets(pairs: Mapping[str, Any], kind: str, model_config: Mapping[str, A
     return settings, config
 
 
-def register_result(record: dict[str, Any], result: dict[str, Any]) -> tuple[str | None, str | None]:
-    """On the server, a succeeded job's ``register``: ``("digits:4", None)`` or ``(None, error)``."""
+def register_result(
+    job_id: str, kind: str, wanted: dict[str, Any], result: dict[str, Any]
+) -> tuple[str | None, str | None]:
+    """On the server, a succeeded job's ``register`` (``wanted``: its registry, key, alias and parent):
+    ``("digits:4", None)`` or ``(None, error)``."""
     from raymodel.registry import Registry
 
-    wanted = record["register"]
     try:
-        if record["kind"] == "train":
+        if kind == "train":
             from raymodel.train import TrainResult
 
             outcome: Any = TrainResult(**result)
@@ -137,7 +139,7 @@ def register_result(record: dict[str, Any], result: dict[str, Any]) -> tuple[str
 
             outcome = TuneResult(**result)
         made = Registry(wanted["registry"]).put(
-            outcome, wanted["key"], wanted["alias"], lineage={"parent": wanted["parent"], "job": record["id"]}
+            outcome, wanted["key"], wanted["alias"], lineage={"parent": wanted["parent"], "job": job_id}
         )
     except Exception as exc:  # noqa: BLE001 - the job's error: it trained, and could not be registered
         return None, f"trained, but could not be registered as `{wanted['key']}`: {type(exc).__name__}: {exc}"

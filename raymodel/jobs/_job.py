@@ -250,7 +250,7 @@ def _outcome(record: dict[str, Any]) -> Any:
     return TuneResult(**record["result"])
 
 
-def _submit_checked(model: Any, settings: Any, spec: Any, hub: Any = None, extra: dict[str, Any] | None = None) -> Job:
+def submit_checked(model: Any, settings: Any, spec: Any, hub: Any = None, extra: dict[str, Any] | None = None) -> Job:
     """Queue a training job whose settings and data ``prepare`` checked; ``hub``: a blocking caller's,
     for its progress output; ``extra``: more for the server (``register``)."""
     from raymodel.jobs._request import train_request

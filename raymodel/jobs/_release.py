@@ -86,9 +86,16 @@ def _submit_tuned(model: Any, tunable: Any, release: dict[str, Any]) -> Job:
     job_id = _store.new_id("release")
     payload = {**tune_payload(model, tunable, settings, job_id, resume=False), "release": release}
     return submit_payload(
-        "release", model, payload, tunable.trial_needs, settings, tunable.settings.max_epochs,
-        id=job_id, preemptible=False, not_durable=why_not_durable(tunable.spec),
-    )  # fmt: skip
+        "release",
+        model,
+        payload,
+        tunable.trial_needs,
+        settings,
+        tunable.settings.max_epochs,
+        id=job_id,
+        preemptible=False,
+        not_durable=why_not_durable(tunable.spec),
+    )
 
 
 def _held_out(model: Any, spec: Any, gate: Gate) -> Any:
@@ -164,7 +171,7 @@ def _check_route(model: Any, route: str, key: str) -> None:
             f"`rm.Servable('{key}@production', '{route}').deploy()` (or `raymodel serve {key}@production "
             f"--route {route}`), or leave `route` out to release without a rollout."
         )
-    split = spec["plan"]["split"]
+    split = spec.plan.split or {}
     served_keys = sorted({ref.split("@")[0].split(":")[0] for ref in split})
     if served_keys != [key]:
         raise SettingsError(f"`route={route!r}` serves {', '.join(served_keys)}; a release of `{key}` rolls out there.")

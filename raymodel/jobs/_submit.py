@@ -9,7 +9,7 @@ from typing import Any
 
 from raymodel.exceptions import SettingsError
 from raymodel.jobs import _store
-from raymodel.jobs._job import Job, _submit_checked, submit_payload
+from raymodel.jobs._job import Job, submit_checked, submit_payload
 
 
 def submit(
@@ -46,16 +46,23 @@ def submit(
         if register is None:
             raise SettingsError("A release registers its candidate: give `register='KEY@ALIAS'`.")
         return submit_release(
-            model, data=data, settings=settings, register=register, gate=gate, route=route, rollout=rollout,
-            registry=registry, parent=extra["register"]["parent"],
-        )  # fmt: skip
+            model,
+            data=data,
+            settings=settings,
+            register=register,
+            gate=gate,
+            route=route,
+            rollout=rollout,
+            registry=registry,
+            parent=extra["register"]["parent"],
+        )
     if gate is not None or route is not None or rollout is not None:
         raise SettingsError(f"`gate`, `route` and `rollout` are a release's (`kind='release'`), not a {kind} job's.")
     if kind == "train":
         from raymodel.train import prepare
 
         checked, spec = prepare(model, settings, data)
-        return _submit_checked(model, checked, spec, extra=extra)
+        return submit_checked(model, checked, spec, extra=extra)
     return submit_tune(model, space, settings, data, False, extra=extra)
 
 
@@ -84,7 +91,7 @@ def submit_train(model: Any, settings: Any, data: Any) -> Job:
     from raymodel.train import prepare
 
     settings, spec = prepare(model, settings, data)
-    return _submit_checked(model, settings, spec)
+    return submit_checked(model, settings, spec)
 
 
 def submit_tune(

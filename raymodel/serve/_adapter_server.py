@@ -24,19 +24,20 @@ from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
 from raymodel.serve._deployment import ModelServer
 from raymodel.serve._openai import not_found
+from raymodel.serve._route_plan import RoutePlan
 from raymodel.serve._traffic import VersionStats, multiplexed_stats
 
 
 class AdapterServer(ModelServer):
     """A replica of a route of a key's versions, answering OpenAI's API (see the module's docstring)."""
 
-    def __init__(self, plan: dict[str, Any], info: dict[str, Any], settings: Any) -> None:
+    def __init__(self, plan: RoutePlan, info: dict[str, Any], settings: Any) -> None:
         from raymodel.registry import Registry
 
         s = settings
         super().__init__({}, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s.api, s.api_keys)
-        self.plan, self.max_models, self.poll_s = plan, s.max_models_per_replica, float(plan.get("poll_s", 2.0))
-        self.registry = Registry(plan["registry"])
+        self.plan, self.max_models, self.poll_s = plan, s.max_models_per_replica, float(plan.poll_s)
+        self.registry = Registry(plan.registry)
         self.resident: collections.OrderedDict[str, tuple[Any, str | None]] = collections.OrderedDict()
         self.bases: dict[tuple[str, str], Any] = {}  # (class, base fingerprint) -> the model holding its adapters
         self.in_use: collections.Counter[str] = collections.Counter()
@@ -48,7 +49,7 @@ class AdapterServer(ModelServer):
 
     # ------------------------------------------------------------------ ids
     def _keys(self) -> list[str]:
-        key = self.plan["multiplex"]
+        key = self.plan.key
         return self.registry.keys() if key == "*" else [key]
 
     def model_ids(self) -> list[str]:
@@ -67,8 +68,8 @@ class AdapterServer(ModelServer):
         if hit is None or now - hit[0] > self.poll_s:
             try:
                 key, version = parse_ref(name)
-                if self.plan["multiplex"] not in ("*", key):
-                    raise RegistryError(f"this route serves versions of `{self.plan['multiplex']}`")
+                if self.plan.multiplex not in ("*", key):
+                    raise RegistryError(f"this route serves versions of `{self.plan.multiplex}`")
                 hit = (now, f"{key}:{self.registry.resolve(key, version)}")
             except (RegistryError, ValueError):
                 hit = (now, None)
@@ -168,7 +169,7 @@ class AdapterServer(ModelServer):
         figures = self.figures.summary()
         return {
             **self.info,
-            "multiplex": self.plan["multiplex"],
+            "multiplex": self.plan.multiplex,
             "loaded": list(self.resident),
             "bases_loaded": self.base_loads,
             "adapters_loaded": self.adapter_loads,

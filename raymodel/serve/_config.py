@@ -70,14 +70,14 @@ def config(
     if keys_from is not None:
         chosen["api_keys"] = keys_from
     plan = servable.plan
-    args: dict[str, Any] = {"route": servable.route, "registry": plan["registry"]}
-    split = plan.get("split")
+    args: dict[str, Any] = {"route": servable.route, "registry": plan.registry}
+    split = plan.split
     if split is not None:
         args.update({"ref": next(iter(split))} if len(split) == 1 else {"refs": list(split)})
-        if plan.get("shadow"):
-            args.update(shadow=plan["shadow"], shadow_fraction=plan["shadow_fraction"])
+        if plan.shadow:
+            args.update(shadow=plan.shadow, shadow_fraction=plan.shadow_fraction)
     else:
-        args["ref"] = f"{plan['multiplex']}@*" if plan["multiplex"] != "*" else "*"
+        args["ref"] = plan.served
     if chosen:
         args["settings"] = chosen
     document = {
@@ -145,7 +145,7 @@ def _deployments(servable: Any, split: Mapping[str, float] | None) -> list[dict[
     options = {k: v for k, v in replica_options(s).items() if k != "logging_config"}
     if split is not None:
         options["user_config"] = {"split": dict(split), "rollout": None}
-    if "multiplex" in servable.plan and s.api != "openai":  # a router in front of the versions' replicas
+    if servable.plan.multiplexed and s.api != "openai":  # a router in front of the versions' replicas
         return [{"name": f"{name}-router", "num_replicas": 1}, {"name": f"{name}-versions", **options}]
     return [{"name": f"{name}-model", **options}]
 

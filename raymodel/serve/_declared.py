@@ -26,14 +26,14 @@ def _folder() -> str:
 def declare(servable: Any) -> None:
     """Keep what ``servable`` (a deployed route of registry versions) serves."""
     plan = servable.plan
-    what = plan["split"] if "split" in plan else (f"{plan['multiplex']}@*" if plan["multiplex"] != "*" else "*")
+    what = plan.served
     declaration = {
         "name": servable.name,
         "route": servable.route,
         "what": what,
-        "shadow": plan.get("shadow"),
-        "shadow_fraction": plan.get("shadow_fraction", 1.0),
-        "registry": plan["registry"],
+        "shadow": plan.shadow,
+        "shadow_fraction": plan.shadow_fraction,
+        "registry": plan.registry,
         "settings": dataclasses.asdict(servable.settings),
     }
     storage.write_bytes(storage.join(_folder(), f"{servable.name}.json"), json.dumps(declaration).encode())

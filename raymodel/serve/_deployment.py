@@ -13,7 +13,7 @@ long runs them on the replica's one forward thread, and the loop keeps taking
 requests and answering health checks meanwhile. A batch that uses less CPU than
 ``INLINE_BATCH_S`` (a small model's; and waits little, ``INLINE_WALL_S``) runs on the loop itself: handing it to a
 thread and back costs more than the batch (the GIL changes hands twice, and the
-loop waits for it), 110 us per request of the digits MLP measured on 2 cores. The batches
+loop waits for it; docs/performance.md, "Serving: where the time goes"). The batches
 themselves: ``_batching.py``.
 """
 
@@ -91,17 +91,19 @@ class ModelServer(OpenAIRoutes):
         if answer is not None:
             return answer
         if sub == "openapi.json":
-            return _json(self.openapi())
+            return json_response(self.openapi())
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
         if refused is not None:
             return refused
-        generated = await self.own_generation(payload, self.model, _label(self.model))
+        generated = await self.own_generation(payload, self.model, answered_by(self.model))
         if generated is not None:  # a causal LM's prompt: decoded in the engine's batch
             return generated
-        if isinstance(payload, dict) and payload.get("stream") is True and _streams(self.model):
+        if isinstance(payload, dict) and payload.get("stream") is True and answers_in_pieces(self.model):
             return self._stream(payload)
         status, content, size, model = await self._answer(payload)
-        return _json(content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": _label(model)})
+        return json_response(
+            content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": answered_by(model)}
+        )
 
     async def front(self, request: Any) -> tuple[str, Any]:
         """``(the path below the route, an answer or None)``: what every replica answers before its own
@@ -111,14 +113,14 @@ class ModelServer(OpenAIRoutes):
             return "", refused
         sub, answer = described(request)
         if answer is None and sub == "info":
-            answer = _json(self.describe())
+            answer = json_response(self.describe())
         if answer is None and self.api == "openai":
             answer = await self.openai_call(request, sub)
         return sub, answer
 
     def describe(self) -> dict[str, Any]:
         """``GET <route>/info``."""
-        return {**self.info, "serving": _label(self.model), **self.replica_info()}
+        return {**self.info, "serving": answered_by(self.model), **self.replica_info()}
 
     def model_ids(self) -> list[str]:
         return [type(self.model).__name__]
@@ -154,7 +156,7 @@ class ModelServer(OpenAIRoutes):
         try:
             pieces = iter(model.backend.stream(model, payload))
         except CLIENT_ERRORS as exc:
-            return _error(422, "invalid payload", _message(exc))
+            return error_response(422, "invalid payload", _message(exc))
 
         async def events() -> Any:
             loop = asyncio.get_running_loop()
@@ -173,7 +175,7 @@ class ModelServer(OpenAIRoutes):
             finally:
                 self.requests.append((time.time(), time.monotonic() - began))
 
-        headers = {"x-raymodel-model": _label(model), "Cache-Control": "no-cache"}
+        headers = {"x-raymodel-model": answered_by(model), "Cache-Control": "no-cache"}
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
     async def predict(self, payload: Any) -> Any:
@@ -187,14 +189,14 @@ class ModelServer(OpenAIRoutes):
         """The route's OpenAPI document, from the served model's ``input_schema`` / ``output_schema``."""
         model = self.model
         return openapi(
-            type(model), self.info.get("route") or "/", f"{type(model).__name__} (raymodel)", _label(model) or "1"
+            type(model), self.info.get("route") or "/", f"{type(model).__name__} (raymodel)", answered_by(model) or "1"
         )
 
     def stats(self, window_s: float = 60.0) -> dict[str, Any]:
         """This replica's last ``window_s`` seconds: request rate, latency p50/p99, mean batch size."""
         return {
             "route": self.info.get("route"),
-            "serving": _label(self.model),
+            "serving": answered_by(self.model),
             **window_figures(list(self.requests), list(self.batch_sizes), window_s, self.started),
         }
 
@@ -260,9 +262,9 @@ def described(request: Any) -> tuple[str, Any]:
     sub = scope["path"][len(scope.get("root_path", "")) :].strip("/")
     if sub in ("health", "info", "openapi.json"):
         if request.method != "GET":
-            return sub, _error(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
+            return sub, error_response(405, "method not allowed", f"`{sub}` answers GET.", headers={"Allow": "GET"})
         if sub == "health":
-            return sub, _json({"status": "ok"})
+            return sub, json_response({"status": "ok"})
     return sub, None
 
 
@@ -270,14 +272,16 @@ async def read_payload(request: Any, sub: str, max_body_bytes: int) -> tuple[Any
     """``(payload, None)`` of a POST to the route itself, or ``(None, the error answer)``: 404 for another
     path, 405 for another method, 413 for a body over ``max_body_bytes``, 400 for one that is not JSON."""
     if sub:
-        return None, _error(
+        return None, error_response(
             404, "not found", f"No endpoint `{sub}`; POST to the route, or GET `health`, `info` or `openapi.json`."
         )
     if request.method != "POST":
-        return None, _error(405, "method not allowed", "POST a JSON body to this route.", headers={"Allow": "POST"})
+        return None, error_response(
+            405, "method not allowed", "POST a JSON body to this route.", headers={"Allow": "POST"}
+        )
     body = await request.body()
     if len(body) > max_body_bytes:
-        return None, _error(
+        return None, error_response(
             413,
             "payload too large",
             f"The body has {len(body)} bytes; the limit is {max_body_bytes} (`ServeSettings(max_body_bytes=...)`).",
@@ -285,10 +289,10 @@ async def read_payload(request: Any, sub: str, max_body_bytes: int) -> tuple[Any
     try:
         return orjson.loads(body), None
     except ValueError as exc:
-        return None, _error(400, "invalid JSON", f"The body is not valid JSON: {exc}")
+        return None, error_response(400, "invalid JSON", f"The body is not valid JSON: {exc}")
 
 
-def _streams(model: Any) -> bool:
+def answers_in_pieces(model: Any) -> bool:
     """Whether the model's backend answers piece by piece (``Backend.stream`` overridden, as a causal LM's
     is); for any other model a ``"stream"`` key is the payload's own business."""
     return model is not None and type(model.backend).stream is not Backend.stream
@@ -356,7 +360,7 @@ def _request_id() -> str:
     return request_id or uuid.uuid4().hex[:12]
 
 
-def _label(model: Any) -> str:
+def answered_by(model: Any) -> str:
     """What a response says it was answered by: ``key:version``, or the checkpoint's folder name."""
     source = model.source
     if "registry" in source:
@@ -372,11 +376,11 @@ def _message(exc: BaseException) -> str:
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
-def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(
         orjson.dumps(content, option=JSON_OPTIONS), status_code=status, headers=headers, media_type="application/json"
     )
 
 
-def _error(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Any:
-    return _json({"error": error, "detail": detail}, status, headers)
+def error_response(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Any:
+    return json_response({"error": error, "detail": detail}, status, headers)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import logging
 import os
 import time
@@ -15,8 +17,8 @@ from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._declared import declare, forget
 from raymodel.serve._failures import replica_failures
 from raymodel.serve._rollout import Guard, Rollout, known_rollouts, running_on, start_rollout
-from raymodel.serve._route_plan import _is_multiplexed, _plan, _routed_application
-from raymodel.serve._settings import ServeSettings, replica_needs, replica_options
+from raymodel.serve._route_plan import RoutePlan, is_multiplexed, plan_route
+from raymodel.serve._settings import ServeSettings, replica_needs, replica_options, replica_settings
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +54,8 @@ class ServedModel:
             raise ServeError(f"`{self.route}` is being rolled out ({rolling}); stop the rollout first.")
         servable._set_split(split)  # every check first: a bad split changes nothing
         servable.apply()
-        assert servable.plan is not None  # `_routed` checked it
-        self.info["split"] = dict(servable.plan["split"])
+        assert servable.plan is not None and servable.plan.split is not None  # `_routed` checked it
+        self.info["split"] = dict(servable.plan.split)
 
     def rollout(
         self,
@@ -81,7 +83,7 @@ class ServedModel:
 
     def _routed(self, what: str) -> Servable:
         servable = self._servable
-        if servable is None or servable.plan is None or servable.plan.get("multiplex"):
+        if servable is None or servable.plan is None or servable.plan.multiplexed:
             raise ServeError(
                 f"`{what}` works on a route of registry versions; `{self.route}` serves "
                 + ("a multiplexed key" if servable is not None and servable.plan else "a model instance")
@@ -169,7 +171,7 @@ class Servable:
         self.route = _check_route(route)
         self.name = self.settings.name or route_app_name(self.route)
         self.model: Any = None
-        self.plan: dict[str, Any] | None = None  # a route of registry versions (one, a split, a shadow, multiplexed)
+        self.plan: RoutePlan | None = None  # a route of registry versions (one, a split, a shadow, multiplexed)
         self.rollout_id: str | None = None  # the rollout this route is in (set by the rollout controller)
         self._written: str | None = None  # the serve checkpoint ``as_application`` wrote
         self._registry = registry
@@ -177,9 +179,9 @@ class Servable:
             isinstance(model_or_ref, (str, Mapping))
             or type(model_or_ref).__name__ == "ModelRef"
             or shadow is not None
-            or _is_multiplexed(model_or_ref)
+            or is_multiplexed(model_or_ref)
         ):
-            self.plan, self.info = _plan(model_or_ref, shadow, shadow_fraction, registry, self.settings)
+            self.plan, self.info = plan_route(model_or_ref, shadow, shadow_fraction, registry, self.settings)
         elif hasattr(model_or_ref, "backend") and callable(getattr(model_or_ref, "save", None)):
             model_or_ref.backend.import_framework()
             from raymodel._internal.schema import schemas_of
@@ -212,7 +214,7 @@ class Servable:
         from raymodel.serve._deployment import ModelServer
 
         if self.plan is not None:
-            return _routed_application(self)
+            return routed_application(self)
         source = {"checkpoint": _checkpoint_of(self.model, self.name)}
         self._written = source["checkpoint"]
         info = {**self.info, "source": dict(self.model.source) if self.model.source else dict(source)}
@@ -274,7 +276,7 @@ class Servable:
 
     def _set_split(self, split: Mapping[str, float]) -> None:
         assert self.plan is not None
-        plan, info = _plan(split, self.plan.get("shadow"), self.plan["shadow_fraction"], self._registry, self.settings)
+        plan, info = plan_route(split, self.plan.shadow, self.plan.shadow_fraction, self._registry, self.settings)
         self.plan, self.info = plan, {**info, "route": self.route}
 
     def apply(self, timeout_s: float = 60.0) -> None:
@@ -289,13 +291,13 @@ class Servable:
 
         assert self.plan is not None
         serve.run(self.as_application(), name=self.name, route_prefix=self.route, blocking=False)
-        config = {"split": self.plan["split"], "rollout": self.rollout_id}
+        config = {"split": self.plan.split, "rollout": self.rollout_id}
         wanted = (config["split"], config["rollout"])
         handle = serve.get_app_handle(self.name)
         began = time.monotonic()
         pushed = False
         while True:
-            seen = [(now["plan"]["split"], now["rollout"]) for now in handle.broadcast("spec").results(timeout_s=10)]
+            seen = [(now.plan.split, now.rollout) for now in handle.broadcast("spec").results(timeout_s=10)]
             behind = [s for s in seen if s != wanted]
             if seen and not behind:
                 if self.rollout_id is None:  # a rollout's steps are its own: it sets them again after a restart
@@ -305,8 +307,14 @@ class Servable:
             if behind and not pushed and waited > PUSH_AFTER_S:
                 logger.warning(
                     "`%s`: %d of %d replicas still answer with %s %.0f s after the redeploy; handing them "
-                    "the split %s directly", self.route, len(behind), len(seen), behind[0][0], waited, wanted[0],
-                )  # fmt: skip
+                    "the split %s directly",
+                    self.route,
+                    len(behind),
+                    len(seen),
+                    behind[0][0],
+                    waited,
+                    wanted[0],
+                )
                 handle.broadcast("take", config).results(timeout_s=30)
                 pushed = True
             if waited > timeout_s:
@@ -326,7 +334,7 @@ class Servable:
 
     def __repr__(self) -> str:
         if self.plan is not None:
-            return f"Servable({self.plan.get('split') or self.plan.get('multiplex')!r}, route={self.route!r})"
+            return f"Servable({self.plan.served!r}, route={self.route!r})"
         return f"Servable({self.info['class']!r}, route={self.route!r})"
 
 
@@ -413,8 +421,8 @@ class ServedOffCluster(ServedModel):
         if rolling is not None:
             raise ServeError(f"`{self.route}` is being rolled out ({rolling}); stop the rollout first.")
         remote.call(_apply_here, servable)
-        assert servable.plan is not None  # `_routed` checked it
-        self.info["split"] = dict(servable.plan["split"])
+        assert servable.plan is not None and servable.plan.split is not None  # `_routed` checked it
+        self.info["split"] = dict(servable.plan.split)
 
     def shutdown(self) -> None:
         from raymodel._internal import remote
@@ -430,7 +438,6 @@ def _apply_here(servable: Servable) -> None:
 
 def _deploy_off_cluster(servable: Servable) -> ServedModel:
     """``servable.deploy()`` from a client off the cluster: one call of the cluster's deploys it there."""
-    import dataclasses
     from urllib.parse import urlparse
 
     from raymodel._internal import remote
@@ -480,3 +487,57 @@ def _http_address(settings: ServeSettings) -> tuple[str, int]:
         return config.host, config.port
     except Exception:  # noqa: BLE001 - fall back to what was asked for
         return settings.host, settings.port
+
+
+def routed_application(servable: Any) -> Any:
+    """The Serve application of a route of registry versions: ``RouteServer`` (one deployment; the split
+    and the rollout in its ``user_config``, so that a new split is a reconfiguration, not a restart),
+    or, for a multiplexed route, ``ModelRouter`` in front of ``VersionServer``."""
+    from ray import serve
+
+    s, plan = servable.settings, servable.plan
+    split = plan.split
+    # Serve restarts a deployment whose version changes; the same version with a new ``user_config``
+    # is reconfigured in place. The version is what the route is, less its weights and its split. (Serve's
+    # Python API gives every ``serve.run`` a random version, a restart; the option is private since 2.x.)
+    unsplit = sorted((k, v) for k, v in dataclasses.asdict(plan).items() if k != "split" and v is not None)
+    version = hashlib.sha256(repr((unsplit, replica_settings(s))).encode()).hexdigest()[:16]
+    info = {key: value for key, value in servable.info.items() if key != "split"}
+    if split is not None:
+        from raymodel.serve._route_server import RouteServer
+
+        return (
+            serve.deployment()(RouteServer)
+            .options(
+                name=f"{servable.name}-model",
+                version=version,
+                _internal=True,
+                user_config={"split": split, "rollout": servable.rollout_id},
+                **replica_options(s),
+            )
+            .bind(plan, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s)
+        )
+    if s.api == "openai":  # a key's versions (LoRA adapters on one base) chosen by the request's `model`
+        from raymodel.serve._adapter_server import AdapterServer
+
+        options = {"name": f"{servable.name}-model", "version": version, "_internal": True, **replica_options(s)}
+        return serve.deployment()(AdapterServer).options(**options).bind(plan, info, s)
+    from raymodel.serve._route_deployments import ModelRouter, VersionServer
+
+    options = {"name": f"{servable.name}-versions", "version": version, "_internal": True, **replica_options(s)}
+    backend = (
+        serve.deployment()(VersionServer)
+        .options(**options)
+        .bind(plan.registry, s.max_models_per_replica, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes)
+    )
+    router = serve.deployment()(ModelRouter).options(
+        name=f"{servable.name}-router",
+        version=version,
+        _internal=True,
+        num_replicas=1,
+        # Routing is a few dict look-ups and a handle call per request: it takes no CPU of its own.
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=max(256, s.max_ongoing_requests),
+        logging_config={"enable_access_log": s.access_log},
+    )
+    return router.bind(backend, plan, info, s.max_body_bytes, s.api_keys)

@@ -16,7 +16,7 @@ def replica_failures(app_name: str) -> str | None:
 
     try:
         app = serve.status().applications.get(app_name)
-    except Exception:  # noqa: BLE001 - the summary alone is said, as before
+    except Exception:  # noqa: BLE001 - without Serve's status, the caller's summary alone is said
         return None
     said = []
     for name, deployment in (app.deployments if app is not None else {}).items():

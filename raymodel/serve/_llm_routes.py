@@ -80,15 +80,19 @@ class OpenAIRoutes:
                 return _openai.models(self.model_ids(), self.started)
             if sub not in ENDPOINTS:
                 raise OpenAIError(
-                    404, f"No endpoint `/{sub}` here: POST /completions or /chat/completions, GET /models.",
+                    404,
+                    f"No endpoint `/{sub}` here: POST /completions or /chat/completions, GET /models.",
                     code="unknown_url",
-                )  # fmt: skip
+                )
             if request.method != "POST":
                 raise OpenAIError(405, f"`/{sub}` answers POST.")
             body = await request.body()
             if len(body) > self.max_body_bytes:
-                raise OpenAIError(413, f"The body has {len(body)} bytes; the limit is {self.max_body_bytes} "
-                                  "(`ServeSettings(max_body_bytes=...)`).")  # fmt: skip
+                raise OpenAIError(
+                    413,
+                    f"The body has {len(body)} bytes; the limit is {self.max_body_bytes} "
+                    "(`ServeSettings(max_body_bytes=...)`).",
+                )
             try:
                 payload = orjson.loads(body)
             except ValueError as exc:
@@ -169,8 +173,9 @@ class OpenAIRoutes:
                 finally:
                     self.record(label, time.monotonic() - began, failed)
 
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache"})  # fmt: skip
+            return StreamingResponse(
+                events(), media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+            )
         texts = [""] * len(requests)
         failed = True
         try:

@@ -62,8 +62,9 @@ def parse(endpoint: str, body: Any) -> dict[str, Any]:
         raise _bad("The body must be a JSON object.", None)
     unknown = sorted(set(body) - FIELDS[endpoint])
     if unknown:
-        raise _bad(f"Unrecognized request argument(s) {unknown}; /{endpoint} takes {sorted(FIELDS[endpoint])}.",
-                   unknown[0])  # fmt: skip
+        raise _bad(
+            f"Unrecognized request argument(s) {unknown}; /{endpoint} takes {sorted(FIELDS[endpoint])}.", unknown[0]
+        )
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("You must provide a model parameter (GET /models lists them).", "model")
@@ -119,8 +120,9 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):  # OpenAI's content parts: text only here
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):  # fmt: skip
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
                 raise _bad(f"`messages[{i}].content`: only text parts are taken.", f"messages[{i}].content")
             content = "".join(p["text"] for p in content)
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
@@ -153,8 +155,13 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
 Choose = Callable[[str, dict[str, Any]], Awaitable[tuple[str, Any, str | None]]]
 
 
-async def answer(engine_of: Callable[[Any], Any], endpoint: str, body: Any, choose: Choose,
-                 record: Callable[[str, float, bool], None]) -> Response:  # fmt: skip
+async def answer(
+    engine_of: Callable[[Any], Any],
+    endpoint: str,
+    body: Any,
+    choose: Choose,
+    record: Callable[[str, float, bool], None],
+) -> Response:
     """One request to ``/completions`` or ``/chat/completions``: checked, its model chosen
     (``choose(model, request) -> (id, model, adapter)``, an ``OpenAIError`` 404 for a model the route
     does not serve), generated, answered whole or streamed."""
@@ -179,13 +186,17 @@ async def answer(engine_of: Callable[[Any], Any], endpoint: str, body: Any, choo
     for i, ids in enumerate(prompts):
         generations.append(_submit(engine, ids, request, adapter, emitter(loop, queue, i)))
     chat = endpoint == "chat/completions"
-    head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
-            "model": label}  # fmt: skip
+    head = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+        "created": int(time.time()),
+        "model": label,
+    }
     if request["stream"]:
         return StreamingResponse(
             _events(queue, generations, head, chat, request.get("include_usage", False), label, began, record),
-            media_type="text/event-stream", headers={"Cache-Control": "no-cache", "x-raymodel-model": label},
-        )  # fmt: skip
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "x-raymodel-model": label},
+        )
     texts = [""] * len(prompts)
     finishes: list[Any] = [None] * len(prompts)
     failed = True
@@ -205,12 +216,20 @@ async def answer(engine_of: Callable[[Any], Any], endpoint: str, body: Any, choo
         record(label, time.monotonic() - began, failed)
     usage = _usage(finishes)
     if chat:
-        choices = [{"index": 0, "message": {"role": "assistant", "content": texts[0]}, "logprobs": None,
-                    "finish_reason": finishes[0]["finish_reason"]}]  # fmt: skip
+        choices = [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": texts[0]},
+                "logprobs": None,
+                "finish_reason": finishes[0]["finish_reason"],
+            }
+        ]
         content = {**head, "object": "chat.completion", "choices": choices, "usage": usage}
     else:
-        choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": f["finish_reason"]}
-                   for i, (t, f) in enumerate(zip(texts, finishes))]  # fmt: skip
+        choices = [
+            {"index": i, "text": t, "logprobs": None, "finish_reason": f["finish_reason"]}
+            for i, (t, f) in enumerate(zip(texts, finishes))
+        ]
         content = {**head, "object": "text_completion", "choices": choices, "usage": usage}
     return Response(orjson.dumps(content), 200, {"x-raymodel-model": label}, media_type="application/json")
 
@@ -230,9 +249,15 @@ def _submit(engine: Any, ids: list[int], request: dict[str, Any], adapter: str |
     limit = request["max_tokens"]
     room = engine.room(ids)
     generation = TextRequest(
-        ids, emit, max_tokens=limit if limit is not None else (room or 256), temperature=request["temperature"],
-        top_p=request["top_p"], stop=request["stop"], seed=request["seed"], adapter=adapter,
-    )  # fmt: skip
+        ids,
+        emit,
+        max_tokens=limit if limit is not None else (room or 256),
+        temperature=request["temperature"],
+        top_p=request["top_p"],
+        stop=request["stop"],
+        seed=request["seed"],
+        adapter=adapter,
+    )
     engine.submit(generation)
     return generation
 
@@ -243,9 +268,16 @@ def _usage(finishes: list[dict[str, Any]]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _events(queue: asyncio.Queue[tuple[int, Any]], generations: list[Any], head: dict[str, Any], chat: bool,
-                  include_usage: bool, label: str, began: float,
-                  record: Callable[[str, float, bool], None]) -> AsyncIterator[bytes]:  # fmt: skip
+async def _events(
+    queue: asyncio.Queue[tuple[int, Any]],
+    generations: list[Any],
+    head: dict[str, Any],
+    chat: bool,
+    include_usage: bool,
+    label: str,
+    began: float,
+    record: Callable[[str, float, bool], None],
+) -> AsyncIterator[bytes]:
     """OpenAI's server-sent chunks: (chat: the assistant's role first) each piece as it is final, each
     choice's finish, the usage where asked, ``[DONE]``."""
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -269,8 +301,12 @@ async def _events(queue: asyncio.Queue[tuple[int, Any]], generations: list[Any],
         while any(f is None for f in finishes):
             i, item = await queue.get()
             if isinstance(item, BaseException):
-                error = {"message": f"The model failed: {type(item).__name__}: {item}", "type": "server_error",
-                         "param": None, "code": "model_error"}  # fmt: skip
+                error = {
+                    "message": f"The model failed: {type(item).__name__}: {item}",
+                    "type": "server_error",
+                    "param": None,
+                    "code": "model_error",
+                }
                 yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
                 return
             if isinstance(item, dict):
@@ -295,6 +331,8 @@ def models(ids: list[str], created: float) -> Response:
 
 def not_found(model: str, ids: list[str]) -> OpenAIError:
     return OpenAIError(
-        404, f"The model `{model}` does not exist on this route; it serves {', '.join(ids) or 'nothing yet'}.",
-        "model", "model_not_found",
-    )  # fmt: skip
+        404,
+        f"The model `{model}` does not exist on this route; it serves {', '.join(ids) or 'nothing yet'}.",
+        "model",
+        "model_not_found",
+    )

@@ -13,6 +13,7 @@ from typing import Any
 from raymodel._internal import locations, storage
 from raymodel._internal.name_rules import parse_ref, route_app_name
 from raymodel.exceptions import ServeError, SettingsError
+from raymodel.serve._route_plan import RouteSpec
 
 #: How many of the candidate's latencies a rollout keeps for its p99 (the newest).
 KEEP = 20000
@@ -81,7 +82,7 @@ class RolloutController:
             "route": route,
             "app": servable.name,
             "baseline": baseline,
-            "baseline_split": dict(servable.plan["split"]),
+            "baseline_split": dict(servable.plan.split),
             "candidate": candidate,
             "candidate_ref": ref,
             "alias": alias,
@@ -91,7 +92,7 @@ class RolloutController:
             "status": "running",
             "reason": "starting",
             "step": 0,
-            "split": dict(servable.plan["split"]),
+            "split": dict(servable.plan.split),
             "started": time.time(),
             "step_started": None,
             "ended": None,
@@ -155,17 +156,17 @@ class RolloutController:
         running = self.running(route)
         if running is not None:
             raise ServeError(f"`{route}` is being rolled out already ({running}); stop it first.")
-        plan = spec["plan"]
-        if len(plan["split"]) != 1:
+        plan = spec.plan
+        if len(plan.split or {}) != 1:
             raise ServeError(
                 f"A rollout starts from a route that serves one version; `{route}` splits "
-                f"{plan['split']}. Set it to one first: `served.set_split({{'{key}@production': 1.0}})`."
+                f"{plan.split}. Set it to one first: `served.set_split({{'{key}@production': 1.0}})`."
             )
-        (base_ref,) = plan["split"]
+        (base_ref,) = plan.split or {}
         base_key, base_version = parse_ref(base_ref)
         if base_key != key:
             raise ServeError(f"`{route}` serves `{base_key}`; a rollout's candidate is a version of it (got {ref!r}).")
-        registry = Registry(plan["registry"])
+        registry = Registry(plan.registry)
         baseline = f"{key}:{registry.resolve(key, base_version)}"
         candidate = f"{key}:{registry.resolve(key, version)}"  # raises, naming the versions there are
         if candidate == baseline:
@@ -173,10 +174,10 @@ class RolloutController:
         servable = servable_class(
             {base_ref: 1.0},
             route,
-            settings=spec["settings"],
-            registry=plan["registry"],
-            shadow=plan.get("shadow"),
-            shadow_fraction=plan.get("shadow_fraction", 1.0),
+            settings=spec.settings,
+            registry=plan.registry,
+            shadow=plan.shadow,
+            shadow_fraction=plan.shadow_fraction,
         )
         alias = base_version if isinstance(base_version, str) else None
         return servable, baseline, candidate, alias
@@ -218,11 +219,15 @@ class RolloutController:
                 self._set(rollout_id, status="stopped", reason=reason, ended=time.time())
                 return
             time.sleep(1.0)
-        plan = spec["plan"]
+        plan = spec.plan
         servable = servable_class(
-            state["baseline_split"], state["route"], settings=spec["settings"], registry=plan["registry"],
-            shadow=plan.get("shadow"), shadow_fraction=plan.get("shadow_fraction", 1.0),
-        )  # fmt: skip
+            state["baseline_split"],
+            state["route"],
+            settings=spec.settings,
+            registry=plan.registry,
+            shadow=plan.shadow,
+            shadow_fraction=plan.shadow_fraction,
+        )
         self._drive(rollout_id, servable, first=max(int(state["step"]), 1))
 
     # ------------------------------------------------------------ driving
@@ -302,7 +307,7 @@ class RolloutController:
         key, n = state["candidate"].rsplit(":", 1)
         base_ref = next(iter(state["baseline_split"]))
         if state["alias"] is not None:
-            Registry(servable.plan["registry"]).set_alias(key, state["alias"], int(n))
+            Registry(servable.plan.registry).set_alias(key, state["alias"], int(n))
             final, moved = {base_ref: 1.0}, f"{key}@{state['alias']} now names {state['candidate']}"
         else:
             final = {state["candidate"]: 1.0}
@@ -320,7 +325,7 @@ class RolloutController:
         )
 
 
-def served_spec(route: str) -> dict[str, Any] | None:
+def served_spec(route: str) -> RouteSpec | None:
     """What serves ``route`` when it is a route of registry versions (its ``plan``, ``settings``); else
     ``None`` (nothing there, another application, or no Serve running)."""
     from ray import serve
@@ -336,7 +341,7 @@ def served_spec(route: str) -> dict[str, Any] | None:
         try:
             handle = serve.get_app_handle(name)
             if handle.stats.remote().result(timeout_s=60).get("route") == route:
-                spec: dict[str, Any] = handle.spec.remote().result(timeout_s=60)
+                spec: RouteSpec = handle.spec.remote().result(timeout_s=60)
                 return spec
         except Exception:  # noqa: BLE001 - another application (not a route of registry versions)
             continue

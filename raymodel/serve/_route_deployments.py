@@ -27,7 +27,8 @@ from ray import serve
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
 from raymodel.serve import _auth
-from raymodel.serve._deployment import ModelServer, _error, _json, _label, described, read_payload
+from raymodel.serve._deployment import ModelServer, answered_by, described, error_response, json_response, read_payload
+from raymodel.serve._route_plan import RoutePlan
 from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats, multiplexed_stats
 
 logger = logging.getLogger("ray.serve")
@@ -76,7 +77,7 @@ class VersionServer(ModelServer):
         from raymodel._internal.schema import openapi
 
         model = await self._version(serve.get_multiplexed_model_id())
-        return openapi(type(model), route, f"{type(model).__name__} (raymodel)", _label(model))
+        return openapi(type(model), route, f"{type(model).__name__} (raymodel)", answered_by(model))
 
     def loaded(self) -> list[str]:
         """The versions this replica holds, least recently used first."""
@@ -91,28 +92,32 @@ class ModelRouter:
     """The HTTP ingress of a multiplexed route (see the module's docstring)."""
 
     def __init__(
-        self, backend: Any, plan: dict[str, Any], info: dict[str, Any], max_body_bytes: int,
+        self,
+        backend: Any,
+        plan: RoutePlan,
+        info: dict[str, Any],
+        max_body_bytes: int,
         keys: tuple[str, ...] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         from raymodel.registry import Registry
 
         self.keys = keys
         self.backend, self.plan, self.info = backend, plan, info
         self.max_body_bytes = max_body_bytes
-        self.registry = Registry(plan["registry"])
+        self.registry = Registry(plan.registry)
         self.handles: dict[str, Any] = {}
         self.cache: dict[str, tuple[float, Any]] = {}  # the header -> (when, label or error)
         self.figures = VersionStats()
         self.batches: collections.deque[tuple[float, int]] = collections.deque(maxlen=5000)  # (end, size)
-        self.poll_s = float(plan.get("poll_s", 2.0))
+        self.poll_s = float(plan.poll_s)
 
     def _choose(self, headers: Any) -> str | Any:
         """The label of the version a request names, or an error response (naming none, or none known)."""
-        multiplex = self.plan["multiplex"]
+        multiplex = self.plan.key
         wanted = headers.get(MODEL_HEADER) or (multiplex if multiplex != "*" else "")
         if not wanted:
             detail = f"Name a version in the `{MODEL_HEADER}` header, e.g. `digits:3`."
-            return _error(400, "no model named", detail)
+            return error_response(400, "no model named", detail)
         now = time.monotonic()
         hit = self.cache.get(wanted)
         if hit is None or now - hit[0] > self.poll_s:
@@ -122,7 +127,7 @@ class ModelRouter:
         label = hit[1]
         if isinstance(label, str):
             return label
-        return _error(404, "no such model", label["detail"])
+        return error_response(404, "no such model", label["detail"])
 
     def _resolve_header(self, wanted: str, multiplex: str) -> Any:
         try:
@@ -145,18 +150,18 @@ class ModelRouter:
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
         if not _auth.allowed(self.keys, request.headers):
-            return _error(401, "unauthorized", _auth.MISSING, headers=_auth.CHALLENGE)
+            return error_response(401, "unauthorized", _auth.MISSING, headers=_auth.CHALLENGE)
         sub, answer = described(request)
         if answer is not None:
             return answer
         if sub == "info":
-            return _json(await self.describe())
+            return json_response(await self.describe())
         if sub == "openapi.json":
             label = self._choose(request.headers)
             if not isinstance(label, str):
                 return label
             call = self._to(label).openapi_of
-            return _json(await call.remote(self.info.get("route") or "/"))
+            return json_response(await call.remote(self.info.get("route") or "/"))
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
         if refused is not None:
             return refused
@@ -167,7 +172,7 @@ class ModelRouter:
         status, content, size, pid = await self._to(label).answer.remote(payload)
         self.figures.record(label, time.monotonic() - began, status >= 500)
         self.batches.append((time.time(), int(size)))  # the size of the batch it was answered in
-        return _json(
+        return json_response(
             content, status, {"x-raymodel-batch-size": str(size), MODEL_HEADER: label, REPLICA_HEADER: str(pid)}
         )
 
@@ -199,7 +204,7 @@ class ModelRouter:
             replica = {"pid": None, "loaded": None}
         return {
             **self.info,
-            "multiplex": self.plan["multiplex"],
+            "multiplex": self.plan.multiplex,
             "loaded": replica["loaded"],
             "loads": replica.get("loads"),
             "replica_pid": replica["pid"],

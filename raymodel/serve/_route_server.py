@@ -28,8 +28,9 @@ from typing import Any, NamedTuple
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
-from raymodel.serve._deployment import ModelServer, _json, _streams, read_payload
+from raymodel.serve._deployment import ModelServer, answers_in_pieces, json_response, read_payload
 from raymodel.serve._openai import not_found
+from raymodel.serve._route_plan import RoutePlan, RouteSpec
 from raymodel.serve._traffic import (
     KEY_HEADER,
     MODEL_HEADER,
@@ -63,16 +64,21 @@ class RouteServer(ModelServer):
     """A replica of a route of registry versions (see the module's docstring)."""
 
     def __init__(
-        self, plan: dict[str, Any], info: dict[str, Any], max_batch_size: int, batch_wait_timeout_s: float,
-        max_body_bytes: int, settings: Any = None,
-    ) -> None:  # fmt: skip
+        self,
+        plan: RoutePlan,
+        info: dict[str, Any],
+        max_batch_size: int,
+        batch_wait_timeout_s: float,
+        max_body_bytes: int,
+        settings: Any = None,
+    ) -> None:
         from raymodel.registry import Registry
 
         api, keys = getattr(settings, "api", "raymodel"), getattr(settings, "api_keys", None)
         super().__init__({}, info, max_batch_size, batch_wait_timeout_s, max_body_bytes, api, keys)
         self.plan = plan
         self.settings = settings
-        self.registry = Registry(plan["registry"])
+        self.registry = Registry(plan.registry)
         self.figures = VersionStats()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.rollout: str | None = None  # the id of the rollout this route is in, if any
@@ -99,7 +105,7 @@ class RouteServer(ModelServer):
 
     # ------------------------------------------------------------ references
     def _refs(self, shares: list[tuple[str, float]]) -> list[str]:
-        return [ref for ref, _ in shares] + ([self.plan["shadow"]] if self.plan.get("shadow") else [])
+        return [ref for ref, _ in shares] + ([self.plan.shadow] if self.plan.shadow else [])
 
     def _apply(self, shares: list[tuple[str, float]] | None) -> dict[str, str]:
         """Resolve every reference of ``shares`` (and the shadow), load the versions not held yet, then
@@ -134,7 +140,7 @@ class RouteServer(ModelServer):
         """An alias (or a key's newest version) that moves is followed: the new version is loaded
         first, then requests go to it."""
         while True:
-            time.sleep(self.plan.get("poll_s", 2.0))
+            time.sleep(self.plan.poll_s)
             try:
                 self._follow_once()
             except Exception:  # noqa: BLE001 - a registry hiccup never stops the route
@@ -153,7 +159,7 @@ class RouteServer(ModelServer):
         if answer is not None:
             return answer
         if sub == "openapi.json":
-            return _json(self.openapi())
+            return json_response(self.openapi())
         payload, refused = await read_payload(request, sub, self.max_body_bytes)
         if refused is not None:
             return refused
@@ -163,7 +169,7 @@ class RouteServer(ModelServer):
         generated = await self.own_generation(payload, model, label)
         if generated is not None:  # a causal LM's prompt: decoded in the engine's batch
             return generated
-        if isinstance(payload, dict) and payload.get("stream") is True and _streams(model):
+        if isinstance(payload, dict) and payload.get("stream") is True and answers_in_pieces(model):
             return self._stream(payload, model)
         began = time.monotonic()
         failed = True
@@ -172,13 +178,13 @@ class RouteServer(ModelServer):
             failed = status >= 500
         finally:
             self._count(label, time.monotonic() - began, failed)
-        shadow = self.plan.get("shadow")
-        if shadow and len(self.tasks) < MAX_SHADOWS and random.random() < self.plan.get("shadow_fraction", 1.0):
-            task = asyncio.get_running_loop().create_task(self._shadow(route, payload, label, status, content))
+        shadow = self.plan.shadow
+        if shadow and len(self.tasks) < MAX_SHADOWS and random.random() < self.plan.shadow_fraction:
+            task = asyncio.get_running_loop().create_task(self._shadow(route, shadow, payload, label, status, content))
             self.tasks.add(task)  # kept until done: the loop holds tasks weakly
             task.add_done_callback(self.tasks.discard)
         headers = {"x-raymodel-batch-size": str(size), MODEL_HEADER: label, REPLICA_HEADER: str(os.getpid())}
-        return _json(content, status, headers)
+        return json_response(content, status, headers)
 
     # ---------------------------------------------------------- OpenAI's API
     def model_ids(self) -> list[str]:
@@ -224,8 +230,10 @@ class RouteServer(ModelServer):
         model = route.models[label]
         return openapi(type(model), self.info.get("route") or "/", f"{type(model).__name__} (raymodel)", label)
 
-    async def _shadow(self, route: _Route, payload: Any, answered_label: str, status: int, answered: Any) -> None:
-        label = route.labels[self.plan["shadow"]]
+    async def _shadow(
+        self, route: _Route, shadow: str, payload: Any, answered_label: str, status: int, answered: Any
+    ) -> None:
+        label = route.labels[shadow]
         try:
             s_status, s_content, _, _ = await self._answer(payload, route.models[label])
         except Exception:  # noqa: BLE001 - a shadow's failure is counted, never the client's
@@ -262,11 +270,9 @@ class RouteServer(ModelServer):
                 handle = None
                 logger.debug("could not report figures of rollout %s\n%s", rollout, traceback.format_exc())
 
-    def spec(self) -> dict[str, Any]:
-        """What a rollout controller needs to redeploy this route: its plan (with the split now), its
-        settings, and the rollout it is in."""
-        plan = {**self.plan, "split": dict(self.route.shares)}
-        return {"plan": plan, "settings": self.settings, "rollout": self.rollout}
+    def spec(self) -> RouteSpec:
+        """What a rollout controller needs to redeploy this route."""
+        return RouteSpec(self.plan.with_split(dict(self.route.shares)), self.settings, self.rollout)
 
     def describe(self) -> dict[str, Any]:
         route = self.route
@@ -277,8 +283,8 @@ class RouteServer(ModelServer):
             "serving": refs[route.shares[0][0]] if len(route.shares) == 1 else refs,
             "split": dict(route.shares),
             "refs": refs,
-            "shadow": self.plan.get("shadow"),
-            "shadow_fraction": self.plan.get("shadow_fraction") if self.plan.get("shadow") else None,
+            "shadow": self.plan.shadow,
+            "shadow_fraction": self.plan.shadow_fraction if self.plan.shadow else None,
             "rollout": self.rollout,
             "loaded": sorted(route.models),
             "loads": self.loads,

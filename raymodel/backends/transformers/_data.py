@@ -42,7 +42,7 @@ def prepare(model: Any, data: Any) -> DataSpec:
             "the datasets themselves: a `datasets.Dataset`/`DatasetDict`, a DataFrame or a dict of columns."
         )
     model.ensure_setup()  # the tokenizer is built in `setup`
-    splits = _splits(data)
+    splits = named_splits(data)
     task = task_of(model.model)
     out = {}
     for name, value in splits.items():
@@ -80,7 +80,7 @@ def task_of(hf_model: Any) -> str:
     return "other"
 
 
-def _splits(data: Any) -> dict[str, Any]:
+def named_splits(data: Any) -> dict[str, Any]:
     if isinstance(data, Mapping):
         keys = [str(k) for k in data]
         if any(k in SPLITS for k in keys) or type(data).__name__ == "DatasetDict":

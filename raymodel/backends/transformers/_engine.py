@@ -179,9 +179,13 @@ class _Batch:
                 kwargs["adapter_names"] = names
         with self.engine.model.backend.inference(self.engine.model):  # eval mode (no dropout), no gradients
             out = hf(
-                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
                 **kwargs,
-            )  # fmt: skip
+            )
         return out.past_key_values, out.logits[:, -1, :].float()
 
     def admit(self, requests: list[Request]) -> None:

@@ -39,7 +39,7 @@ FIGURES = {
 def prepare(model: Any, data: Any, method: Any) -> DataSpec:
     """``data`` as TRL's text splits for ``method``, checked (columns, rewards) on the driver."""
     from raymodel._internal.deps import require
-    from raymodel.backends.transformers._data import _splits, task_of, to_dataset
+    from raymodel.backends.transformers._data import named_splits, task_of, to_dataset
 
     require("trl", "llm")
     model.ensure_setup()
@@ -49,7 +49,7 @@ def prepare(model: Any, data: Any, method: Any) -> DataSpec:
             f"{type(model.model).__name__}."
         )
     splits = {}
-    for name, value in _splits(data).items():
+    for name, value in named_splits(data).items():
         dataset = to_dataset(value, f"`data[{name!r}]`")
         splits[name] = TorchDataset(_columns(dataset, method, name))
     if method.kind == "grpo":

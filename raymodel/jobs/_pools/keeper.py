@@ -19,9 +19,10 @@ import ray
 
 from raymodel._internal import cluster, remote
 from raymodel.jobs._address import NAMESPACE
-from raymodel.jobs._constants import ACTIVE
+from raymodel.jobs._server.book import JobBook
 from raymodel.jobs._server.queue import fits
-from raymodel.jobs._server.state import ServerState
+from raymodel.jobs._server.records import JobRecord, PoolRecord
+from raymodel.jobs._server.watched import Watched
 
 #: A pool asked to end that has not after this long is killed.
 _END_S = 30.0
@@ -30,58 +31,87 @@ _END_S = 30.0
 _REWARM_S = 10.0
 
 
-class PoolKeeper(ServerState):
-    """Mixed into ``JobServer`` (its state: ``ServerState``)."""
+class PoolKeeper:
+    """The training server's pools, under the book's lock (``JobBook``): its jobs' needs and logs, and
+    its ``changed`` for the clients' waits."""
 
-    def pools_info(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return [dict(p) for p in sorted(self.pools.values(), key=lambda p: p["started"])]
+    def __init__(self, book: JobBook, watched: Watched, idle_s: float) -> None:
+        self.book, self.watched, self.idle_s = book, watched, float(idle_s)
+        self.pools: dict[str, PoolRecord] = {}
+        self.actors: dict[str, Any] = {}  # pool id -> its PoolActor
+        self.warm_pools: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}  # key -> (spec, needs)
+        self.draining = False  # the head is going down: no warm pool starts
+        self._warmed = -1e9  # when warm pools were last looked at (monotonic)
+        self._room_seen = False  # whether that look found room for them
+        self._demand_checked = 0.0
 
-    def release_pools(self, timeout: float = 120.0) -> list[str]:
+    # ------------------------------------------------------------ clients
+    def info(self) -> list[dict[str, Any]]:
+        with self.book.lock:
+            return [p.as_dict() for p in sorted(self.pools.values(), key=lambda p: p.started)]
+
+    def release(self, timeout: float = 120.0) -> list[str]:
         """End every idle pool and wait until each has ended (its resources are back)."""
-        with self.changed:
-            ending = [p["id"] for p in self.pools.values() if p["state"] in ("idle", "ending")]
+        with self.book.changed:
+            ending = [p.id for p in self.pools.values() if p.state in ("idle", "ending")]
             for pool_id in ending:
-                self._end_pool(pool_id, "released")
-            self.changed.wait_for(lambda: not any(i in self.pools for i in ending), timeout=timeout)
+                self.end(pool_id, "released")
+            self.book.changed.wait_for(lambda: not any(i in self.pools for i in ending), timeout=timeout)
             return ending
 
     def make_room(self, needs: dict[str, float] | None, timeout: float = 120.0) -> list[str]:
         """Before other work takes resources: end the idle pools in its way (every idle pool when
         ``needs`` is ``None``), and wait until they have ended."""
-        with self.lock:
-            idle = [p for p in self.pools.values() if p["state"] == "idle"]
-            if not idle:
+        with self.book.lock:
+            if not self.idle():
                 return []
             if needs is not None:
                 available = {k: float(v) for k, v in ray.available_resources().items()}
                 if fits(needs, available) is None:
                     return []
-        return self.release_pools(timeout)
-
-    def set_pool_idle_s(self, seconds: float) -> None:
-        self.pool_idle_s = float(seconds)
+        return self.release(timeout)
 
     def warm(self, specs: list[tuple[str, int]]) -> list[str]:
         """Keep a pool of each ``(backend, workers)`` warm from now on (``jobs/_warm.py``; ``[]``: none):
         those not running start now, in the background. Returns the ids of the pools started."""
-        from raymodel.jobs._warm import runner_warms, warm_pools
+        from raymodel.jobs._warm import warm_pools
 
-        with self.lock:
-            self.warm_pools, self.warm_runs = warm_pools(specs), runner_warms(specs)
+        with self.book.lock:
+            self.warm_pools = warm_pools(specs)
             for pool in self.pools.values():
-                pool["warm"] = pool["key"] in self.warm_pools
-            if self.spare is not None:  # the next job's runner imports their frameworks meanwhile
-                self.spare.warm.remote(self.warm_imports(), self.warm_runs)
+                pool.warm = pool.key in self.warm_pools
             return self._start_warm(check_room=False)
 
-    # ---------------------------------------------------------- from runners
-    def _start_pool(self, record: dict[str, Any]) -> str:
-        spec = self.extras[record["id"]]["pool"]
-        pool_id = self._new_pool(spec, record["needs"], job_id=record["id"])
-        self._log(record["id"], f"starting pool {pool_id} of {spec['num_workers']} {_kind(spec)} worker(s)")
+    # ------------------------------------------------------------ the scheduler's
+    def idle(self, key: str | None = None) -> list[PoolRecord]:
+        """The idle pools (of ``key``, if given)."""
+        return [p for p in self.pools.values() if p.state == "idle" and (key is None or p.key == key)]
+
+    def start_for(self, record: JobRecord) -> str:
+        """A new pool for the job ``record`` (its pool's spec came with it)."""
+        spec = self.book.extras[record.id]["pool"]
+        pool_id = self._new_pool(spec, record.needs, job_id=record.id)
+        self.book.log(record.id, f"starting pool {pool_id} of {spec['num_workers']} {_kind(spec)} worker(s)")
         return pool_id
 
+    def take(self, pool_id: str, job_id: str) -> Any:
+        """The pool runs the job ``job_id`` now: its actor, for the job's runner."""
+        pool = self.pools[pool_id]
+        pool.state, pool.job, pool.idle_since = "busy", job_id, None
+        return self.actors[pool_id]
+
+    def returned(self, pool_id: str, usable: bool) -> None:
+        """The pool's job ended: the pool waits for the next one, or ends when the job left it unusable."""
+        pool = self.pools.get(pool_id)
+        if pool is None or pool.state != "busy":
+            return
+        pool.jobs_run += 1
+        if usable:
+            pool.state, pool.job, pool.idle_since = "idle", None, time.time()
+        else:
+            self.end(pool_id, "a job left it unusable", force=True)
+
+    # ------------------------------------------------------------ starts
     def _new_pool(self, spec: dict[str, Any], needs: dict[str, float], job_id: str | None) -> str:
         """Start a pool of ``spec`` for the job ``job_id`` (``None``: a warm pool, idle until a job takes it)."""
         from raymodel.jobs._pools.pool import PoolActor
@@ -102,25 +132,23 @@ class PoolKeeper(ServerState):
             )
         )
         actor.start.remote()
-        self.pool_actors[pool_id] = actor
-        self.watch(self.pool_refs, actor.wait_ended.remote(), pool_id)
-        self.watch(self.ready_refs, actor.wait_ready.remote(), pool_id)
+        self.actors[pool_id] = actor
+        self.watched.watch(actor.wait_ended.remote(), lambda ref: self._ended(pool_id, ref))
+        self.watched.watch(actor.wait_ready.remote(), lambda ref: self._ready(pool_id, ref))
         now = time.time()
-        self.pools[pool_id] = {
-            "id": pool_id,
-            "key": spec["key"],
-            "backend": _kind(spec),
-            "num_workers": spec["num_workers"],
-            "needs": dict(needs),
-            "state": "starting" if job_id else "idle",
-            "ready": False,
-            "warm": spec["key"] in self.warm_pools,
-            "jobs_run": 0,
-            "started": now,
-            "idle_since": None if job_id else now,
-            "job": job_id,
-        }
-        self.changed.notify_all()
+        self.pools[pool_id] = PoolRecord(
+            id=pool_id,
+            key=spec["key"],
+            backend=_kind(spec),
+            num_workers=spec["num_workers"],
+            needs=dict(needs),
+            state="starting" if job_id else "idle",
+            warm=spec["key"] in self.warm_pools,
+            started=now,
+            idle_since=None if job_id else now,
+            job=job_id,
+        )
+        self.book.changed.notify_all()
         return pool_id
 
     def _start_warm(self, check_room: bool = True) -> list[str]:
@@ -128,7 +156,7 @@ class PoolKeeper(ServerState):
         ``check_room``: only once the server has had no job and the cluster room for them, with nothing
         waiting for resources, at two looks ``_REWARM_S`` apart (so not in a gap between another's tasks
         or trials)."""
-        running = {p["key"] for p in self.pools.values()}
+        running = {p.key for p in self.pools.values()}
         missing = [k for k in self.warm_pools if k not in running and not self._behind(k)]
         if not missing or self.draining:
             return []
@@ -141,8 +169,7 @@ class PoolKeeper(ServerState):
             for key in missing:
                 for name, amount in self.warm_pools[key][1].items():
                     total[name] = total.get(name, 0.0) + amount
-            idle = not any(r["status"] in ACTIVE for r in self.records.values())
-            room = idle and fits(total, available) is None and not pending_demand()
+            room = not self.book.active() and fits(total, available) is None and not pending_demand()
             seen, self._room_seen = self._room_seen, room
             if not (room and seen):
                 return []
@@ -166,23 +193,23 @@ class PoolKeeper(ServerState):
         """Whether the warm pool ``key`` waits for one of its kind named before it (``torch:2,torch:1``) that
         is not running or still starting: pools of one kind start one after another, in the order given,
         so that a first job of that kind, most likely of the first size, does not share the CPUs with the
-        second's start. It starts when that one is ready (``_pool_ready``)."""
+        second's start. It starts when that one is ready (``_ready``)."""
         kind = _kind(self.warm_pools[key][0])
         for earlier, (spec, _) in self.warm_pools.items():
             if earlier == key:
                 return False
             if _kind(spec) == kind and not any(
-                p["key"] == earlier and p.get("ready") and p["state"] != "ending" for p in self.pools.values()
+                p.key == earlier and p.ready and p.state != "ending" for p in self.pools.values()
             ):
                 return True
         return False
 
     def _start_behind(self, key: str) -> None:
         """The pool of warm key ``key`` is ready: start the next warm pool of its kind (``_behind``), where
-        the cluster has room for it now; otherwise the server starts it once it has (``_rewarm``)."""
+        the cluster has room for it now; otherwise it starts once it has (``rewarm``)."""
         if self.draining or key not in self.warm_pools:
             return
-        kind, running = _kind(self.warm_pools[key][0]), {p["key"] for p in self.pools.values()}
+        kind, running = _kind(self.warm_pools[key][0]), {p.key for p in self.pools.values()}
         available = {k: float(v) for k, v in ray.available_resources().items()}
         for later, (spec, needs) in self.warm_pools.items():
             if _kind(spec) != kind or later in running or self._behind(later):
@@ -191,82 +218,79 @@ class PoolKeeper(ServerState):
                 self._new_warm(later)
                 return
 
-    def _pool_ready(self, pool_id: str, ref: Any) -> None:
+    def _ready(self, pool_id: str, ref: Any) -> None:
         """The pool's ``wait_ready`` answered: ``True`` once every worker has started and asked for a job."""
         try:
             ready = bool(ray.get(ref))
-        except Exception:  # noqa: BLE001 - its process died: `_pool_ended` says so
+        except Exception:  # noqa: BLE001 - its process died: `_ended` says so
             ready = False
-        with self.changed:
+        with self.book.changed:
             pool = self.pools.get(pool_id)
             if pool is not None and ready:
-                pool["ready"] = True
-                print(f"pool {pool_id} ready in {time.time() - pool['started']:.1f} s", flush=True)
-                self._start_behind(pool["key"])
-                self.changed.notify_all()
+                pool.ready = True
+                print(f"pool {pool_id} ready in {time.time() - pool.started:.1f} s", flush=True)
+                self._start_behind(pool.key)
+                self.book.changed.notify_all()
 
-    def _end_pool(self, pool_id: str, why: str, force: bool = False) -> None:
+    # ------------------------------------------------------------ ends
+    def end(self, pool_id: str, why: str, force: bool = False) -> None:
         """End a pool: gracefully (its idle workers return, Ray Train releases their resources), or with
         ``force`` (a pool whose workers cannot return): its actor is killed, and its Train controller and
-        workers with it (a worker group it was placing can outlive them: ``_sweep`` looks for it)."""
+        workers with it (a worker group it was placing can outlive them: ``Recovery.sweep`` looks for it)."""
         pool = self.pools.get(pool_id)
-        if pool is None or (pool["state"] == "ending" and not force):
+        if pool is None or (pool.state == "ending" and not force):
             return
-        if not pool.get("ready") and pool["job"] is None:
+        if not pool.ready and pool.job is None:
             force = True  # a warm pool still starting: its workers would finish starting only to leave
-        pool.update(state="ending", ended_because=why, ending_since=time.time())
+        pool.state, pool.ended_because, pool.ending_since = "ending", why, time.time()
         if force:
-            ray.kill(self.pool_actors[pool_id])
+            ray.kill(self.actors[pool_id])
         else:
-            self.pool_actors[pool_id].end.remote()
-        self.changed.notify_all()
+            self.actors[pool_id].end.remote()
+        self.book.changed.notify_all()
 
-    def _expire_pools(self) -> None:
-        """Idle pools past ``pool_idle_s``, and idle pools whose resources something else waits for."""
+    def expire(self) -> None:
+        """Idle pools past ``idle_s``, and idle pools whose resources something else waits for."""
         now = time.time()
-        with self.lock:
+        with self.book.lock:
             for pool in list(self.pools.values()):
-                if pool["state"] == "ending" and now - pool["ending_since"] > _END_S:
-                    self._end_pool(pool["id"], f"it did not end within {_END_S:g} s", force=True)
-            idle = [p for p in self.pools.values() if p["state"] == "idle"]
-            for pool in idle:
-                if not pool.get("warm") and now - pool["idle_since"] >= self.pool_idle_s:
-                    self._end_pool(pool["id"], f"idle for {self.pool_idle_s:g} s")
-            idle = [p for p in idle if p["state"] == "idle"]
+                if pool.state == "ending" and now - (pool.ending_since or now) > _END_S:
+                    self.end(pool.id, f"it did not end within {_END_S:g} s", force=True)
+            for pool in self.idle():
+                if not pool.warm and now - (pool.idle_since or now) >= self.idle_s:
+                    self.end(pool.id, f"idle for {self.idle_s:g} s")
+            idle = self.idle()
         if idle and time.monotonic() - self._demand_checked >= 1.0:
             self._demand_checked = time.monotonic()
             demands = pending_demand()
             if not demands:
                 return
-            with self.lock:
+            with self.book.lock:
                 available = {k: float(v) for k, v in ray.available_resources().items()}
                 for pool in idle:
-                    if pool["state"] != "idle":
+                    if pool.state != "idle":
                         continue
-                    room = {
-                        k: available.get(k, 0.0) + pool["needs"].get(k, 0.0)
-                        for k in set(available) | set(pool["needs"])
-                    }
+                    room = {k: available.get(k, 0.0) + pool.needs.get(k, 0.0) for k in set(available) | set(pool.needs)}
                     if any(fits(bundle, room) is None for bundle in demands):
-                        self._end_pool(pool["id"], "other work waits for its resources")
+                        self.end(pool.id, "other work waits for its resources")
 
-    def _rewarm(self) -> None:
+    def rewarm(self) -> None:
         if self.warm_pools:
-            with self.lock:
+            with self.book.lock:
                 self._start_warm()
 
-    def _pool_ended(self, pool_id: str, ref: Any) -> None:
+    def _ended(self, pool_id: str, ref: Any) -> None:
         try:
             why = ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - the pool's process died
             why = f"its process died: {exc}"
-        with self.changed:
+        with self.book.changed:
             pool = self.pools.pop(pool_id, None)
-            actor = self.pool_actors.pop(pool_id, None)
-            if pool is not None and pool.get("warm"):
+            actor = self.actors.pop(pool_id, None)
+            if pool is not None and pool.warm:
                 self._warmed, self._room_seen = time.monotonic(), False  # looked at again in _REWARM_S
-            self.changed.notify_all()
-        if actor is not None and pool is not None and pool["state"] == "busy":
+            self.book.changed.notify_all()
+        if actor is not None and pool is not None and pool.state == "busy":
             # Its job's `run_job` returns the pool's reason within a moment: killed now, the job would
             # only learn that the actor was killed.
             threading.Timer(_END_S / 4, ray.kill, [actor]).start()
@@ -274,7 +298,7 @@ class PoolKeeper(ServerState):
             ray.kill(actor)
         # Why the server ended it ("idle for 120 s", "other work waits for its resources", ...), if it did: a
         # pool that ends when nobody asked it to (its run failed, its process died) says what ended it.
-        because = pool.get("ended_because") if pool is not None else None
+        because = pool.ended_because if pool is not None else None
         print(f"pool {pool_id} ended: {because if because and why == 'ended' else why}", flush=True)
 
 

@@ -20,6 +20,7 @@ it ends, and the next job starts a new one.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import time
@@ -36,6 +37,38 @@ _REJOIN_S = 5.0
 _RESTART_S = 180.0
 #: How long a worker's error waits for Ray Train to report a dead worker (the error's cause) first.
 _FAILURE_GRACE_S = 1.5
+
+
+@dataclasses.dataclass
+class PoolJob:
+    """The job a pool runs now (``id``, its ``spec``), its ``seq`` among the pool's jobs and its
+    ``attempt`` (a restart of its workers is the next), each rank's outcome of the attempt
+    (``finished``), its first failed rank's (``error``, with ``rank`` and ``at``: decided after a grace),
+    and how it ended (``outcome``). ``paused``: every rank leaves it after an error in its code;
+    ``fresh_only``: after Ray Train restarted the workers, only new ones (at ``(0, 0)``) take it."""
+
+    id: str
+    spec: dict[str, Any]
+    seq: int
+    attempt: int = 0
+    finished: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    outcome: dict[str, Any] | None = None
+    paused: bool = False
+    fresh_only: bool = False
+
+    def handed(self) -> dict[str, Any]:
+        """What a worker is given of it (``take``)."""
+        return {"id": self.id, "seq": self.seq, "spec": self.spec, "attempt": self.attempt}
+
+    def retry(self) -> None:
+        """Its next attempt: no rank has finished it, none failed."""
+        self.attempt += 1
+        self.finished, self.error = {}, None
+
+    @property
+    def error_due(self) -> bool:
+        return self.error is not None and time.monotonic() - self.error["at"] >= _FAILURE_GRACE_S
 
 
 class PoolActor:
@@ -55,7 +88,7 @@ class PoolActor:
         self.imports = self.backend.worker_imports if imports is None else tuple(imports)
         self.num_workers, self.per_worker, self.use_gpu = num_workers, per_worker, use_gpu
         self.cond = threading.Condition()
-        self.job: dict[str, Any] | None = None
+        self.job: PoolJob | None = None
         self.seq = 0
         self.ending = False
         self.ended: str | None = None  # why the run ended, once it has
@@ -103,8 +136,8 @@ class PoolActor:
             why = f"the pool's worker group failed: {type(exc).__name__}: {exc}"
         with self.cond:
             self.ended = why
-            if self.job is not None and self.job.get("outcome") is None:
-                self.job["outcome"] = {"error": f"Training failed: {why}", "pool_ok": False}
+            if self.job is not None and self.job.outcome is None:
+                self.job.outcome = {"error": f"Training failed: {why}", "pool_ok": False}
             self.cond.notify_all()
 
     def wait_ended(self) -> str:
@@ -136,55 +169,39 @@ class PoolActor:
 
     # --------------------------------------------------- from the job runner
     def run_job(self, job: dict[str, Any]) -> dict[str, Any]:
-        """Run ``job`` on the workers and wait: ``{"result": rank 0's}`` or ``{"error": ...}``, with
-        ``pool_ok``: whether the pool can take the next job."""
+        """Run ``job`` (its ``id`` and ``spec``) on the workers and wait: ``{"result": rank 0's}`` or
+        ``{"error": ...}``, with ``pool_ok``: whether the pool can take the next job."""
         with self.cond:
             if self.ended or self.broken or self.ending:
                 return {"error": f"Training failed: the pool ended ({self.ended or self.broken})", "pool_ok": False}
             self.seq += 1
-            current: dict[str, Any] = {
-                **job,
-                "seq": self.seq,
-                "attempt": 0,
-                "finished": {},
-                "error": None,
-                "outcome": None,
-                "paused": False,
-                "fresh_only": False,
-            }
-            self.job = current
+            current = self.job = PoolJob(job["id"], job["spec"], self.seq)
             self.cond.notify_all()
-            allowed = int(job["spec"].get("max_failures", 0))
+            allowed = int(current.spec.get("max_failures", 0))
             while True:
-                self.cond.wait_for(lambda: current["outcome"] is not None or self._error_due(current), timeout=0.2)
-                if current["outcome"] is not None:
+                self.cond.wait_for(lambda: current.outcome is not None or current.error_due, timeout=0.2)
+                if current.outcome is not None:
                     break
-                if not self._error_due(current):
+                if not current.error_due:
                     continue
                 # An error in the job's code, on one rank or more: every rank leaves the job first.
-                current["paused"] = True
-                error = current["error"]
+                current.paused = True
+                error = current.error or {}
                 self._recover()
                 if self.broken or self.ended:
-                    current["outcome"] = {**error, "pool_ok": False}
+                    current.outcome = {**error, "pool_ok": False}
                     break
-                if allowed == -1 or current["attempt"] < allowed:  # as Ray Train retries a run: within max_failures
-                    current.update(
-                        attempt=current["attempt"] + 1, finished={}, error=None, paused=False, fresh_only=False
-                    )
+                if allowed == -1 or current.attempt < allowed:  # as Ray Train retries a run: within max_failures
+                    current.retry()
+                    current.paused = current.fresh_only = False
                     self.cond.notify_all()
                     continue
-                current["outcome"] = error
+                current.outcome = error
                 break
-            outcome: dict[str, Any] = current.get("outcome") or {}
+            outcome: dict[str, Any] = current.outcome or {}
             self.job = None
             ok = outcome.get("pool_ok", True) and not self.broken and not self.ended
             return {k: v for k, v in {**outcome, "pool_ok": ok}.items() if k not in ("at", "rank")}
-
-    @staticmethod
-    def _error_due(job: dict[str, Any]) -> bool:
-        error = job["error"]
-        return error is not None and time.monotonic() - error["at"] >= _FAILURE_GRACE_S
 
     def _recover(self) -> None:
         """Every rank back in ``take``: at once when they all left the failed job, else by restarting
@@ -214,13 +231,11 @@ class PoolActor:
                     if self.restarting:
                         return {"restart": True}
                     job = self.job
-                    if job is not None and job["outcome"] is None and not job["paused"]:
+                    if job is not None and job.outcome is None and not job.paused:
                         # After Ray Train restarted the group only its new workers (at 0) take the job:
                         # an old one, not yet stopped, would join its broken collective again.
-                        if (job["seq"], job["attempt"]) > (last_seq, last_attempt) and not (
-                            job["fresh_only"] and last_seq
-                        ):
-                            return {k: job[k] for k in ("id", "seq", "spec", "attempt")}
+                        if (job.seq, job.attempt) > (last_seq, last_attempt) and not (job.fresh_only and last_seq):
+                            return job.handed()
                     if self.ending or self.broken:
                         return None
                     self.cond.wait(timeout=5.0)
@@ -230,16 +245,16 @@ class PoolActor:
     def finished(self, seq: int, attempt: int, rank: int, outcome: dict[str, Any]) -> None:
         with self.cond:
             job = self.job
-            if job is None or job["seq"] != seq or job["attempt"] != attempt or job["outcome"] is not None:
+            if job is None or job.seq != seq or job.attempt != attempt or job.outcome is not None:
                 return  # an attempt the pool already gave up on
-            job["finished"][rank] = outcome
+            job.finished[rank] = outcome
             if outcome.get("error"):
                 # Decided after a grace: an error that a dying peer caused (a collective cut short) is the
                 # restart's business, not the job's. Ray Train reports the death within the grace.
-                if job["error"] is None or rank < job["error"]["rank"]:
-                    job["error"] = {**outcome, "rank": rank, "at": time.monotonic(), "pool_ok": True}
-            elif len(job["finished"]) == self.num_workers and job["error"] is None:
-                job["outcome"] = {"result": job["finished"][0]["result"]}
+                if job.error is None or rank < job.error["rank"]:
+                    job.error = {**outcome, "rank": rank, "at": time.monotonic(), "pool_ok": True}
+            elif len(job.finished) == self.num_workers and job.error is None:
+                job.outcome = {"result": job.finished[0]["result"]}
             self.cond.notify_all()
 
     def failure(self, errors: dict[int, str]) -> None:
@@ -250,18 +265,17 @@ class PoolActor:
                 self.cond.notify_all()
                 return
             job = self.job
-            if job is None or job["outcome"] is not None:
+            if job is None or job.outcome is not None:
                 return
-            job["fresh_only"] = True
-            _tell_server(job["id"], errors)
-            if job["paused"]:
+            job.fresh_only = True
+            _tell_server(job.id, errors)
+            if job.paused:
                 return
-            job["attempt"] += 1
-            job["finished"], job["error"] = {}, None
-            allowed = int(job["spec"].get("max_failures", 0))
-            if allowed != -1 and job["attempt"] > allowed:
+            job.retry()
+            allowed = int(job.spec.get("max_failures", 0))
+            if allowed != -1 and job.attempt > allowed:
                 rank, error = sorted(errors.items())[0]
-                job["outcome"] = {
+                job.outcome = {
                     "error": f"Training failed on the Ray workers: worker {rank}: {error}",
                     "pool_ok": True,
                 }
@@ -270,7 +284,7 @@ class PoolActor:
     def state(self) -> dict[str, Any]:
         with self.cond:
             return {
-                "job": None if self.job is None else self.job["id"],
+                "job": None if self.job is None else self.job.id,
                 "waiting": len(self.waiting),
                 "ended": self.ended,
                 "broken": self.broken,
@@ -320,8 +334,8 @@ def pool_worker(config: dict[str, Any]) -> dict[str, Any]:
 def _settle(modules: tuple[str, ...], pool: Any, rank: int) -> None:
     """Import ``modules``, then put what the worker holds for good (modules, Ray's state) out of the
     collector's view (``gc.freeze``: a job's collection walks the job's objects only), then tell the pool:
-    it is ready once every rank has. Done after the first job instead (as before), the collection and
-    freeze (about 1 s with torch loaded) delayed the second job on a warm pool by 0.4 s."""
+    it is ready once every rank has. Done after the first job instead, the collection and freeze (about
+    1 s with torch loaded) would delay the second job on a warm pool."""
     _import(modules)
     gc.collect()
     gc.freeze()

@@ -19,23 +19,64 @@ from typing import Any
 import ray
 
 from raymodel.jobs._constants import ACTIVE, UPDATABLE
-from raymodel.jobs._pools.keeper import pending_groups
+from raymodel.jobs._pools.keeper import PoolKeeper, pending_groups
+from raymodel.jobs._server.book import JobBook
 from raymodel.jobs._server.queue import fits
-from raymodel.jobs._server.state import ServerState, tagged
+from raymodel.jobs._server.records import JobRecord, Lost
+from raymodel.jobs._server.runner import Runners
 
 #: How long after a failure the server starts to look for a worker group Ray cannot place.
 _PLACE_GRACE_S = 2.0
 
 
-class JobControl(ServerState):
-    """Mixed into ``JobServer`` (its state: ``ServerState``)."""
+class JobControl:
+    """Changes, stops and watches the book's running jobs (their pools: ``PoolKeeper``; their runners:
+    ``Runners``)."""
+
+    def __init__(self, book: JobBook, pools: PoolKeeper, runners: Runners) -> None:
+        self.book, self.pools, self.runners = book, pools, runners
+        self.alive_nodes: set[str] = set()
+        self.lost_nodes: dict[str, float] = {}  # node id -> when it was seen dead
+        self._nodes_checked = 0.0
 
     # ------------------------------------------------------------ clients
+    def stop(self, job_id: str) -> str:
+        with self.book.lock:
+            record = self.book.records.get(job_id)
+            if record is None:
+                return "missing"
+            if record.status == "PENDING":
+                self.book.finish(job_id, "STOPPED", result=None)
+            elif record.status == "RUNNING" and (record.lost or record.reason):
+                # It waits for lost resources: no epoch will end for it to stop at.
+                record.stopping = record.stop_now = True
+                self.book.log(job_id, "stop requested while it waits: it ends now, with its newest checkpoint")
+                self.abandon(record)
+            elif record.status == "RUNNING" and not record.stopping:
+                record.stopping = True
+                self.book.log(job_id, "stop requested: the current epoch ends, a checkpoint is written")
+                self.book.save(job_id)
+                self.runners.stop(job_id)
+            return record.status
+
+    def stop_trial(self, trial_id: str) -> None:
+        """Stop the jobs a Tune trial submitted (the trial ended)."""
+        with self.book.lock:
+            ids = [r.id for r in self.book.active() if r.trial_id == trial_id]
+        for job_id in ids:
+            self.stop(job_id)
+
+    def stopping(self, job_id: str) -> bool:
+        """Whether the job was asked to stop (its workers ask at each epoch's end)."""
+        with self.book.lock:
+            record = self.book.records.get(job_id)
+            return record is not None and record.stopping
+
     def update(self, job_id: str, config: dict[str, Any] | None, settings: dict[str, Any] | None) -> dict[str, Any]:
         """Record a change for the job's next epoch boundary: ``{"change": ...}``, or ``{"error": ...}``
         (the job untouched)."""
-        with self.lock:
-            record = self.records.get(job_id)
+        with self.book.lock:
+            record = self.book.records.get(job_id)
             if record is None:
                 return {"error": f"No job `{job_id}` on this cluster's raymodel server."}
             problem = _check_update(record, dict(config or {}), dict(settings or {}))
@@ -43,77 +84,77 @@ class JobControl(ServerState):
                 return {"error": problem}
             config, settings = dict(config or {}), dict(settings or {})
             change = {"requested": time.time(), "config": config, "settings": settings, "epoch": None}
-            record.setdefault("changes", []).append(change)
+            record.changes.append(change)
             if "num_epochs" in settings:
-                record["epochs"] = int(settings["num_epochs"])
+                record.epochs = int(settings["num_epochs"])
             shown = ", ".join(f"{k}={v!r}" for k, v in {**config, **settings}.items())
-            self._log(job_id, f"update requested: {shown} (from the next epoch boundary)")
-            self._save(job_id)
-            self.changed.notify_all()
+            self.book.log(job_id, f"update requested: {shown} (from the next epoch boundary)")
+            self.book.save(job_id)
+            self.book.changed.notify_all()
             return {"change": change}
 
     # ------------------------------------------------------------ workers
     def control(self, job_id: str, epoch: int, known: int) -> dict[str, Any]:
         """Rank 0 at the end of ``epoch`` (0: before the first): ``stop``, ``preempt`` (by whom), and the
         changes after the first ``known`` (each takes effect from ``epoch + 1``)."""
-        with self.lock:
-            record = self.records.get(job_id)
+        with self.book.lock:
+            record = self.book.records.get(job_id)
             if record is None:
                 return {}
             answer: dict[str, Any] = {}
-            if record.get("stopping"):
+            if record.stopping:
                 answer["stop"] = True
-            if record.get("preempt_by"):
-                answer.update(stop=True, preempt=record["preempt_by"])
-            new = (record.get("changes") or [])[known:]
+            if record.preempting:
+                answer.update(stop=True, preempt=record.preempting)
+            new = record.changes[known:]
             if new:
                 for change in new:
                     if change.get("epoch") != epoch + 1:
                         change["epoch"] = epoch + 1
-                        self._log(job_id, f"update takes effect from epoch {epoch + 1}")
-                self._save(job_id)
+                        self.book.log(job_id, f"update takes effect from epoch {epoch + 1}")
+                self.book.save(job_id)
                 answer["changes"] = [{k: c[k] for k in ("epoch", "config", "settings")} for c in new]
             return answer
 
     def restored(self, job_id: str, history: list[dict[str, Any]]) -> None:
         """The job resumed from a checkpoint with this history: its rows are those, then the new ones
         (a row Ray Train had not passed on before a failure is added; an epoch run again is not doubled)."""
-        with self.lock:
-            record = self.records.get(job_id)
+        with self.book.lock:
+            record = self.book.records.get(job_id)
             if record is None:
                 return
-            if [r.get("epoch") for r in record["history"]] != [r.get("epoch") for r in history]:
-                record["history"] = [tagged(record, dict(r)) for r in history]
-                times = self.row_times.get(job_id, [])
-                self.row_times[job_id] = times[: len(history)]
-                self._save(job_id)
-                self.changed.notify_all()
+            if [r.get("epoch") for r in record.history] != [r.get("epoch") for r in history]:
+                record.history = [record.tagged(dict(r)) for r in history]
+                times = self.book.row_times.get(job_id, [])
+                self.book.row_times[job_id] = times[: len(history)]
+                self.book.save(job_id)
+                self.book.changed.notify_all()
 
     def done_computing(self, job_id: str) -> None:
         """A release passed its gate: what is left (registering, its rollout) holds no workers, so the
         resources it was scheduled with go to the queue's next jobs."""
-        with self.lock:
-            record = self.records.get(job_id)
-            if record is not None and record["needs"]:
-                record["needs"] = {}
-                self._log(job_id, "trained and scored: it holds no workers from here")
-                self._save(job_id)
+        with self.book.lock:
+            record = self.book.records.get(job_id)
+            if record is not None and record.needs:
+                record.needs = {}
+                self.book.log(job_id, "trained and scored: it holds no workers from here")
+                self.book.save(job_id)
 
     def worker_lost(self, job_id: str, errors: dict[int, str]) -> None:
         """Ray Train saw the job's workers fail and restarts them (a pool's or a one-off run's)."""
-        with self.lock:
-            record = self.records.get(job_id)
-            if record is None or record["status"] != "RUNNING":
+        with self.book.lock:
+            record = self.book.records.get(job_id)
+            if record is None or record.status != "RUNNING":
                 return
-            epoch = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
+            epoch = record.last_epoch
             nodes = [n for n, when in self.lost_nodes.items() if time.time() - when < 30]
-            record["lost"] = {"at": time.time(), "epoch": epoch, "rows": len(record["history"]), "nodes": nodes}
+            record.lost = Lost(at=time.time(), epoch=epoch, rows=len(record.history), nodes=nodes)
             rank, error = sorted(errors.items())[0] if errors else (0, "?")
-            self._log(job_id, f"worker {rank} failed after epoch {epoch} ({error}); Ray Train restarts the workers")
-            self._save(job_id)
+            self.book.log(job_id, f"worker {rank} failed after epoch {epoch} ({error}); Ray Train restarts the workers")
+            self.book.save(job_id)
 
     # ----------------------------------------------------------- the loop
-    def _watch_waits(self) -> None:
+    def watch_waits(self) -> None:
         """Each second: nodes that died; for each job whose workers failed, whether Ray can place them
         again (else the reason says what is missing), and whether it waited past ``resource_wait_s``."""
         now = time.time()
@@ -124,54 +165,66 @@ class JobControl(ServerState):
         for node in self.alive_nodes - alive:
             self.lost_nodes[node] = now
         self.alive_nodes = alive
-        with self.lock:
-            waiting = [r for r in self.records.values() if r["status"] == "RUNNING" and r.get("lost")]
+        with self.book.lock:
+            waiting = [r for r in self.book.running() if r.lost]
             for record in waiting:
-                lost = record["lost"]
-                recent = {n for n, t in self.lost_nodes.items() if t >= lost["at"] - 30}
-                lost["nodes"] = sorted(set(lost["nodes"]) | recent)
-                if len(record["history"]) > lost["rows"]:
-                    record.pop("lost")
-                    record["reason"] = None
-                    self._log(record["id"], "resumed")
-                    self._save(record["id"])
-        if not waiting or all(now - r["lost"]["at"] < _PLACE_GRACE_S for r in waiting if r.get("lost")):
+                seen = record.lost
+                assert seen is not None
+                recent = {n for n, t in self.lost_nodes.items() if t >= seen.at - 30}
+                seen.nodes = sorted(set(seen.nodes) | recent)
+                if len(record.history) > seen.rows:
+                    record.lost, record.reason = None, None
+                    self.book.log(record.id, "resumed")
+                    self.book.save(record.id)
+        if not waiting or all(now - r.lost.at < _PLACE_GRACE_S for r in waiting if r.lost):
             return
         missing = _unplaced(pending_groups())
-        with self.lock:
+        with self.book.lock:
             for record in waiting:
-                lost = record.get("lost")
-                if lost is None or now - lost["at"] < _PLACE_GRACE_S:
+                lost = record.lost
+                if lost is None or now - lost.at < _PLACE_GRACE_S:
                     continue
                 if not missing:
-                    if record.get("reason"):
-                        record["reason"] = None
+                    if record.reason:
+                        record.reason = None
                     continue
                 where = (
-                    f"node {', '.join(n[:12] for n in lost['nodes'])} lost at epoch {lost['epoch']}"
-                    if lost["nodes"]
-                    else f"its workers failed after epoch {lost['epoch']}"
+                    f"node {', '.join(n[:12] for n in lost.nodes)} lost at epoch {lost.epoch}"
+                    if lost.nodes
+                    else f"its workers failed after epoch {lost.epoch}"
                 )
                 reason = f"waiting for {missing}: {where}"
-                if record.get("reason") != reason:
-                    record["reason"] = reason
-                    self._log(record["id"], reason)
-                    self._save(record["id"])
-                    self.changed.notify_all()
-                wait_s = record.get("resource_wait_s")
-                if wait_s is not None and now - lost["at"] > wait_s:
+                if record.reason != reason:
+                    record.reason = reason
+                    self.book.log(record.id, reason)
+                    self.book.save(record.id)
+                    self.book.changed.notify_all()
+                wait_s = record.resource_wait_s
+                if wait_s is not None and now - lost.at > wait_s:
                     self._give_up(
                         record,
                         f"Waited {wait_s:g} s for {missing} ({where}). Add the resources, or raise "
                         "`TrainSettings.resource_wait_s`.",
                     )
 
-    def _give_up(self, record: dict[str, Any], error: str) -> None:
-        """End a job that cannot get its resources back: its pool (or runner) is killed; ``_reap``
-        reports ``error``."""
-        record["fail_with"] = error
-        self._abandon(record, "its job waited too long for lost resources")
-        record.pop("lost", None)
+    def _give_up(self, record: JobRecord, error: str) -> None:
+        """End a job that cannot get its resources back: its pool (or runner) is killed; the server
+        reports ``error`` when its run ends."""
+        record.fail_with = error
+        self.abandon(record, "its job waited too long for lost resources")
+        record.lost = None
+
+    def abandon(self, record: JobRecord, why: str = "") -> None:
+        """End a running job's run at once (its pool, or its runner, is killed); its run's end ends the job.
+
+        A run that waits for lost resources has a worker group waiting to be placed, and Ray keeps that
+        placement group after its Train controller is killed (Ray Train's cleaner only knows the groups
+        of started workers): it would take the resources once they return. ``Recovery.sweep`` removes it
+        once Ray knows its creator is dead."""
+        if record.pool_id and record.pool_id in self.pools.pools:
+            self.pools.end(record.pool_id, why or f"{record.id} ends now", force=True)
+        else:
+            self.runners.kill(record.id)
 
 
 def _unplaced(groups: list[tuple[list[dict[str, float]], int]]) -> str | None:
@@ -198,13 +251,13 @@ def _unplaced(groups: list[tuple[list[dict[str, float]], int]]) -> str | None:
     return f"{amounts} for {workers} worker{'s' if workers != 1 else ''} of {size}"
 
 
-def _check_update(record: dict[str, Any], config: dict[str, Any], settings: dict[str, Any]) -> str | None:
+def _check_update(record: JobRecord, config: dict[str, Any], settings: dict[str, Any]) -> str | None:
     """Why this change is not allowed, or ``None``."""
-    job = f"Job `{record['id']}`"
-    if record["status"] not in ACTIVE:
-        return f"{job} is {record['status']}: a finished job cannot change (train again, with `resume_from`)."
-    if record["kind"] != "train":
-        return f"{job} is a {record['kind']} job: change its trials' settings in the search space instead."
+    job = f"Job `{record.id}`"
+    if record.status not in ACTIVE:
+        return f"{job} is {record.status}: a finished job cannot change (train again, with `resume_from`)."
+    if record.kind != "train":
+        return f"{job} is a {record.kind} job: change its trials' settings in the search space instead."
     if not config and not settings:
         return "Nothing to change: pass `config={...}` and/or `settings={...}`."
     unknown = sorted(set(settings) - set(UPDATABLE))
@@ -213,7 +266,7 @@ def _check_update(record: dict[str, Any], config: dict[str, Any], settings: dict
             f"Cannot change {', '.join(f'`{k}`' for k in unknown)} of a running job; "
             f"the settings that may change are {', '.join(f'`{k}`' for k in UPDATABLE)}."
         )
-    done = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
+    done = record.last_epoch
     if "num_epochs" in settings:
         value = settings["num_epochs"]
         if not _is_int(value) or value < 1:
@@ -227,7 +280,7 @@ def _check_update(record: dict[str, Any], config: dict[str, Any], settings: dict
         value = settings["keep_checkpoints"]
         if value is not None and (not _is_int(value) or value < 1):
             return f"`keep_checkpoints` must be an int >= 1 or None (got {value!r})."
-        if not record.get("pool_key"):
+        if not record.pool_key:
             return (
                 f"`keep_checkpoints` of {job} is Ray Train's, fixed when its run started (a run with "
                 "`pool=False` or an elastic one); jobs on a pool can change it."

@@ -1,16 +1,16 @@
 """The training server's queue policy, as plain functions of job records: order, preemption, ETA.
 
 Kept apart from the server actor so that the policy is tested without a cluster.
-A record here is the server's job dict: ``status``, ``needs``, ``priority``,
-``preemptible``, ``submitted``, ``started``, ``epochs``, ``history``, and, for a
-job being preempted, ``preempt_by``.
+A record here is the server's ``JobRecord`` (``jobs/_server/records.py``).
 """
 
 from __future__ import annotations
 
 import itertools
 import statistics
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
+
+from raymodel.jobs._server.records import JobRecord
 
 Resources = dict[str, float]
 
@@ -28,71 +28,63 @@ def plus(a: Resources, b: Resources, sign: float = 1.0) -> Resources:
     return {k: a.get(k, 0.0) + sign * b.get(k, 0.0) for k in set(a) | set(b)}
 
 
-def queue_order(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def queue_order(records: Iterable[JobRecord]) -> list[JobRecord]:
     """The PENDING jobs in the order they start: higher ``priority`` first, then first submitted."""
-    pending = [r for r in records if r["status"] == "PENDING"]
-    return sorted(pending, key=lambda r: (-int(r.get("priority", 0)), r["submitted"]))
+    pending = [r for r in records if r.status == "PENDING"]
+    return sorted(pending, key=lambda r: (-r.priority, r.submitted))
 
 
-def preemptible_by(job: dict[str, Any], running: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def preemptible_by(job: JobRecord, running: Iterable[JobRecord]) -> list[JobRecord]:
     """The running jobs ``job`` may preempt, the first to go first: lower priority, preemptible, a
     training run (a tune job's trials are jobs of their own), not already on its way out; the lowest
     priority first, and among equals the most recently started (it loses the least work)."""
-    priority = int(job.get("priority", 0))
     candidates = [
         r
         for r in running
-        if r["kind"] == "train"
-        and r.get("preemptible", True)
-        and int(r.get("priority", 0)) < priority
-        and not r.get("preempt_by")
-        and not r.get("stopping")
+        if r.kind == "train" and r.preemptible and r.priority < job.priority and not r.preempting and not r.stopping
     ]
-    return sorted(candidates, key=lambda r: (int(r.get("priority", 0)), -(r.get("started") or 0.0)))
+    return sorted(candidates, key=lambda r: (r.priority, -(r.started or 0.0)))
 
 
-def choose_victims(
-    job: dict[str, Any], running: list[dict[str, Any]], free: Resources
-) -> tuple[list[dict[str, Any]], bool]:
+def choose_victims(job: JobRecord, running: list[JobRecord], free: Resources) -> tuple[list[JobRecord], bool]:
     """``(victims, enough)``: the fewest running jobs to preempt so that ``job`` fits, in order, and
     whether that is enough. Jobs already being preempted count as freed."""
     room = dict(free)
     for r in running:
-        if r.get("preempt_by"):
-            room = plus(room, r["needs"])
-    victims: list[dict[str, Any]] = []
+        if r.preempting:
+            room = plus(room, r.needs)
+    victims: list[JobRecord] = []
     for candidate in preemptible_by(job, running):
-        if fits(job["needs"], room) is None:
+        if fits(job.needs, room) is None:
             break
         victims.append(candidate)
-        room = plus(room, candidate["needs"])
-    return victims, fits(job["needs"], room) is None
+        room = plus(room, candidate.needs)
+    return victims, fits(job.needs, room) is None
 
 
-def epoch_seconds(record: dict[str, Any], row_times: list[float]) -> float | None:
+def epoch_seconds(record: JobRecord, row_times: list[float]) -> float | None:
     """The seconds per epoch of a running job so far: the median time between its rows, so that one
     slow epoch (a checkpoint, a busy node) does not move every ETA (``None`` before its first row)."""
     if len(row_times) >= 2:
         return statistics.median(b - a for a, b in itertools.pairwise(row_times))
-    if row_times and record.get("started"):
-        return max(row_times[0] - record["started"], 1e-3)
+    if row_times and record.started:
+        return max(row_times[0] - record.started, 1e-3)
     return None
 
 
-def remaining(record: dict[str, Any], row_times: list[float], now: float) -> float | None:
+def remaining(record: JobRecord, row_times: list[float], now: float) -> float | None:
     """Seconds until a running job ends: its epochs left times its epoch time, less the time
     its current epoch has run (``None`` when not known yet)."""
     per_epoch = epoch_seconds(record, row_times)
-    if per_epoch is None or not record.get("epochs"):
+    if per_epoch is None or not record.epochs:
         return None
-    done = max((int(row.get("epoch", 0)) for row in record.get("history", ())), default=0)
-    left = max(int(record["epochs"]) - done, 0) * per_epoch
-    since = now - (row_times[-1] if row_times else record.get("started") or now)
+    left = max(int(record.epochs) - record.last_epoch, 0) * per_epoch
+    since = now - (row_times[-1] if row_times else record.started or now)
     return max(left - since, 0.0)
 
 
 def etas(
-    records: list[dict[str, Any]],
+    records: list[JobRecord],
     free: Resources,
     row_times: Callable[[str], list[float]],
     now: float,
@@ -107,30 +99,30 @@ def etas(
     out: dict[str, float | None] = {}
     ends: list[tuple[float, Resources]] = []
     for record in records:
-        if record["status"] != "RUNNING":
+        if record.status != "RUNNING":
             continue
-        left = remaining(record, row_times(record["id"]), now)
-        out[record["id"]] = left
+        left = remaining(record, row_times(record.id), now)
+        out[record.id] = left
         if left is not None:
-            ends.append((left, record["needs"]))
+            ends.append((left, record.needs))
     ends.sort(key=lambda e: e[0])
     room = dict(free)
     for record in queue_order(records):
         start = None
         trial, t = dict(room), 0.0
-        if fits(record["needs"], trial) is None:
+        if fits(record.needs, trial) is None:
             start = 0.0
         else:
             for end, needs in ends:
                 trial = plus(trial, needs)
                 t = end
-                if fits(record["needs"], trial) is None:
+                if fits(record.needs, trial) is None:
                     start = t
                     break
-        out[record["id"]] = start
+        out[record.id] = start
         if start is None:
             break  # those behind it are not known either
         # From ``start`` on it holds its share: take it from the room at that moment.
-        room = plus(trial, record["needs"], -1.0)
+        room = plus(trial, record.needs, -1.0)
         ends = [(end, needs) for end, needs in ends if end > start]
     return out

@@ -1,6 +1,6 @@
 """``Recovery``: the training server's part that outlives it: loading what a previous server left
-(``_recover``, after an actor restart or a new head on the same storage), ending a run from outside
-(``_abandon``), and keeping its disk bounded (``_prune``)."""
+(``recover``, after an actor restart or a new head on the same storage), keeping its disk bounded
+(``prune``), and removing what its dead runs held (``sweep``)."""
 
 from __future__ import annotations
 
@@ -12,42 +12,34 @@ from typing import Any, Callable
 import ray
 
 from raymodel.jobs import _store
-from raymodel.jobs._constants import ACTIVE
-from raymodel.jobs._server.state import ServerState
+from raymodel.jobs._server.book import JobBook
+from raymodel.jobs._server.records import JobRecord
 
 
-class Recovery(ServerState):
-    """Mixed into ``JobServer`` (its state: ``ServerState``)."""
+class Recovery:
+    """What the book's server leaves behind it: its records for the next one, its disk bounded, and the
+    placement groups of its dead runs removed."""
 
-    def _prune(self, every_s: float = 60.0) -> None:
-        """Now and then, what the server left on disk (``jobs/_prune.py``)."""
+    def __init__(self, book: JobBook, limits: dict[str, float] | None = None) -> None:
+        self.book = book
+        self.limits = dict(limits or {})  # pruning: `prune_after_s`, `prune_max_mb`
+        self._pruned = self._swept = -1e9
+
+    def prune(self, live_pools: set[str], every_s: float = 60.0) -> None:
+        """Now and then, what the server left on disk (``jobs/_prune.py``); ``live_pools``: the pools'
+        ids, whose folders stay."""
         if time.monotonic() - self._pruned < every_s:
             return
         self._pruned = time.monotonic()
         from raymodel.jobs._prune import DEFAULTS, prune
 
-        with self.lock:
-            live = set(self.pools)
-            done = {i for i, r in self.records.items() if r["status"] not in ACTIVE}
-        gone = prune(live, done, {**DEFAULTS, **self.limits})
+        with self.book.lock:
+            done = {i for i, r in self.book.records.items() if not r.active}
+        gone = prune(live_pools, done, {**DEFAULTS, **self.limits})
         if any(gone.values()):
             print("pruned: " + ", ".join(f"{n} {kind}" for kind, n in gone.items() if n), flush=True)
 
-    def _abandon(self, record: dict[str, Any], why: str = "") -> None:
-        """End a running job's run at once (its pool, or its runner, is killed); ``_reap`` ends the job.
-
-        A run that waits for lost resources has a worker group waiting to be placed, and Ray keeps that
-        placement group after its Train controller is killed (Ray Train's cleaner only knows the groups
-        of started workers): it would take the resources once they return. ``_sweep`` removes it once
-        Ray knows its creator is dead."""
-        job_id = record["id"]
-        pool_id = record.get("pool_id")
-        if pool_id and pool_id in self.pools:
-            self._end_pool(pool_id, why or f"{job_id} ends now", force=True)
-        elif job_id in self.runners:
-            ray.kill(self.runners[job_id])
-
-    def _sweep(self, every_s: float = 2.0) -> None:
+    def sweep(self, every_s: float = 2.0) -> None:
         """Every ``every_s``, remove the placement groups this server's job made whose creator died
         (``orphaned_groups``: one read of Ray's placement group table)."""
         if time.monotonic() - self._swept < every_s:
@@ -58,17 +50,17 @@ class Recovery(ServerState):
         if gone:
             print(f"removed {len(gone)} placement group(s) whose creator died: {', '.join(gone)}", flush=True)
 
-    def _left_to_next_server(self, job_id: str, outcome: dict[str, Any]) -> bool:
+    def left_to_next_server(self, job_id: str, outcome: dict[str, Any]) -> bool:
         """Whether a job's failed outcome came from this server's own node going down (``raymodel server
         stop``, a head or raylet lost): its runner, or its pool, ended with the node, not with the job.
         Such a job is left as it is in storage (RUNNING) for the next server on the same storage to resume
-        (``_recover``), not ended FAILED by a server that is about to end itself. Seen under load in the
-        chaos test: the runner's death ("its owner's node has crashed") reached the server before its own.
+        (``recover``), not ended FAILED by a server that is about to end itself. Under load, the runner's
+        death ("its owner's node has crashed") can reach the server before its own.
 
         A runner that died, or a pool that ended under its job, is given ``NODE_GONE_WAIT_S`` for Ray to
         say whether this node went (it says so first, as it did there); any other failure is the job's."""
-        record = self.records.get(job_id) or {}
-        if not outcome.get("error") or any(record.get(k) for k in ("fail_with", "stop_now", "stopping")):
+        record = self.book.records.get(job_id)
+        if not outcome.get("error") or (record and (record.fail_with or record.stop_now or record.stopping)):
             return False
         patient = outcome.get("runner_died") or not outcome.get("pool_ok", True)
         deadline = time.monotonic() + (NODE_GONE_WAIT_S if patient else 0.0)
@@ -79,62 +71,60 @@ class Recovery(ServerState):
         print(f"{job_id}: its run ended with this server's node; the next server resumes it", flush=True)
         return True
 
-    def _recover(self) -> None:
+    def recover(self) -> None:
         """Load the records a previous server (this actor before a restart, or an earlier head with the
         same storage) left: PENDING jobs keep their place, RUNNING ones wait again and resume from their
         newest checkpoint, a stopping one ends STOPPED; a job that cannot be run again fails, saying why."""
+        book = self.book
         held: set[str] = set()
         with_folder = _store.folders()
-        for record in sorted(_store.load_records(), key=lambda r: r["submitted"]):
-            job_id = record["id"]
-            self.records[job_id] = record
-            held.update(record.get("placement_groups") or ())
-            if record["status"] not in ACTIVE:
-                if job_id in with_folder:  # a server killed as it finished the job left it (``_finish``)
+        for record in sorted(map(JobRecord.from_dict, _store.load_records()), key=lambda r: r.submitted):
+            job_id = record.id
+            book.records[job_id] = record
+            held.update(record.placement_groups)
+            if not record.active:
+                if job_id in with_folder:  # a server killed as it finished the job left it (``JobBook.finish``)
                     _store.remove(job_id)
                 continue
-            was = record["status"]
-            record.pop("pool_id", None)
-            record.pop("preempt_by", None)
-            record.pop("lost", None)
-            record["placement_groups"] = []
-            kept = _store.load_payload(job_id) if record.get("durable", False) else None
-            if record.get("stopping"):
-                self._finish(job_id, "STOPPED", result=stored_result(record))
-            elif record.get("trial_id"):
-                self._finish(job_id, "STOPPED", result=None)  # its tune job resumes the trial
-            elif not record.get("durable", False):
-                self._finish(
+            was = record.status
+            record.pool_id = record.preempting = record.lost = None
+            record.placement_groups = []
+            kept = _store.load_payload(job_id) if record.durable else None
+            if record.stopping:
+                book.finish(job_id, "STOPPED", result=stored_result(record))
+            elif record.trial_id:
+                book.finish(job_id, "STOPPED", result=None)  # its tune job resumes the trial
+            elif not record.durable:
+                book.finish(
                     job_id,
                     "FAILED",
                     error=f"The job server restarted while the job was {was}, and the job could not be kept: "
-                    f"{record.get('not_durable') or 'it was submitted by an older server'}. Submit it again.",
+                    f"{record.not_durable or 'it was submitted by an older server'}. Submit it again.",
                 )
             elif kept is None:
-                self._finish(
+                book.finish(
                     job_id,
                     "FAILED",
                     error=f"The job server restarted while the job was {was}, and its payload is missing from "
                     f"`{_store.folder(job_id)}`. Submit it again.",
                 )
             else:
-                self.payloads[job_id], pool = kept
-                self.extras[job_id] = {"pool": pool}
-                record["restarts"] = record.get("restarts", 0) + 1
+                book.payloads[job_id], pool = kept
+                book.extras[job_id] = {"pool": pool}
+                record.restarts += 1
                 if was == "RUNNING":
-                    done = max((int(r.get("epoch", 0)) for r in record["history"]), default=0)
-                    record.update(status="PENDING", resume=True)
-                    record["reason"] = "the job server restarted; it resumes from its newest checkpoint"
-                    self._log(
+                    record.status, record.resume = "PENDING", True
+                    record.reason = "the job server restarted; it resumes from its newest checkpoint"
+                    book.log(
                         job_id,
-                        f"the job server restarted while it ran (after epoch {done}): it resumes from its newest "
-                        "checkpoint"
-                        if record["history"]
+                        f"the job server restarted while it ran (after epoch {record.last_epoch}): it resumes from "
+                        "its newest checkpoint"
+                        if record.history
                         else "the job server restarted before its first checkpoint: it starts again from epoch 1",
                     )
                 else:
-                    self._log(job_id, "the job server restarted: still queued, in its place")
-                self._save(job_id)
+                    book.log(job_id, "the job server restarted: still queued, in its place")
+                book.save(job_id)
         # The previous server's pools and runs died with it; a worker group that was ending (its Train
         # controller had let Ray Train's cleaner go) can leave its placement group holding resources.
         _remove_groups(sorted(held))
@@ -171,16 +161,16 @@ def _serve_again() -> None:
         traceback.print_exc()
 
 
-def stored_result(record: dict[str, Any]) -> dict[str, Any] | None:
+def stored_result(record: JobRecord) -> dict[str, Any] | None:
     """A training job's result from its run's storage, for a job ended from outside its run (a stop
     while it waited, a restart while it stopped): the newest checkpoint, and the history so far."""
-    path = record.get("run_path")
-    if record["kind"] != "train" or not path:
+    path = record.run_path
+    if record.kind != "train" or not path:
         return None
     from raymodel._internal import checkpoint as ckpt, storage
 
     epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
-    history = [r for r in record["history"] if int(r.get("epoch", 0)) <= (epochs[-1] if epochs else 0)]
+    history = [r for r in record.history if int(r.get("epoch", 0)) <= (epochs[-1] if epochs else 0)]
     return {
         "metrics": dict(history[-1]) if history else {},
         "history": history,

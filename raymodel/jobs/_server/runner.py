@@ -1,4 +1,5 @@
-"""``JobRunner``: the actor that runs one job at a time for the training server (a warm spare waits)."""
+"""``JobRunner``: the actor that runs one job at a time for the training server; ``Runners``: the
+server's part that keeps them (one per running job, and a spare whose imports are done for the next)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class JobRunner:
         the frameworks of the server's warm pools, which a job's payload imports as it is unpickled
         (torch: about 1 s of the first job on a warm pool, before any of its epochs). A job that arrives
         meanwhile waits for them: a framework imported by two threads at once can fail (transformers'
-        lazy module: "cannot import name 'PreTrainedTokenizerFast'", seen). ``calls`` (``"module:function"``,
+        lazy module: "cannot import name 'PreTrainedTokenizerFast'"). ``calls`` (``"module:function"``,
         ``Backend.runner_warm``) start what a job of a backend without pools starts (RLlib's Algorithm
         actor), kept by this process for its next job, first; a runner used before makes them again."""
         with self.warming:
@@ -97,3 +98,57 @@ class JobRunner:
 
 
 JobRunnerActor = ray.remote(num_cpus=0)(JobRunner)
+
+
+class Runners:
+    """The runner of each running job, and a spare: the next job's process, its imports done (and the
+    frameworks of the server's warm pools, ``warm``). A job of a runtime env of its own gets a runner of
+    that env, ended with the job."""
+
+    def __init__(self) -> None:
+        self.of_job: dict[str, Any] = {}
+        self.imports: tuple[str, ...] = ()  # what the next job's runner imports ahead
+        self.calls: tuple[str, ...] = ()  # what it starts ahead (``Backend.runner_warm``: `--warm rllib`)
+        self.spare: Any = new_runner()
+
+    def warm(self, specs: list[tuple[str, int]]) -> None:
+        """The server keeps ``specs`` warm (``jobs/_warm.py``): the spare imports their frameworks, and
+        starts what a job of a backend without pools starts, while it waits."""
+        from raymodel.jobs._warm import runner_imports, runner_warms, warm_pools
+
+        names = [name for spec, _ in warm_pools(specs).values() for name in spec["names"]]
+        self.imports, self.calls = runner_imports(names), runner_warms(specs)
+        if self.spare is not None:
+            self.spare.warm.remote(self.imports, self.calls)
+
+    def start(self, job_id: str, runtime_env: dict[str, Any], *args: Any) -> Any:
+        """Run the job (``JobRunner.run``'s ``args``) in the spare, or in a new runner; returns the call."""
+        if runtime_env:
+            runner = new_runner(self.imports, runtime_env=runtime_env)
+        else:
+            runner, self.spare = self.spare or new_runner(self.imports, self.calls), None
+        self.of_job[job_id] = runner
+        return runner.run.remote(job_id, *args)
+
+    def stop(self, job_id: str) -> None:
+        """Ask the job's run to stop at its next epoch's end."""
+        self.of_job[job_id].stop.remote()
+
+    def kill(self, job_id: str) -> bool:
+        """End the job's run at once; whether it had a runner."""
+        if job_id not in self.of_job:
+            return False
+        ray.kill(self.of_job[job_id])
+        return True
+
+    def finished(self, job_id: str, own_env: bool) -> None:
+        """The job's run ended: its runner is the spare (its imports done) if there is none, else it ends."""
+        runner = self.of_job.pop(job_id, None)
+        if runner is None:
+            return
+        if own_env or self.spare is not None:
+            ray.kill(runner)
+            return
+        self.spare = runner
+        if self.calls:  # it starts ahead again what it ended with its job
+            runner.warm.remote((), self.calls)
