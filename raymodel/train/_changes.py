@@ -9,34 +9,19 @@ changes go into each checkpoint; a run that resumes applies them again.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from raymodel.contract import Model
-    from raymodel.hooks import HookRunner, RunContext
-    from raymodel.train._settings import TrainSettings
+from typing import Any
 
 
 class JobChanges:
-    """Mixed into ``WorkerRun``, whose ``__init__`` sets what is declared here."""
+    """A run's side of the training server's control: the server to ask, the changes applied so far
+    (``{"epoch", "config", "settings"}``, checkpointed), and what the next row shows of them."""
 
-    control: tuple[Any, str] | None  # (training server, job id), or None outside the server
-    changes: list[dict[str, Any]]
-    settings: TrainSettings
-    context: RunContext
-    model: Model
-    worker: Any  # the backend's WorkerLoop
-    session: Any
-    hooks: HookRunner
-    _tag: dict[str, Any] | None  # the change the next row shows
+    def __init__(self, control: tuple[Any, str] | None) -> None:
+        self.control = control  # (training server, job id), or None outside the server
+        self.applied: list[dict[str, Any]] = []
+        self.tag: dict[str, Any] | None = None  # the change the next row shows
 
-    if TYPE_CHECKING:
-
-        @property
-        def num_epochs(self) -> int: ...
-
-    def _ask_server(self, epoch: int) -> dict[str, Any] | None:
+    def ask(self, epoch: int) -> dict[str, Any] | None:
         """Rank 0, at an epoch's end: whether the training server stops or preempts this job, and the
         changes ``job.update`` asked for that this run has not applied yet."""
         if self.control is None:
@@ -44,37 +29,35 @@ class JobChanges:
         import ray
 
         server, job_id = self.control
-        return ray.get(server.control.remote(job_id, epoch, len(self.changes)))
+        return ray.get(server.control.remote(job_id, epoch, len(self.applied)))
 
-    async def _apply_changes(self, changes: list[dict[str, Any]]) -> None:
-        """Apply ``job.update``'s changes from the next epoch on: settings, then the config (merged into
-        ``model.config``; the backend sets what it can, e.g. the optimizers' ``lr``), then the hook."""
-        config: dict[str, Any] = {}
-        for change in changes:
-            self.changes.append(dict(change))
-            self._set_settings(change.get("settings") or {})
-            config.update(change.get("config") or {})
-        shown = {**config, **{k: v for c in changes for k, v in (c.get("settings") or {}).items()}}
-        self._tag = {**(self._tag or {}), **shown}
-        if config:
-            self.model.config.update(config)
-            self.worker.apply_config(config)
-            await self.hooks.call("on_config_update", dict(config))
+    def apply(self, changes: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Take ``changes`` (from the next epoch on): ``(settings, config)``, each merged in order; the next
+        row shows them."""
+        self.applied.extend(dict(change) for change in changes)
+        settings, config = _merged(changes)
+        self.tag = {**(self.tag or {}), **config, **settings}
+        return settings, config
 
-    def _set_settings(self, settings: dict[str, Any]) -> None:
-        if not settings:
-            return
-        self.settings = dataclasses.replace(self.settings, **settings)
-        self.context.settings, self.context.num_epochs = self.settings, self.num_epochs
-        self.session.settings_changed(self.settings)
-        self.worker.settings_changed()
+    def replay(self, changes: list[dict[str, Any]], start_epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The changes a checkpoint recorded, taken again by a run that resumes at ``start_epoch``:
+        ``(settings, config)``; the next row shows those that took effect from that epoch."""
+        self.applied = [dict(c) for c in changes]
+        shown = [c for c in self.applied if int(c.get("epoch", 0)) == start_epoch]
+        if shown:  # the next row is the first under the change
+            self.tag = {k: v for c in shown for part in ("config", "settings") for k, v in c[part].items()}
+        return _merged(changes)
 
-    def _replay(self, changes: list[dict[str, Any]]) -> dict[str, Any]:
-        """The changes a checkpoint recorded, applied again (settings, ``model.config``); their config."""
-        config: dict[str, Any] = {}
-        for change in changes:
-            self._set_settings(change.get("settings") or {})
-            config.update(change.get("config") or {})
-        self.changes = [dict(c) for c in changes]
-        self.model.config.update(config)
-        return config
+    def take_tag(self) -> dict[str, Any] | None:
+        """What the row being written shows of the changes (once)."""
+        tag, self.tag = self.tag, None
+        return tag
+
+
+def _merged(changes: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    settings: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    for change in changes:
+        settings.update(change.get("settings") or {})
+        config.update(change.get("config") or {})
+    return settings, config

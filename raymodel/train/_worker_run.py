@@ -20,6 +20,7 @@ in a thread (Keras ``fit``, Lightning's ``Trainer``) reaches it through
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import shutil
 from pathlib import Path
@@ -52,7 +53,7 @@ def run_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     return WorkerRun(loop_config).run()
 
 
-class WorkerRun(JobChanges):
+class WorkerRun:
     """One worker's training run: unpacks the driver's payload and runs the lifecycle."""
 
     def __init__(self, loop_config: dict[str, Any], session: Any = None) -> None:
@@ -83,10 +84,8 @@ class WorkerRun(JobChanges):
         self.callbacks = list(self.settings.callbacks)
         self.hooks = HookRunner(self.model, self.callbacks, self.context)
         self.history: list[dict[str, Any]] = []
-        #: Changes ``job.update`` made, as applied: ``{"epoch", "config", "settings"}`` (checkpointed).
-        self.changes = []
-        self._tag = None
-        self.control = loop_config.get("control")  # (training server, job id): stop, preempt, changes
+        #: The training server's control of this run (stop, preempt, ``job.update``'s changes), if a job's.
+        self.job = JobChanges(loop_config.get("control"))
         self.start_epoch = 1
         self.config_changed = False
         self.splits: dict[str, Any] = {}
@@ -101,6 +100,24 @@ class WorkerRun(JobChanges):
     @property
     def num_epochs(self) -> int:
         return int(self.settings.num_epochs)
+
+    async def _apply_changes(self, changes: list[dict[str, Any]]) -> None:
+        """Apply ``job.update``'s changes from the next epoch on: settings, then the config (merged into
+        ``model.config``; the backend sets what it can, e.g. the optimizers' ``lr``), then the hook."""
+        settings, config = self.job.apply(changes)
+        self._set_settings(settings)
+        if config:
+            self.model.config.update(config)
+            self.worker.apply_config(config)
+            await self.hooks.call("on_config_update", dict(config))
+
+    def _set_settings(self, settings: dict[str, Any]) -> None:
+        if not settings:
+            return
+        self.settings = dataclasses.replace(self.settings, **settings)
+        self.context.settings, self.context.num_epochs = self.settings, self.num_epochs
+        self.session.settings_changed(self.settings)
+        self.worker.settings_changed()
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> dict[str, Any]:
@@ -132,8 +149,8 @@ class WorkerRun(JobChanges):
             return await evaluate(self, self.info["evaluate"])
         await self._restore()
         self.worker.ready()
-        if self.control is not None:  # changes made while the job waited (queued, or preempted)
-            control = self.collective.all_gather(self._ask_server(self.start_epoch - 1) if self.rank == 0 else None)[0]
+        if self.job.control is not None:  # changes made while the job waited (queued, or preempted)
+            control = self.collective.all_gather(self.job.ask(self.start_epoch - 1) if self.rank == 0 else None)[0]
             if (control or {}).get("changes"):
                 await self._apply_changes(control["changes"])
         await self.hooks.call("before_fit")
@@ -192,10 +209,11 @@ class WorkerRun(JobChanges):
         row = {"epoch": epoch, **metrics}
         if self.settings.elastic:
             row["world_size"] = self.world
-        if self._tag is not None:
-            row["changes"], self._tag = self._tag, None
+        tag = self.job.take_tag()
+        if tag is not None:
+            row["changes"] = tag
         self.history.append(row)
-        control = self._ask_server(epoch) if self.rank == 0 else None
+        control = self.job.ask(epoch) if self.rank == 0 else None
         votes = self.collective.all_gather((self.context.should_stop, self._rng_state(), control))
         control = votes[0][2] or {}
         if control.get("changes"):  # every worker applies rank 0's answer: the same epoch boundary
@@ -272,24 +290,23 @@ class WorkerRun(JobChanges):
                     continue  # an upload cut short by a failure: try the one before
                 state = ckpt.read_state(self.model, directory)
                 run_state = ckpt.read_run_state(directory)
-            replayed = self._replay(manifest.get("changes") or [])  # job.update's, before the checkpoint
+            self.start_epoch = int(manifest.get("epoch", 0)) + 1
+            settings, replayed = self.job.replay(manifest.get("changes") or [], self.start_epoch)
+            self._set_settings(settings)  # job.update's, before the checkpoint
+            self.model.config.update(replayed)
             # Another config than the checkpoint's (PBT's exploit): the optimizers keep the new hyperparameters.
             self.config_changed = manifest.get("config") != ckpt.jsonable(dict(self.model.config))
             self.worker.set_state(state)
             self._load_run_state(run_state)
             self.history = [dict(row) for row in manifest.get("history", [])]
-            self.start_epoch = int(manifest.get("epoch", 0)) + 1
-            if self.control is not None and self.rank == 0:  # the job's rows: the checkpoint's, then new ones
+            if self.job.control is not None and self.rank == 0:  # the job's rows: the checkpoint's, then new ones
                 import ray
 
-                server, job_id = self.control
+                server, job_id = self.job.control
                 ray.get(server.restored.remote(job_id, self.history))
             self.context.resumed_from = self.start_epoch - 1
             self.context.checkpoint = location
             await self.hooks.call("on_load_checkpoint", state)
-            shown = [c for c in self.changes if int(c.get("epoch", 0)) == self.start_epoch]
-            if shown:  # the next row is the first under the change
-                self._tag = {k: v for c in shown for part in ("config", "settings") for k, v in c[part].items()}
             if replayed:
                 self.worker.apply_config(replayed)
                 await self.hooks.call("on_config_update", replayed)
@@ -342,7 +359,7 @@ class WorkerRun(JobChanges):
                 "metrics": row,
                 "history": self.history,
                 "run": self.info,
-                "changes": self.changes,
+                "changes": self.job.applied,
                 **({"steps": steps} if (steps := self.worker.step_rows()) else {}),
             },
         )
