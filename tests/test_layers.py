@@ -180,6 +180,30 @@ def test_no_module_takes_another_modules_private_name():
     assert _private_names_taken(seeded, ROOT) == ["raymodel.serve._deployment._hidden", "_store._secret"]
 
 
+def test_no_class_is_made_of_parts_that_reach_into_each_other():
+    """A part of the package owns its state and is called through its methods: no class of raymodel/
+    inherits from two or more of the package's classes (mixins sharing attributes), and no class body
+    declares, under ``TYPE_CHECKING``, members that another class defines."""
+    ours: set[str] = set()
+    trees = {path: ast.parse(path.read_text()) for path in sorted((ROOT / "raymodel").rglob("*.py"))}
+    for tree in trees.values():
+        ours.update(node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef))
+    mixed, declared = [], []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = [ast.unparse(base).split("[")[0].rsplit(".", 1)[-1] for base in node.bases]
+            if len([base for base in bases if base in ours]) >= 2:
+                mixed.append(f"{path.relative_to(ROOT)}: {node.name}({', '.join(bases)})")
+            for statement in node.body:
+                if isinstance(statement, ast.If) and "TYPE_CHECKING" in ast.unparse(statement.test):
+                    declared.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert len(ours) > 100  # the walk found the package's classes
+    assert not mixed, f"classes made of several of the package's classes (compose parts instead): {mixed}"
+    assert not declared, f"classes declaring others' members under TYPE_CHECKING: {declared}"
+
+
 def test_the_jobs_package_init_defines_nothing():
     """``raymodel/jobs/__init__.py`` re-exports what its modules define (it defines nothing)."""
     init = ast.parse((ROOT / "raymodel/jobs/__init__.py").read_text())

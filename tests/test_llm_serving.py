@@ -126,7 +126,7 @@ def test_the_engine_batches_requests_that_arrive_together_and_mid_generation(cha
     want = {p: greedy(chatty, p, 20) for p in PROMPTS}
     chatty.model.train()  # as a model built in `setup` is: the engine answers in eval mode (no dropout) anyway
     sizes: list[int] = []
-    engine = chatty.backend.text_engine(chatty, 16, sizes.append)
+    engine = chatty.backend.text.engine(chatty, 16, sizes.append)
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         late = [
             pool.submit(lambda p=p, i=i: (time.sleep(0.02 * i), generate(engine, p))[1]) for i, p in enumerate(PROMPTS)

@@ -100,7 +100,7 @@ def test_torch_lightning_and_transformers_jobs_share_pools_of_torchs_kind_and_no
 
 def test_rllib_is_warmed_by_name_its_runner_starting_the_algorithms_actor_ahead():
     """RLlib has no pool: `--warm rllib` has the server's next job runner start an Algorithm actor (its
-    ``runner_warm`` call), which holds no CPU; it adds no pool and no CPU to wait for."""
+    ``WarmUp.runner_call``), which holds no CPU; it adds no pool and no CPU to wait for."""
     import importlib
 
     from raymodel.backends.rllib import _run
@@ -318,7 +318,7 @@ print("NEW " + json.dumps(sorted(set(sys.modules) - before)))
 
 def test_a_transformers_jobs_runner_imports_ahead_what_setting_its_model_up_imports():
     """Setting a transformers model up imports ``transformers.modeling_utils`` (``PreTrainedModel``), 1-2 s
-    and over a thousand modules: the runner imports it ahead (``runner_imports``), so a job's set-up imports
+    and over a thousand modules: the runner imports it ahead (``WarmUp.runner_imports``), so a job's set-up imports
     only its model family's modules and the tokenizer's."""
     done = subprocess.run(
         [sys.executable, "-c", _RUNNER_SETUP], cwd=os.path.dirname(__file__), capture_output=True, text=True
@@ -411,17 +411,19 @@ def test_warm_pools_of_one_kind_start_one_after_another_each_once_the_one_before
 
 
 def test_what_a_pools_workers_import_ahead_exists():
-    """``Backend.worker_imports``: what a pool's worker imports while it waits for its first job; a name
-    that does not resolve would be skipped in silence (the job imports it anyway), so it is checked here."""
+    """``PoolKind.worker_imports``: what a pool's worker imports while it waits for its first job (and
+    ``WarmUp.runner_imports``, a runner's); a name that does not resolve would be skipped in silence (the job
+    imports it anyway), so it is checked here."""
     import importlib.util
 
     from raymodel.contract import backends
 
     for backend in backends():
-        for module in (*backend.worker_imports, *backend.runner_imports):
+        worker_imports = backend.pool.worker_imports if backend.pool is not None else ()
+        for module in (*worker_imports, *backend.warm_up.runner_imports):
             assert importlib.util.find_spec(module) is not None, (backend.name, module)
-        if backend.on_ray_train and backend.name in ("torch", "lightning", "transformers"):
-            assert "torch._dynamo" in backend.worker_imports  # the first optimizer's import (~2 s)
+        if backend.name in ("torch", "lightning", "transformers"):
+            assert "torch._dynamo" in worker_imports  # the first optimizer's import (~2 s)
 
 
 #: A hook registered before ``rm.init`` runs after raymodel's exit hook (``atexit`` runs the last registered

@@ -30,14 +30,26 @@ from raymodel.contract._arrays import (
     split_nested,
     to_jsonable,
 )
-from raymodel.contract._backend import DATA_KINDS, UNRECORDED_NAN, Backend, Model, Run, WorkerLoop, worker_resources
-from raymodel.contract._generation import TextRequest
+from raymodel.contract._backend import (
+    DATA_KINDS,
+    UNRECORDED_NAN,
+    Backend,
+    Model,
+    PoolKind,
+    Run,
+    WarmUp,
+    WorkerLoop,
+    worker_resources,
+)
+from raymodel.contract._generation import TextGeneration, TextRequest, text_generation
 from raymodel.contract._server_port import TrainingServer, provide_training_server, training_server
 from raymodel.contract._table import backends, defined, defined_backends, hook_table, model_classes, register
 from raymodel.contract._training_run import RunEvents, RunOutcome, RunPlan, TrainingRun, failure_text
 
 __all__ = [
     "Backend",
+    "PoolKind",
+    "WarmUp",
     "WorkerLoop",
     "DATA_KINDS",
     "UNRECORDED_NAN",
@@ -57,6 +69,8 @@ __all__ = [
     "to_jsonable",
     "worker_resources",
     "TextRequest",
+    "TextGeneration",
+    "text_generation",
     "TrainingServer",
     "training_server",
     "provide_training_server",

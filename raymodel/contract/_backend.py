@@ -18,30 +18,79 @@ model base class; the drivers in ``train/``, ``tune/`` and ``serve/`` never ask 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator, Mapping, Protocol, TypeVar
 
 from raymodel._internal.deps import require
-from raymodel.contract._data_checks import DATA_KINDS, UNRECORDED_NAN, DataChecks
+from raymodel.contract._generation import TextGeneration
 from raymodel.contract._inference import InferenceDefaults
 from raymodel.contract._training_run import RunPlan, TrainingRun
-from raymodel.exceptions import ModelDefinitionError
+from raymodel.data import DataSpec, kind_of
+from raymodel.exceptions import DataError, ModelDefinitionError
 
 if TYPE_CHECKING:
     import os
 
     from raymodel.hooks import HookRunner, RunContext
 
-__all__ = ["DATA_KINDS", "UNRECORDED_NAN", "Backend", "WorkerLoop", "Model", "Run", "worker_resources"]
+__all__ = [
+    "DATA_KINDS",
+    "UNRECORDED_NAN",
+    "Backend",
+    "PoolKind",
+    "WarmUp",
+    "WorkerLoop",
+    "Model",
+    "Run",
+    "worker_resources",
+]
 
 
-class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
+#: Every form a data split can take (``raymodel.data.kind_of``).
+DATA_KINDS = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
+
+
+#: Why a network with no recorded signature refuses NaN, None or infinity (``unrecorded_signature``).
+UNRECORDED_NAN = (
+    "a network answers NaN for them (the model has no recorded input signature: clean the input, or train it "
+    "with `TrainSettings(nonfinite='allow')` to let them through)"
+)
+
+_DATA_HINTS = {
+    "arrays": "Pass `rm.data.from_numpy(X, y)`, `rm.data.from_pandas(df, label=...)` or `(X, y)` tuples.",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolKind:
+    """Where a backend's training jobs run on the training server: the pools of ``family`` (resident Ray
+    Train worker groups that run jobs one after another; ``""``: the backend's own name; torch's family is
+    Lightning's and transformers', the same trainer, process group and collective), and what a pool's
+    worker imports while it waits for its first job (what a first set-up imports)."""
+
+    family: str = ""
+    worker_imports: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmUp:
+    """What the training server's next job runner does ahead for a backend's jobs: ``runner_imports``
+    past ``Backend.imports`` (what setting a model up imports), and ``runner_call`` (``"module:function"``)
+    where the backend is warmed without a pool (``--warm rllib``: its Algorithm's actor)."""
+
+    runner_imports: tuple[str, ...] = ()
+    runner_call: str = ""
+
+
+class Backend(InferenceDefaults["Model"]):
     """Base contract of a backend: the facts about a framework, its state and its inference.
 
-    Subclasses set the class attributes and implement every method that raises. The data checks
-    (``DataChecks``, ``contract/_data_checks.py``) and the inference defaults (``InferenceDefaults``,
-    ``contract/_inference.py``) are inherited; a backend overrides them like any method here.
+    Subclasses set the class attributes and implement every method that raises. The inference defaults
+    (``InferenceDefaults``, ``contract/_inference.py``) are inherited; a backend overrides them like any
+    method here. A capability the backend has or not is an attribute: ``pool`` (``None``: never on a pool),
+    ``text`` (``None``: it generates no text).
     """
 
     #: Short name written into checkpoints ("torch", "xgboost", ...).
@@ -50,15 +99,11 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     extra: ClassVar[str] = ""
     #: Modules to import (checked before training; pickled by reference, never by value).
     imports: ClassVar[tuple[str, ...]] = ()
-    #: Modules a pool's worker imports while it waits for its first job (what a first set-up imports).
-    worker_imports: ClassVar[tuple[str, ...]] = ()
-    #: Modules the server's next job runner imports ahead, past ``imports`` (what setting a model up imports).
-    runner_imports: ClassVar[tuple[str, ...]] = ()
-    #: ``"module:function"`` a job's runner calls ahead where the backend is warm without a pool (``--warm rllib``).
-    runner_warm: ClassVar[str] = ""
-    #: The pools its jobs share with other backends' (the same trainer, process group and collective: torch's
-    #: is Lightning's and transformers'); ``""``: its own ``name`` (``jobs/_request.py``'s ``pool_kind``).
-    pool_family: ClassVar[str] = ""
+    #: Its jobs' pools on the training server (by default its own kind); ``None``: its runs are no Ray Train
+    #: worker group (``make_run``'s), so never on a pool.
+    pool: ClassVar[PoolKind | None] = PoolKind()
+    #: What the training server's next job runner does ahead for its jobs.
+    warm_up: ClassVar[WarmUp] = WarmUp()
     #: Distribution names whose versions are recorded in checkpoints.
     packages: ClassVar[tuple[str, ...]] = ()
     #: The Ray Train V2 trainer class, ``"module.Class"`` (``""``: runs are not Ray Train's; ``make_run``'s).
@@ -92,6 +137,8 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
     default_metric: ClassVar[tuple[str, str] | None] = None
     #: ``TrainSettings.method`` kinds it trains with besides supervised (``"grpo"``, ``"dpo"``: transformers').
     methods: ClassVar[tuple[str, ...]] = ()
+    #: Its text generation (a causal LM's engine, its own requests, LoRA adapters); ``None``: it has none.
+    text: ClassVar[TextGeneration[Any] | None] = None
 
     # ------------------------------------------------------------- checking
     def import_framework(self) -> None:
@@ -124,6 +171,45 @@ class Backend(DataChecks["Model"], InferenceDefaults["Model"]):
         """``data`` as a ``DataSpec`` for a run of ``method`` (one of ``methods``), checked against the model
         (its rewards, the columns they take) before any Ray resource is taken."""
         raise NotImplementedError("The 'prepare_method_data' method must be implemented.")
+
+    # ----------------------------------------------------------------- data
+    def validate_data(self, data: DataSpec) -> None:
+        """Raise ``DataError`` when a split's form is not in ``accepts`` or its shape is wrong.
+
+        Runs on the driver before Ray is touched, and on each worker for the
+        splits a data module returns.
+        """
+        for split_name, split in data.splits.items():
+            kind = kind_of(split)
+            if kind not in self.accepts:
+                forms = ", ".join(f"`{k}`" for k in self.accepts)
+                raise DataError(
+                    f"The {self.name} backend does not train on {kind.replace('_', ' ')} "
+                    f"(split {split_name!r} is one); it takes: {forms}. "
+                    f"{_DATA_HINTS.get(self.accepts[0], '')}"
+                )
+            self.check_split(split_name, split)
+
+    def prepare_data(self, model: Model, data: Any) -> Any:
+        """On the driver, before ``raymodel.data.resolve``: turn ``data`` into a form ``resolve`` takes.
+        The identity by default; the transformers backend tokenizes Hugging Face datasets, frames and dicts
+        of lists here, once per dataset. A ``DataSpec`` (already prepared) is passed through unchanged."""
+        return data
+
+    def check_split(self, name: str, split: Any) -> None:
+        """Backend-specific checks of one accepted split (e.g. 2-D features); may raise ``DataError``."""
+
+    def input_signature(self, model: Model, spec: DataSpec) -> dict[str, Any] | None:
+        """The shape and dtype of what ``forward`` takes (``raymodel._internal.signature``), recorded in every
+        checkpoint: the training data's by default."""
+        return spec.signature
+
+    def unrecorded_signature(self, model: Model) -> dict[str, Any] | None:
+        """What a model with no recorded signature (untrained, or built in code) is checked against
+        before ``forward``: what the model itself says of its input (a built Keras model's input shape,
+        a booster's number of features), and the ``nonfinite`` policy of the framework (NaN is a
+        missing value to a boosted tree, a silent NaN answer to a network). ``None``: no check."""
+        return None
 
     # ------------------------------------------------------------- training
     def run_needs(self, settings: Any) -> dict[str, float]:

@@ -39,35 +39,6 @@ class InferenceDefaults(Generic[M]):
         server-sent events). A ``ValueError`` (a 422 when served) for a model that does not stream."""
         raise ValueError(f"`{type(model).__name__}` does not stream its answers; leave `stream` out of the request")
 
-    def text_engine(self, model: M, max_batch_size: int, on_step: Any = None) -> Any:
-        """The replica's batched text generation of a model that generates text (a causal LM): an
-        object with ``prompt_ids(text)``, ``chat_ids(messages)``, ``room(ids)`` and ``submit(request)``
-        (``raymodel.backends.transformers._engine``). A ``ValueError`` for any other model."""
-        raise ValueError(
-            f"`{type(model).__name__}` does not generate text: OpenAI's API (`ServeSettings(api='openai')`) "
-            "serves a causal language model (`RayTransformersModel` with a causal LM head)"
-        )
-
-    def generates(self, model: M) -> bool:
-        """Whether the (set up) model generates text, so that ``text_engine`` serves it."""
-        return False
-
-    def own_generation(self, model: M, payload: Any) -> Any:
-        """A request of raymodel's own API that the text engine answers, as ``(prompts, options)`` with
-        the engine's option names (``max_tokens``, ``temperature``: 0 is greedy, ``top_k``, ``top_p``),
-        or None where the model's own ``preprocess``/``forward`` answer it. Raises what ``preprocess``
-        raises for a payload it refuses."""
-        return None
-
-    def attach_adapter(self, model: M, directory: Any, name: str) -> None:
-        """The LoRA adapter of the checkpoint folder ``directory`` loaded beside the model's own, as
-        ``name`` (a route of several adapter versions on one base)."""
-        raise ValueError(f"`{type(model).__name__}` holds no LoRA adapters")
-
-    def detach_adapter(self, model: M, name: str) -> None:
-        """The adapter ``attach_adapter`` loaded as ``name``, let go."""
-        raise ValueError(f"`{type(model).__name__}` holds no LoRA adapters")
-
     def batch_input(self, model: M, batch: Mapping[str, np.ndarray]) -> Any:
         """Default ``predict_batch_preprocess``: the feature columns as one float32 array of rows,
         in the form this backend's ``preprocess`` gives ``forward`` (a tensor for torch)."""

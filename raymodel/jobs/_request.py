@@ -24,9 +24,9 @@ def pool_key(kind: str, num_workers: int, resources: dict[str, float]) -> str:
 
 
 def pool_kind(backend: Any) -> str:
-    """The pools ``backend``'s jobs run on: its ``pool_family`` (``"torch"`` for torch, Lightning and
+    """The pools ``backend``'s jobs run on: its pool's ``family`` (``"torch"`` for torch, Lightning and
     transformers, whose runs are the same worker group, process group and collective), or its own name."""
-    return backend.pool_family or backend.name
+    return backend.pool.family or backend.name
 
 
 def pool_spec(backend: Any, settings: TrainSettings, per_worker: dict[str, float]) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def pool_spec(backend: Any, settings: TrainSettings, per_worker: dict[str, float
         "backend": serialization.dumps(backend, type(backend)),
         "kind": kind,
         "names": (backend.name,),  # the backends it was started for (warm: each named); `imports`: what they import
-        "imports": tuple(backend.worker_imports),
+        "imports": tuple(backend.pool.worker_imports),
         "num_workers": settings.num_workers,
         "per_worker": per_worker,
         "use_gpu": settings.use_gpu,
@@ -108,7 +108,7 @@ def train_request(
     }
     backend = model.backend
     # Else the job's runner runs it (RLlib: in an actor of its own; a release: one-off runs, then its scoring).
-    if settings.on_pool and backend.on_ray_train and kind == "train":
+    if settings.on_pool and backend.pool is not None and kind == "train":
         request["pool"] = pool_spec(backend, settings, per_worker)
     return serialization.dumps(payload, type(model), *settings.callbacks), request
 

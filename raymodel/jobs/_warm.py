@@ -11,7 +11,7 @@ ends when other work needs its resources, and starts again once the server has
 had no job and the cluster room for it for a while (``jobs/_pools/keeper.py``).
 
 A backend without pools is warmed by name alone (``--warm torch:2,rllib``): the server's next job
-runner starts ahead what its job would start (``Backend.runner_warm``: RLlib's, the Algorithm's actor
+runner starts ahead what its job would start (``WarmUp.runner_call``: RLlib's, the Algorithm's actor
 with RLlib imported), holding no resources while it waits.
 
 Without a setting, the default is ``auto``: a pool of 2 workers (1 on a one-CPU
@@ -92,15 +92,15 @@ def pool_backends() -> dict[str, Any]:
     """``{name: Backend}`` of every registered backend that runs on pools."""
     from raymodel.contract import backends
 
-    return {b.name: b for b in backends() if b.on_ray_train}
+    return {b.name: b for b in backends() if b.pool is not None}
 
 
 def by_name() -> dict[str, Any]:
     """``{name: Backend}`` of every registered backend without pools that its job's runner warms
-    (``Backend.runner_warm``): warmed by name alone."""
+    (``WarmUp.runner_call``): warmed by name alone."""
     from raymodel.contract import backends
 
-    return {b.name: b for b in backends() if not b.on_ray_train and b.runner_warm}
+    return {b.name: b for b in backends() if b.pool is None and b.warm_up.runner_call}
 
 
 def default_warm(cpus: float) -> tuple[WarmSpec, ...]:
@@ -163,17 +163,17 @@ def warm_pools(specs: Sequence[WarmSpec]) -> dict[str, tuple[dict[str, Any], dic
 
 def runner_imports(names: Sequence[str]) -> tuple[str, ...]:
     """What a job of each backend in ``names`` imports in its runner: the framework's modules and the
-    backend's own as its payload is unpickled, then ``runner_imports`` as its model is set up to take the
+    backend's own as its payload is unpickled, then its ``WarmUp.runner_imports`` as its model is set up to take the
     submitted weights (a job's runner imports them ahead: ``JobRunner.warm``)."""
     poolable = pool_backends()
     found = [poolable[name] for name in dict.fromkeys(names) if name in poolable]
-    return tuple(dict.fromkeys(m for b in found for m in (*b.imports, type(b).__module__, *b.runner_imports)))
+    return tuple(dict.fromkeys(m for b in found for m in (*b.imports, type(b).__module__, *b.warm_up.runner_imports)))
 
 
 def runner_warms(specs: Sequence[WarmSpec]) -> tuple[str, ...]:
-    """The ``runner_warm`` calls of the backends in ``specs`` warmed by name (``jobs/_server/runner.py``)."""
+    """The ``WarmUp.runner_call`` of the backends in ``specs`` warmed by name (``jobs/_server/runner.py``)."""
     warmed = by_name()
-    return tuple(dict.fromkeys(warmed[name].runner_warm for name, _ in specs if name in warmed))
+    return tuple(dict.fromkeys(warmed[name].warm_up.runner_call for name, _ in specs if name in warmed))
 
 
 def cpus_needed(specs: Sequence[WarmSpec]) -> float:

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from raymodel._internal.name_rules import parse_ref
+from raymodel.contract import text_generation
 from raymodel.exceptions import RegistryError
 from raymodel.serve._deployment import ModelServer
 from raymodel.serve._openai import not_found
@@ -138,11 +139,12 @@ class AdapterServer(ModelServer):
         base = self.bases.get(base_key) if base_key else None
         if base is not None:
             with sources.version_folder(self.registry.uri, key, int(n)) as folder:
-                self.engine_of(base).call(lambda: base.backend.attach_adapter(base, folder, label)).result()
+                text = text_generation(base)
+                self.engine_of(base).call(lambda: text.attach_adapter(base, folder, label)).result()
             self.adapter_loads += 1
             return base, label
         model = sources.load({"registry": self.registry.uri, "key": key}, int(n))
-        model.backend.text_engine(model, 1)  # a version that does not generate text is refused, naming why
+        text_generation(model)  # a version that does not generate text is refused, naming why
         if base_key is None:
             return model, None
         self.bases[base_key] = model
@@ -161,7 +163,8 @@ class AdapterServer(ModelServer):
             model, adapter = self.resident.pop(label)
             self.evictions += 1
             if adapter is not None:  # an adapter beside a base: deleted between two steps
-                call = self.engine_of(model).call(lambda m=model, a=adapter: m.backend.detach_adapter(m, a))
+                text = text_generation(model)
+                call = self.engine_of(model).call(lambda m=model, a=adapter, t=text: t.detach_adapter(m, a))
                 await asyncio.wrap_future(call)
 
     # -------------------------------------------------------------- figures

@@ -35,7 +35,7 @@ from starlette.responses import Response, StreamingResponse
 
 from raymodel._internal import cluster, signature
 from raymodel._internal.schema import describe, openapi, schemas_of
-from raymodel.contract import Backend
+from raymodel.contract import Backend, text_generation
 from raymodel.exceptions import DataError
 from raymodel.registry import sources
 from raymodel.serve._batching import BatchRunner, Failed, run_batch
@@ -82,8 +82,8 @@ class ModelServer(OpenAIRoutes):
         batched: Any = self._batched  # `@serve.batch`'s wrapper: this replica's sizes are set on it
         batched.set_max_batch_size(max_batch_size)
         batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
-        if api == "openai" and self.model is not None and not self.model.backend.generates(self.model):
-            self.model.backend.text_engine(self.model, 1)  # raises, naming what OpenAI's API serves
+        if api == "openai" and self.model is not None:
+            text_generation(self.model)  # raises, naming what OpenAI's API serves
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from raymodel._internal import cluster, ingress, locations, storage
 from raymodel._internal.name_rules import route_app_name
-from raymodel.contract import training_server
+from raymodel.contract import text_generation, training_server
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._declared import declare, forget
 from raymodel.serve._failures import replica_failures
@@ -189,11 +189,10 @@ class Servable:
             schemas_of(type(model_or_ref))  # a bad input/output schema fails here, before any replica starts
             if self.settings.api == "openai":
                 model_or_ref.ensure_setup()
-                if not model_or_ref.backend.generates(model_or_ref):
-                    try:
-                        model_or_ref.backend.text_engine(model_or_ref, 1)
-                    except ValueError as exc:
-                        raise ServeError(str(exc) + ".") from None
+                try:
+                    text_generation(model_or_ref)
+                except ValueError as exc:
+                    raise ServeError(str(exc) + ".") from None
             self.model = model_or_ref
             self.info = {
                 "class": f"{type(model_or_ref).__module__}.{type(model_or_ref).__qualname__}",

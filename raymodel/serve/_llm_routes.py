@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from raymodel.contract import text_generation
 from raymodel.serve import _auth, _openai
 from raymodel.serve._openai import OpenAIError
 
@@ -53,7 +54,7 @@ class OpenAIRoutes:
         for key in [k for k in engines if k not in alive]:
             engines.pop(key)[1].close()
         max_batch = getattr(self, "max_generation_batch", 16)
-        engine = model.backend.text_engine(model, max_batch, self._step)
+        engine = text_generation(model).engine(model, max_batch, self._step)
         engines[id(model)] = (model, engine)
         return engine
 
@@ -111,7 +112,7 @@ class OpenAIRoutes:
     async def own_generation(self, payload: Any, model: Any, label: str) -> Any:
         """raymodel's own ``{"prompt": ...}`` to a causal LM, through the model's engine (decoded together
         with the requests that arrive with it; ``"stream": true``: ``data: {"token": piece}`` events, then
-        ``[DONE]``); None where the model answers it its own way (``Backend.own_generation``)."""
+        ``[DONE]``); None where the model answers it its own way (``TextGeneration.own_request``)."""
         import asyncio
 
         from starlette.responses import Response, StreamingResponse
@@ -125,7 +126,8 @@ class OpenAIRoutes:
 
         began = time.monotonic()
         try:
-            asked = model.backend.own_generation(model, payload)
+            text = model.backend.text
+            asked = text.own_request(model, payload) if text is not None else None
             if asked is None:
                 return None
             prompts, options = asked

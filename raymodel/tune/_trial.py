@@ -146,7 +146,7 @@ def on_pool(settings: Any, backend: Any) -> bool:
     """Whether a trial's training is a job of the training server on a pool: a Ray Train run of
     several workers, with settings that go to a pool (``TrainSettings.on_pool``); else the trial
     trains on its own."""
-    return backend.on_ray_train and settings.num_workers > 1 and settings.on_pool
+    return backend.pool is not None and settings.num_workers > 1 and settings.on_pool
 
 
 def _run_worker_group(model: Any, settings: Any, data: Any, resume_from: str | None, info: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 
-from raymodel.contract import UNRECORDED_NAN, Backend, Model, rows_of, to_jsonable
+from raymodel.contract import UNRECORDED_NAN, Backend, Model, PoolKind, rows_of, to_jsonable
 from raymodel.exceptions import DataError, ModelDefinitionError
 
 if TYPE_CHECKING:
@@ -23,8 +23,9 @@ class TorchBackend(Backend):
     name = "torch"
     extra = "torch"
     imports: ClassVar[tuple[str, ...]] = ("torch",)
-    worker_imports: ClassVar[tuple[str, ...]] = ("raymodel.backends._torch.loop", "torch._dynamo")  # 1st optimizer
-    pool_family = "torch"  # Lightning's and transformers' runs are this one's worker group: their jobs share pools
+    #: Lightning's and transformers' runs are this one's worker group: their jobs share its pools
+    #: (``torch._dynamo``: what a first optimizer imports).
+    pool: ClassVar[PoolKind | None] = PoolKind("torch", ("raymodel.backends._torch.loop", "torch._dynamo"))
     packages: ClassVar[tuple[str, ...]] = ("torch",)
     trainer = "ray.train.torch.TorchTrainer"
     accepts: ClassVar[tuple[str, ...]] = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from raymodel.backends._trees import TreeBackend, TreeLoop
+from raymodel.contract import PoolKind
 from raymodel.model import RayModel
 
 
@@ -22,7 +23,7 @@ class LightGBMBackend(TreeBackend):
     name = "lightgbm"
     extra = "lightgbm"
     imports = ("lightgbm",)
-    worker_imports = ("lightgbm",)
+    pool = PoolKind(worker_imports=("lightgbm",))
     packages = ("lightgbm",)
     trainer = "ray.train.lightgbm.LightGBMTrainer"
     booster_file = "model.txt"

@@ -26,7 +26,7 @@ from typing import Any
 from raymodel._internal.deps import require
 from raymodel.backends._torch.backend import TorchBackend
 from raymodel.backends.lightning._import import lightning as _lightning
-from raymodel.contract import Model
+from raymodel.contract import Model, PoolKind
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
@@ -37,7 +37,7 @@ class LightningBackend(TorchBackend):
     name = "lightning"
     extra = "lightning"
     imports = ("torch", "pytorch_lightning", "lightning")
-    worker_imports = ("raymodel.backends.lightning._loop", "torch._dynamo")
+    pool = PoolKind("torch", ("raymodel.backends.lightning._loop", "torch._dynamo"))
     packages = ("torch", "pytorch-lightning", "lightning")
     accepts = ("arrays", "torch_dataset", "batches", "ray_dataset")
     required_methods = ("setup",)

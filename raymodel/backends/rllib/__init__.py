@@ -24,7 +24,7 @@ import numpy as np
 
 from raymodel._internal.deps import require
 from raymodel.backends._torch.backend import TorchBackend
-from raymodel.contract import Model, RunPlan, TrainingRun, rows_of
+from raymodel.contract import Model, RunPlan, TrainingRun, WarmUp, rows_of
 from raymodel.exceptions import ModelDefinitionError, SettingsError
 from raymodel.model import RayModel
 
@@ -57,8 +57,8 @@ class RLlibBackend(TorchBackend):
     name = "rllib"
     extra = "rllib"
     imports = ("torch", "gymnasium", "ray.rllib")
-    worker_imports = ()  # no pool
-    runner_warm = "raymodel.backends.rllib:warm_algorithm_actor"  # `--warm rllib`: the Algorithm's process
+    pool = None  # its runs are an Algorithm in an actor of its own: never on a pool
+    warm_up = WarmUp(runner_call="raymodel.backends.rllib:warm_algorithm_actor")  # `--warm rllib`: its process
     packages = ("torch", "gymnasium")
     trainer = ""  # not a Ray Train run: make_run gives an AlgorithmRun (rllib/_run.py)
     accepts = ()

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from raymodel.contract import UNRECORDED_NAN, Backend, to_jsonable
+from raymodel.contract import UNRECORDED_NAN, Backend, PoolKind, to_jsonable
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
@@ -42,7 +42,7 @@ class TensorflowBackend(Backend):
     name = "tensorflow"
     extra = "tensorflow"
     imports = ("tensorflow", "tf_keras")
-    worker_imports = ("raymodel.backends.tensorflow._loop",)
+    pool = PoolKind(worker_imports=("raymodel.backends.tensorflow._loop",))
     packages = ("tensorflow", "keras", "tf-keras")
     trainer = "ray.train.tensorflow.TensorflowTrainer"
     accepts = ("arrays",)

@@ -30,7 +30,7 @@ from raymodel._internal import tmp
 from raymodel._internal.checkpoint import STATE_DIR
 from raymodel.backends._torch.backend import TorchBackend
 from raymodel.backends.transformers._lora import LoRA
-from raymodel.contract import Model
+from raymodel.contract import Model, PoolKind, TextGeneration, WarmUp
 from raymodel.exceptions import CheckpointError, ModelDefinitionError
 from raymodel.model import RayModel
 
@@ -41,14 +41,57 @@ if TYPE_CHECKING:
 HF_FOLDER = "hf"
 
 
+class TransformersText(TextGeneration[Model]):
+    """A causal LM's text generation: its engine (``_engine.py``), ``{"prompt": ...}`` requests, LoRA adapters."""
+
+    def generates(self, model: Model) -> bool:
+        from raymodel.backends.transformers._data import task_of
+
+        return task_of(model.model) == "causal_lm"  # type: ignore[attr-defined]
+
+    def engine(self, model: Model, max_batch_size: int, on_step: Any = None) -> Any:
+        from raymodel.backends.transformers._engine import Engine
+
+        return Engine(model, max_batch_size, on_step)
+
+    def own_request(self, model: Model, payload: Any) -> Any:
+        """A causal LM's ``{"prompt": ...}`` through the replica's engine (batched with the requests
+        that arrive with it), unless the class answers requests its own way (``preprocess``, ``forward``
+        or ``postprocess`` of its own)."""
+        kind = type(model)
+        if not self.generates(model) or any(
+            getattr(kind, name) is not getattr(RayModel, name) for name in ("preprocess", "forward", "postprocess")
+        ):
+            return None
+        from raymodel.backends.transformers import _text
+
+        request = _text.generation(payload)
+        o = request.options
+        sampled = o["do_sample"]
+        return request.prompts, {
+            "max_tokens": o["max_new_tokens"],
+            "temperature": o.get("temperature", 1.0) if sampled else 0.0,
+            "top_k": o.get("top_k", getattr(model.model.generation_config, "top_k", None) or 0) if sampled else 0,  # type: ignore[attr-defined]
+            "top_p": o.get("top_p", 1.0) if sampled else 1.0,
+        }
+
+    def attach_adapter(self, model: Model, directory: Any, name: str) -> None:
+        from raymodel.backends.transformers import _lora
+
+        _lora.attach(model, Path(directory) / STATE_DIR / HF_FOLDER, name)
+
+    def detach_adapter(self, model: Model, name: str) -> None:
+        model.model.delete_adapter(name)  # type: ignore[attr-defined]
+
+
 class TransformersBackend(TorchBackend):
     """The torch backend's inference context and isolation; HF's ``Trainer``, checkpoints and text I/O."""
 
     name = "transformers"
     extra = "transformers"
     imports = ("torch", "transformers", "datasets", "accelerate")
-    worker_imports = ("raymodel.backends.transformers._loop", "transformers.trainer", "torch._dynamo")
-    runner_imports = ("transformers.modeling_utils",)  # `PreTrainedModel`: 1-2 s of a model's first set-up
+    pool = PoolKind("torch", ("raymodel.backends.transformers._loop", "transformers.trainer", "torch._dynamo"))
+    warm_up = WarmUp(runner_imports=("transformers.modeling_utils",))  # `PreTrainedModel`: 1-2 s of a first set-up
     packages = ("torch", "transformers", "tokenizers", "datasets", "accelerate")
     accepts = ("torch_dataset",)
     required_methods = ("setup",)
@@ -60,6 +103,7 @@ class TransformersBackend(TorchBackend):
     strategies = ("ddp",)
     elastic = False
     methods = ("grpo", "dpo")  # TRL's GRPOTrainer and DPOTrainer (_post.py)
+    text = TransformersText()
     checks_first_layer = False  # token ids reach an embedding; a shape error inside is not the request's
 
     def worker_loop(self, run: Any) -> Any:
@@ -175,47 +219,6 @@ class TransformersBackend(TorchBackend):
         from raymodel.backends.transformers import _text
 
         return _text.stream(model, payload)
-
-    def generates(self, model: Model) -> bool:
-        from raymodel.backends.transformers._data import task_of
-
-        return task_of(model.model) == "causal_lm"  # type: ignore[attr-defined]
-
-    def text_engine(self, model: Model, max_batch_size: int, on_step: Any = None) -> Any:
-        if not self.generates(model):
-            return super().text_engine(model, max_batch_size, on_step)
-        from raymodel.backends.transformers._engine import Engine
-
-        return Engine(model, max_batch_size, on_step)
-
-    def own_generation(self, model: Model, payload: Any) -> Any:
-        """A causal LM's ``{"prompt": ...}`` through the replica's engine (batched with the requests
-        that arrive with it), unless the class answers requests its own way (``preprocess``, ``forward``
-        or ``postprocess`` of its own)."""
-        kind = type(model)
-        if not self.generates(model) or any(
-            getattr(kind, name) is not getattr(RayModel, name) for name in ("preprocess", "forward", "postprocess")
-        ):
-            return None
-        from raymodel.backends.transformers import _text
-
-        request = _text.generation(payload)
-        o = request.options
-        sampled = o["do_sample"]
-        return request.prompts, {
-            "max_tokens": o["max_new_tokens"],
-            "temperature": o.get("temperature", 1.0) if sampled else 0.0,
-            "top_k": o.get("top_k", getattr(model.model.generation_config, "top_k", None) or 0) if sampled else 0,  # type: ignore[attr-defined]
-            "top_p": o.get("top_p", 1.0) if sampled else 1.0,
-        }
-
-    def attach_adapter(self, model: Model, directory: Any, name: str) -> None:
-        from raymodel.backends.transformers import _lora
-
-        _lora.attach(model, Path(directory) / STATE_DIR / HF_FOLDER, name)
-
-    def detach_adapter(self, model: Model, name: str) -> None:
-        model.model.delete_adapter(name)  # type: ignore[attr-defined]
 
     def batch_input(self, model: Model, batch: Mapping[str, Any]) -> Any:
         """``predict_batch``: the text column of each Ray Data batch."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from raymodel.backends._trees import TreeBackend, TreeLoop
+from raymodel.contract import PoolKind
 from raymodel.model import RayModel
 
 
@@ -19,7 +20,7 @@ class XGBoostBackend(TreeBackend):
     name = "xgboost"
     extra = "xgboost"
     imports = ("xgboost",)
-    worker_imports = ("xgboost",)
+    pool = PoolKind(worker_imports=("xgboost",))
     packages = ("xgboost",)
     trainer = "ray.train.xgboost.XGBoostTrainer"
     booster_file = "model.json"

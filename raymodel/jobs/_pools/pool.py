@@ -85,7 +85,7 @@ class PoolActor:
     ):
         self.pool_id = pool_id
         self.backend = serialization.loads(backend)  # the first job's, or a warm pool's (of its kind: its trainer)
-        self.imports = self.backend.worker_imports if imports is None else tuple(imports)
+        self.imports = self.backend.pool.worker_imports if imports is None else tuple(imports)
         self.num_workers, self.per_worker, self.use_gpu = num_workers, per_worker, use_gpu
         self.cond = threading.Condition()
         self.job: PoolJob | None = None

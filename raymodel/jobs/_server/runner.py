@@ -44,7 +44,7 @@ class JobRunner:
         (torch: about 1 s of the first job on a warm pool, before any of its epochs). A job that arrives
         meanwhile waits for them: a framework imported by two threads at once can fail (transformers'
         lazy module: "cannot import name 'PreTrainedTokenizerFast'"). ``calls`` (``"module:function"``,
-        ``Backend.runner_warm``) start what a job of a backend without pools starts (RLlib's Algorithm
+        ``WarmUp.runner_call``) start what a job of a backend without pools starts (RLlib's Algorithm
         actor), kept by this process for its next job, first; a runner used before makes them again."""
         with self.warming:
             for call in calls:
@@ -108,7 +108,7 @@ class Runners:
     def __init__(self) -> None:
         self.of_job: dict[str, Any] = {}
         self.imports: tuple[str, ...] = ()  # what the next job's runner imports ahead
-        self.calls: tuple[str, ...] = ()  # what it starts ahead (``Backend.runner_warm``: `--warm rllib`)
+        self.calls: tuple[str, ...] = ()  # what it starts ahead (``WarmUp.runner_call``: `--warm rllib`)
         self.spare: Any = new_runner()
 
     def warm(self, specs: list[tuple[str, int]]) -> None:
