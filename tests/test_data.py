@@ -182,7 +182,7 @@ def test_ray_data_dataset_trains_on_a_worker(ray_session, tiny):
 
 @pytest.mark.parametrize("n,world", [(10, 2), (11, 2), (7, 3)])
 def test_one_sharding_policy_for_rows_samplers_and_batches(n, world):
-    from raymodel.backends._torch.loop import ShardSampler
+    from raymodel.backends.torch.loop import ShardSampler
     from raymodel.data import worker_rows
     from raymodel.data._loading import worker_batches
 

@@ -17,7 +17,7 @@ from models import ManualNet, TinyNet
 
 import raymodel as rm
 from raymodel._internal import tmp
-from raymodel.backends._torch.fsdp import shard_units
+from raymodel.backends.torch.fsdp import shard_units
 from raymodel.exceptions import ModelDefinitionError, SettingsError
 
 #: Two workers, Adam (optimizer state to shard), gradient accumulation and clipping on.

@@ -18,8 +18,8 @@ from in_process import StoringSession, run_in_process
 from models import Recorder, TinyNet
 
 import raymodel as rm
-from raymodel.backends._torch.loop import TorchLoop
 from raymodel.backends.torch import TorchBackend
+from raymodel.backends.torch.loop import TorchLoop
 
 
 class StopAt(rm.Callback):

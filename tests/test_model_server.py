@@ -148,7 +148,7 @@ def test_a_routes_figures_are_its_requests_over_the_window_not_its_versions_wors
     import collections
     from types import SimpleNamespace
 
-    from raymodel.serve._deployment import ModelServer
+    from raymodel.serve._deployment import ModelReplica
     from raymodel.serve._route_deployments import ModelRouter
     from raymodel.serve._route_plan import RoutePlan
     from raymodel.serve._route_server import RouteServer
@@ -180,7 +180,7 @@ def test_a_routes_figures_are_its_requests_over_the_window_not_its_versions_wors
     one = SimpleNamespace(requests=collections.deque([(now - 1, 0.02), (now - 90, 0.2)]), batch_sizes=batches)
     one.info, one.started = {"route": "/one"}, now - 600
     one.model = SimpleNamespace(source={"checkpoint": "/runs/one/checkpoint_epoch_000003"})
-    single = ModelServer.stats(one, 60.0)
+    single = ModelReplica.stats(one, 60.0)
     assert single["requests"] == 1 and single["p50_ms"] == 20.0 and single["mean_batch_size"] == 3.0
 
 

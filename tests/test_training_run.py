@@ -178,14 +178,14 @@ def test_a_ray_train_run_starts_no_helper_it_does_not_need(no_ray, tmp_path):
 
 
 def test_a_torch_runs_process_group_is_rays_torch_config(no_ray, tmp_path):
-    """``ProcessGroup`` (``backends/_torch/process_group.py``) is Ray's ``TorchConfig``: its fields and their
+    """``ProcessGroup`` (``backends/torch/process_group.py``) is Ray's ``TorchConfig``: its fields and their
     defaults, its state export and framework, and Ray's own steps on the workers (checked here when Ray
     is upgraded); a torch run's ``TorchTrainer`` carries it."""
     import dataclasses
 
     from ray.train.torch import TorchTrainer, config as ray_torch
 
-    from raymodel.backends._torch.process_group import ProcessGroup
+    from raymodel.backends.torch.process_group import ProcessGroup
     from raymodel.train._ray_train_run import RayTrainRun
 
     ours, rays = ProcessGroup(), ray_torch.TorchConfig()
@@ -231,8 +231,8 @@ def test_a_torch_runs_own_trainer_is_a_data_parallel_trainer_with_the_process_gr
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    from raymodel.backends._torch.backend import TorchBackend
-    from raymodel.backends._torch.process_group import ProcessGroup
+    from raymodel.backends.torch.backend import TorchBackend
+    from raymodel.backends.torch.process_group import ProcessGroup
     from raymodel.train._ray_train_run import RayTrainRun
 
     run = lambda workers: RayTrainRun(  # noqa: E731
@@ -253,7 +253,7 @@ def test_building_a_torch_runs_own_trainer_imports_no_torch(no_ray, tmp_path):
 
     code = (
         "import sys\n"
-        "from raymodel.backends._torch.backend import TorchBackend\n"
+        "from raymodel.backends.torch.backend import TorchBackend\n"
         "from raymodel.contract import RunPlan\n"
         "from raymodel.train._ray_train_run import RayTrainRun\n"
         "plan = RunPlan(name='r', storage=sys.argv[1], loop=print, loop_config={}, num_workers=(1, 2))\n"

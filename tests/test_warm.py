@@ -93,7 +93,7 @@ def test_torch_lightning_and_transformers_jobs_share_pools_of_torchs_kind_and_no
     }
     ((spec, needs),) = warm_pools([("torch", 2), ("lightning", 2)]).values()
     assert spec["names"] == ("torch", "lightning") and needs == {"CPU": 2.0}
-    assert "raymodel.backends._torch.loop" in spec["imports"] and "raymodel.backends.lightning._loop" in spec["imports"]
+    assert "raymodel.backends.torch.loop" in spec["imports"] and "raymodel.backends.lightning._loop" in spec["imports"]
     assert cpus_needed([("torch", 2), ("lightning", 2), ("transformers", 2)]) == 2.0
     assert cpus_needed([("torch", 1), ("lightning", 2)]) == 3.0
 
@@ -222,7 +222,7 @@ def test_the_next_jobs_runner_imports_the_warm_pools_frameworks_while_it_waits(m
     from raymodel.jobs._server.runner import JobRunner, Runners
     from raymodel.jobs._warm import runner_imports
 
-    assert runner_imports(["torch", "torch", "rllib"]) == ("torch", "raymodel.backends._torch.backend")  # no pool
+    assert runner_imports(["torch", "torch", "rllib"]) == ("torch", "raymodel.backends.torch.backend")  # no pool
     monkeypatch.setattr(_address, "running_handle", lambda: None)
     monkeypatch.delitem(sys.modules, "colorsys", raising=False)
     JobRunner().warm(("colorsys", "no_such_framework"))  # one that is not installed: the job says so
@@ -237,7 +237,7 @@ def test_the_next_jobs_runner_imports_the_warm_pools_frameworks_while_it_waits(m
     runners = object.__new__(Runners)  # the server's part, without the spare runner it starts
     runners.spare = Spare()
     runners.warm([("torch", 2)])
-    assert told == [(("torch", "raymodel.backends._torch.backend"), ())]
+    assert told == [(("torch", "raymodel.backends.torch.backend"), ())]
     runners.warm([("rllib", 0)])  # no pool: the runner's call starts RLlib's Algorithm actor
     assert told[-1] == ((), ("raymodel.backends.rllib:warm_algorithm_actor",))
 

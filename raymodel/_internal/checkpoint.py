@@ -71,12 +71,12 @@ def library_versions(packages: tuple[str, ...] = ()) -> dict[str, str]:
     return versions
 
 
-def jsonable(value: Any) -> Any:
+def plain_json(value: Any) -> Any:
     """Best-effort JSON view of configs and metrics (numpy scalars, tuples, paths)."""
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {str(k): plain_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
+        return [plain_json(v) for v in value]
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if hasattr(value, "item") and callable(value.item):
@@ -121,12 +121,12 @@ def write(
         "format_version": FORMAT_VERSION,
         "class": {"module": cls.__module__, "qualname": cls.__qualname__},
         "backend": model.backend.name,
-        "config": jsonable(dict(model.config)),
+        "config": plain_json(dict(model.config)),
         "versions": library_versions(backend.packages),
         "input_signature": getattr(model, "input_signature", None),
         **({"adapter_of": adapter_of} if (adapter_of := getattr(model, "adapter_of", None)) else {}),
         "created": time.time(),
-        **jsonable(extra or {}),
+        **plain_json(extra or {}),
         "files": files,
     }
     manifest["manifest_sha256"] = manifest_digest(manifest)
@@ -392,7 +392,7 @@ def _join(where: str, key: str) -> str:
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> str:
     """``hidden=16 (checkpoint: 8)`` for each config entry the model has that differs from the checkpoint's."""
-    now = jsonable(current)
+    now = plain_json(current)
     return ", ".join(
         f"{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in sorted(now) if k in saved and saved[k] != now[k]
     )

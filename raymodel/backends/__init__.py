@@ -13,9 +13,9 @@
 
 A plug-in is one subpackage here (its ``Backend``, ``WorkerLoop`` and model base
 class in its ``__init__``, its private modules beside them); the plug-ins do not
-import each other (import-linter's independence contract in ``pyproject.toml``),
-and share code through ``_torch/`` (the torch-based ones) and ``_trees.py`` (the
-boosters). ``import raymodel`` imports this package, so every built-in
+import each other (import-linter's independence contract in ``pyproject.toml``)
+but for the ones built on torch (Lightning, RLlib, transformers), which use ``torch/``'s
+backend and loop; the boosters share ``_trees.py``. ``import raymodel`` imports this package, so every built-in
 backend is in the table of every process.
 """
 

@@ -117,9 +117,9 @@ class Registry:
             record = {
                 "key": key,
                 "created": time.time(),
-                "metrics": ckpt.jsonable(lineage.pop("metrics", None) or manifest.get("metrics") or {}),
-                "metadata": ckpt.jsonable(dict(metadata or {})),
-                "lineage": ckpt.jsonable(
+                "metrics": ckpt.plain_json(lineage.pop("metrics", None) or manifest.get("metrics") or {}),
+                "metadata": ckpt.plain_json(dict(metadata or {})),
+                "lineage": ckpt.plain_json(
                     {
                         "config": manifest.get("config"),
                         **({"adapter_of": manifest["adapter_of"]} if manifest.get("adapter_of") else {}),

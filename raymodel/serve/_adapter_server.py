@@ -23,13 +23,13 @@ from typing import Any
 from raymodel._internal.name_rules import parse_ref
 from raymodel.contract import text_generation
 from raymodel.exceptions import RegistryError
-from raymodel.serve._deployment import ModelServer
+from raymodel.serve._deployment import ModelReplica
 from raymodel.serve._openai import not_found
 from raymodel.serve._route_plan import RoutePlan
 from raymodel.serve._traffic import VersionStats, multiplexed_stats
 
 
-class AdapterServer(ModelServer):
+class AdapterServer(ModelReplica):
     """A replica of a route of a key's versions, answering OpenAI's API (see the module's docstring)."""
 
     def __init__(self, plan: RoutePlan, info: dict[str, Any], settings: Any) -> None:

@@ -49,7 +49,7 @@ CLIENT_ERRORS = (ValueError, TypeError, KeyError)
 _END = object()  # the end of a streamed answer
 
 
-class ModelServer(OpenAIRoutes):
+class ModelReplica(OpenAIRoutes):
     """One replica: loads its model from a checkpoint and answers requests (a route of registry
     versions is a ``RouteServer``, which answers the same way with the version it picks); with
     ``api="openai"``, OpenAI's API under the route (``_llm_routes.py``)."""

@@ -210,7 +210,7 @@ class Servable:
         """The Ray Serve ``Application`` (not yet running); a model's weights are saved for it first."""
         from ray import serve
 
-        from raymodel.serve._deployment import ModelServer
+        from raymodel.serve._deployment import ModelReplica
 
         if self.plan is not None:
             return routed_application(self)
@@ -220,7 +220,7 @@ class Servable:
         s = self.settings
         options = {"name": f"{self.name}-model", **replica_options(s)}
         return (
-            serve.deployment()(ModelServer)
+            serve.deployment()(ModelReplica)
             .options(**options)
             .bind(source, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s.api, s.api_keys)
         )

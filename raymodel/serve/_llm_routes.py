@@ -19,7 +19,7 @@ ENDPOINTS = ("completions", "chat/completions")
 
 
 class OpenAIRoutes:
-    """A mixin of ``ModelServer`` and its subclasses (their ``max_body_bytes``, ``batch_sizes`` and
+    """A mixin of ``ModelReplica`` and its subclasses (their ``max_body_bytes``, ``batch_sizes`` and
     ``started``)."""
 
     api: str = "raymodel"

@@ -5,7 +5,7 @@ header to a version, sends the payload to ``VersionServer`` through a Serve hand
 version as the multiplexed model id, and answers with ``x-raymodel-model`` naming it. (A route of
 versions known in advance, a split or a shadow, picks in process: ``_route_server.RouteServer``.)
 
-``VersionServer`` is a ``ModelServer`` whose model is chosen per request: Serve's model
+``VersionServer`` is a ``ModelReplica`` whose model is chosen per request: Serve's model
 multiplexing keeps an LRU of ``max_models_per_replica`` versions per replica and its router sends
 a request to a replica that has the version loaded. The multiplexed id goes by handle, not by
 HTTP header: Ray's HAProxy ingress (raymodel's default) balances requests over replicas without
@@ -27,14 +27,14 @@ from ray import serve
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
 from raymodel.serve import _auth
-from raymodel.serve._deployment import ModelServer, answered_by, described, error_response, json_response, read_payload
+from raymodel.serve._deployment import ModelReplica, answered_by, described, error_response, json_response, read_payload
 from raymodel.serve._route_plan import RoutePlan
 from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats, multiplexed_stats
 
 logger = logging.getLogger("ray.serve")
 
 
-class VersionServer(ModelServer):
+class VersionServer(ModelReplica):
     """A replica serving whichever registry version (``key:N``) each request's multiplexed id names."""
 
     def __init__(

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
-from raymodel.serve._deployment import ModelServer, answers_in_pieces, json_response, read_payload
+from raymodel.serve._deployment import ModelReplica, answers_in_pieces, json_response, read_payload
 from raymodel.serve._openai import not_found
 from raymodel.serve._route_plan import RoutePlan, RouteSpec
 from raymodel.serve._traffic import (
@@ -60,7 +60,7 @@ class _Route(NamedTuple):
     models: dict[str, Any]  # "key:N" -> the loaded model
 
 
-class RouteServer(ModelServer):
+class RouteServer(ModelReplica):
     """A replica of a route of registry versions (see the module's docstring)."""
 
     def __init__(

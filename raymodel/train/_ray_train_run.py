@@ -7,7 +7,7 @@ Ray's ``RunConfig`` and ``ScalingConfig`` made here, the plan's ``RunEvents`` to
 callback and result types are used in this module only.
 
 Ray Train's private API (Ray 2.60) is used here once, in ``_without`` (and, for the torch-based
-backends' process group, in ``backends/_torch/process_group.py``). Train V2 starts helper actors for
+backends' process group, in ``backends/torch/process_group.py``). Train V2 starts helper actors for
 every run through its default callbacks, each a process of its own (about 4-6 s of a core each on
 2 cores, beside the starting workers, which wait for them). Two are dropped where the run does not
 need them:

@@ -295,7 +295,7 @@ class WorkerRun:
             self._set_settings(settings)  # job.update's, before the checkpoint
             self.model.config.update(replayed)
             # Another config than the checkpoint's (PBT's exploit): the optimizers keep the new hyperparameters.
-            self.config_changed = manifest.get("config") != ckpt.jsonable(dict(self.model.config))
+            self.config_changed = manifest.get("config") != ckpt.plain_json(dict(self.model.config))
             self.worker.set_state(state)
             self._load_run_state(run_state)
             self.history = [dict(row) for row in manifest.get("history", [])]

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from raymodel._internal.deps import require
-from raymodel.backends._torch.backend import TorchBackend
 from raymodel.backends.lightning._import import lightning as _lightning
+from raymodel.backends.torch.backend import TorchBackend
 from raymodel.contract import Model, PoolKind
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel

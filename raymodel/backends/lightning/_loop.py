@@ -16,10 +16,10 @@ from ray.train.lightning import RayDDPStrategy, RayFSDPStrategy, RayLightningEnv
 from torch.utils.data import DataLoader, TensorDataset
 
 from raymodel._internal import tmp
-from raymodel.backends._torch.arrays import to_tensor
-from raymodel.backends._torch.loop import ShardSampler, TorchLoop
-from raymodel.backends._torch.optim import set_hyperparameters
 from raymodel.backends.lightning._import import lightning as _lightning
+from raymodel.backends.torch.arrays import to_tensor
+from raymodel.backends.torch.loop import ShardSampler, TorchLoop
+from raymodel.backends.torch.optim import set_hyperparameters
 from raymodel.data import Arrays, Batches, RayDataset, TorchDataset, worker_batches
 
 if TYPE_CHECKING:

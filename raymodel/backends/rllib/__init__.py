@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raymodel._internal.deps import require
-from raymodel.backends._torch.backend import TorchBackend
+from raymodel.backends.torch.backend import TorchBackend
 from raymodel.contract import Model, RunPlan, TrainingRun, WarmUp, rows_of
 from raymodel.exceptions import ModelDefinitionError, SettingsError
 from raymodel.model import RayModel

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from raymodel.backends._torch.backend import TorchBackend
+from raymodel.backends.torch.backend import TorchBackend
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
@@ -97,7 +97,7 @@ class RayTorchModel(RayModel):
         by ``grad_clip_norm`` / ``grad_clip_value``. (``precision`` already
         applies: ``train_step`` runs under its autocast.)
         """
-        from raymodel.backends._torch.loop import average_gradients
+        from raymodel.backends.torch.loop import average_gradients
 
         control = getattr(self, "_step_control", None)
         if control is None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from raymodel._internal import tmp
 from raymodel._internal.checkpoint import STATE_DIR
-from raymodel.backends._torch.backend import TorchBackend
+from raymodel.backends.torch.backend import TorchBackend
 from raymodel.backends.transformers._lora import LoRA
 from raymodel.contract import Model, PoolKind, TextGeneration, WarmUp
 from raymodel.exceptions import CheckpointError, ModelDefinitionError

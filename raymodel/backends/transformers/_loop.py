@@ -22,8 +22,8 @@ import torch
 import transformers
 
 from raymodel._internal import tmp
-from raymodel.backends._torch.loop import TorchLoop
-from raymodel.backends._torch.optim import set_hyperparameters
+from raymodel.backends.torch.loop import TorchLoop
+from raymodel.backends.torch.optim import set_hyperparameters
 from raymodel.backends.transformers import _lora, _post
 from raymodel.backends.transformers._data import task_of
 from raymodel.data import TorchDataset

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from raymodel.backends._torch import fsdp
-from raymodel.backends._torch.arrays import array_batches
-from raymodel.backends._torch.optim import configure_optimizers, set_hyperparameters
-from raymodel.backends._torch.step import StepControl, with_last
+from raymodel.backends.torch import fsdp
+from raymodel.backends.torch.arrays import array_batches
+from raymodel.backends.torch.optim import configure_optimizers, set_hyperparameters
+from raymodel.backends.torch.step import StepControl, with_last
 from raymodel.contract import WorkerLoop, batch_len
 from raymodel.data import (
     Arrays,

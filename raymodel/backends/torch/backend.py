@@ -25,7 +25,7 @@ class TorchBackend(Backend):
     imports: ClassVar[tuple[str, ...]] = ("torch",)
     #: Lightning's and transformers' runs are this one's worker group: their jobs share its pools
     #: (``torch._dynamo``: what a first optimizer imports).
-    pool: ClassVar[PoolKind | None] = PoolKind("torch", ("raymodel.backends._torch.loop", "torch._dynamo"))
+    pool: ClassVar[PoolKind | None] = PoolKind("torch", ("raymodel.backends.torch.loop", "torch._dynamo"))
     packages: ClassVar[tuple[str, ...]] = ("torch",)
     trainer = "ray.train.torch.TorchTrainer"
     accepts: ClassVar[tuple[str, ...]] = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
@@ -43,7 +43,7 @@ class TorchBackend(Backend):
     def trainer_options(self) -> dict[str, Any]:
         """``TorchTrainer``'s process group configured by ``ProcessGroup``: ``TorchConfig``'s settings and
         steps, but the run's controller does not import torch (``process_group.py``)."""
-        from raymodel.backends._torch.process_group import ProcessGroup
+        from raymodel.backends.torch.process_group import ProcessGroup
 
         return {"torch_config": ProcessGroup()}
 
@@ -53,14 +53,14 @@ class TorchBackend(Backend):
         run, or a one-off's, would import torch for nothing, before it asks for the run's controller).
         ``as_trainer()`` and a run of no workers (Ray Train's local mode: ``TorchTrainer``'s own) keep
         ``TorchTrainer``."""
-        from raymodel.backends._torch.process_group import ProcessGroup
+        from raymodel.backends.torch.process_group import ProcessGroup
 
         if scaling_config.num_workers == 0:
             return None
         return Backend.trainer, {"backend_config": ProcessGroup()}  # the contract's DataParallelTrainer
 
     def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends._torch.loop import TorchLoop
+        from raymodel.backends.torch.loop import TorchLoop
 
         return TorchLoop(run)
 
@@ -141,7 +141,7 @@ class TorchBackend(Backend):
         if not (directory / _SHARDED).is_dir():
             return state
         from raymodel._internal.checkpoint import MANIFEST
-        from raymodel.backends._torch import fsdp
+        from raymodel.backends.torch import fsdp
 
         modules = self.modules(model)
         if getattr(model, "_fsdp_roots", None):
@@ -158,7 +158,7 @@ class TorchBackend(Backend):
                 f"The checkpoint has weights for {missing}, but `{type(model).__name__}.setup` did not create them."
             )
         if getattr(model, "_fsdp_roots", None) and state.get("modules"):  # whole weights into the shards
-            from raymodel.backends._torch import fsdp
+            from raymodel.backends.torch import fsdp
 
             fsdp.load_whole_into_shards(state["modules"], modules)
             state = {k: v for k, v in state.items() if k != "optimizers"}  # a whole run's: not these shards'
