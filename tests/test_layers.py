@@ -137,7 +137,7 @@ def test_only_the_jobs_package_knows_the_training_server_actor():
         if "get_actor(" in text:  # the dashboard asks for Serve's controller, by Serve's own name; the
             # model server for its rollout controller, by the name it gives it
             assert (path.name == "_api.py" and "SERVE_CONTROLLER_NAME" in text) or (
-                path.name == "_rollout.py" and "get_actor(CONTROLLER" in text
+                path.name == "rollout.py" and "get_actor(CONTROLLER" in text
             ), path
 
 
@@ -187,8 +187,10 @@ def test_no_module_takes_another_modules_private_name():
         if (names := _private_names_taken(path.read_text(), ROOT))
     }
     assert not taken, f"private names taken from other modules (export them under a public name): {taken}"
-    seeded = "from raymodel.serve._deployment import _hidden\nfrom raymodel.jobs import _store\n_store._secret()\n"
-    assert _private_names_taken(seeded, ROOT) == ["raymodel.serve._deployment._hidden", "_store._secret"]
+    seeded = (
+        "from raymodel.serve._replica.deployment import _hidden\nfrom raymodel.jobs import _store\n_store._secret()\n"
+    )
+    assert _private_names_taken(seeded, ROOT) == ["raymodel.serve._replica.deployment._hidden", "_store._secret"]
 
 
 def test_no_class_is_made_of_parts_that_reach_into_each_other():

@@ -21,7 +21,8 @@ from hf_models import PAIRS, Bard, Chatty, save_poet_base, taught
 import raymodel as rm
 from raymodel.contract import TextRequest
 from raymodel.exceptions import SettingsError
-from raymodel.serve import _auth, _openai
+from raymodel.serve._llm import openai as _openai
+from raymodel.serve._replica import auth as _auth
 
 #: Serve's waits (steps, delays, replicas seen down): in a second session, beside the others (tests/beside.py).
 pytestmark = pytest.mark.beside
@@ -360,8 +361,8 @@ def test_a_multiplexed_routes_router_asks_for_the_key_before_anything_else(tmp_p
     import asyncio
     from types import SimpleNamespace
 
-    from raymodel.serve._route_deployments import ModelRouter
-    from raymodel.serve._route_plan import RoutePlan
+    from raymodel.serve._routes.plan import RoutePlan
+    from raymodel.serve._routes.versions import ModelRouter
 
     plan = RoutePlan(str(tmp_path / "registry"), multiplex="digits")
     router = ModelRouter(None, plan, {}, 1 << 20, rm.ServeSettings(api_keys=[KEY]).api_keys)

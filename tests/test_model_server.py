@@ -27,7 +27,7 @@ import raymodel as rm
 from raymodel.exceptions import DataError, RegistryError, SettingsError
 from raymodel.jobs._from_registry import check_register, load_data, split_sets
 from raymodel.serve import _driver as serve_driver
-from raymodel.serve._traffic import VersionStats, check_split, compare, pick, point
+from raymodel.serve._routes.traffic import VersionStats, check_split, compare, pick, point
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import loadgen
@@ -108,8 +108,8 @@ def test_following_an_alias_never_puts_back_the_split_a_reconfiguration_replaced
     from types import SimpleNamespace
 
     from raymodel.registry import sources
-    from raymodel.serve._route_plan import RoutePlan
-    from raymodel.serve._route_server import RouteServer, _Route
+    from raymodel.serve._routes.plan import RoutePlan
+    from raymodel.serve._routes.server import RouteServer, _Route
 
     loading = threading.Event()
 
@@ -148,10 +148,10 @@ def test_a_routes_figures_are_its_requests_over_the_window_not_its_versions_wors
     import collections
     from types import SimpleNamespace
 
-    from raymodel.serve._deployment import ModelReplica
-    from raymodel.serve._route_deployments import ModelRouter
-    from raymodel.serve._route_plan import RoutePlan
-    from raymodel.serve._route_server import RouteServer
+    from raymodel.serve._replica.deployment import ModelReplica
+    from raymodel.serve._routes.plan import RoutePlan
+    from raymodel.serve._routes.server import RouteServer
+    from raymodel.serve._routes.versions import ModelRouter
 
     now = time.time()
     stats = VersionStats()
@@ -274,7 +274,7 @@ def test_a_routes_serve_config_holds_its_plan_for_raymodels_builder_and_never_a_
     import yaml
 
     from raymodel.cli import main as cli_main
-    from raymodel.serve._auth import digest
+    from raymodel.serve._replica.auth import digest
 
     registry = str(tmp_path / "registry")
     monkeypatch.setenv("RAYMODEL_REGISTRY", registry)

@@ -284,7 +284,7 @@ def test_a_release_whose_server_and_rollout_controller_die_in_its_rollout_goes_o
     goes on: the new controller takes the rollout up from storage, the new runner follows it, and the
     candidate is promoted; it never stays RUNNING with nothing happening."""
     from raymodel.jobs._address import NAME, NAMESPACE
-    from raymodel.serve._rollout import CONTROLLER, NAMESPACE as ROLLOUTS_NAMESPACE
+    from raymodel.serve._rollouts.rollout import CONTROLLER, NAMESPACE as ROLLOUTS_NAMESPACE
 
     versions = len(rm.registry.list("digits"))
     clients = Clients(released["served"].url, released["body"], n=2)

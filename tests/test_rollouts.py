@@ -24,7 +24,7 @@ from waiting import until
 
 import raymodel as rm
 from raymodel.exceptions import ServeError, SettingsError
-from raymodel.serve._rollout import check_steps
+from raymodel.serve._rollouts.rollout import check_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import loadgen
@@ -70,7 +70,7 @@ def test_the_controllers_threads_build_serve_configs_one_at_a_time():
     pickle by value"; seen in a suite run: a good rollout stopped). Four threads route at once here."""
     from ray.serve._private.config import DeploymentConfig
 
-    from raymodel.serve._rollout_controller import RolloutController
+    from raymodel.serve._rollouts.controller import RolloutController
 
     class Building:
         rollout_id = None

@@ -9,7 +9,7 @@ import hashlib
 import threading
 import time
 
-from raymodel.serve._batching import INLINE_BATCH_S, BatchRunner
+from raymodel.serve._replica.batching import INLINE_BATCH_S, BatchRunner
 
 
 def compute(seconds: float) -> None:

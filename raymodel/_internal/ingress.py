@@ -43,7 +43,7 @@ def serve_env(ingress: str, private: Mapping[str, str] | None = None) -> dict[st
     straight to a replica's own HTTP server (no Python proxy, no actor call); ``"proxy"``: Serve's
     Python proxy actor, one actor call per request. Both run the replica's code on its main event
     loop (one thread hop less per request; a model whose batches take long runs them on a thread of
-    the replica's own: ``serve._batching.BatchRunner``)."""
+    the replica's own: ``serve._replica.batching.BatchRunner``)."""
     env = {
         "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
         # Serve kills a proxy (HAProxy's manager or the Python proxy) that is not ready 5 s after its

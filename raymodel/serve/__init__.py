@@ -14,9 +14,9 @@ serving).
 
 from raymodel.serve._config import config, config_yaml, route_application
 from raymodel.serve._driver import Servable, ServedModel, rollout, rollouts
-from raymodel.serve._restore import restore
-from raymodel.serve._rollout import Guard, Rollout, check_steps
-from raymodel.serve._rollout_controller import served_spec
+from raymodel.serve._rollouts.controller import served_spec
+from raymodel.serve._rollouts.rollout import Guard, Rollout, check_steps
+from raymodel.serve._routes.restore import restore
 from raymodel.serve._settings import ServeSettings
 
 __all__ = [

@@ -14,10 +14,10 @@ from raymodel._internal import cluster, ingress, locations, storage
 from raymodel._internal.name_rules import route_app_name
 from raymodel.contract import text_generation, training_server
 from raymodel.exceptions import ServeError, SettingsError
-from raymodel.serve._declared import declare, forget
 from raymodel.serve._failures import replica_failures
-from raymodel.serve._rollout import Guard, Rollout, known_rollouts, running_on, start_rollout
-from raymodel.serve._route_plan import RoutePlan, is_multiplexed, plan_route
+from raymodel.serve._rollouts.rollout import Guard, Rollout, known_rollouts, running_on, start_rollout
+from raymodel.serve._routes.declared import declare, forget
+from raymodel.serve._routes.plan import RoutePlan, is_multiplexed, plan_route
 from raymodel.serve._settings import ServeSettings, replica_needs, replica_options, replica_settings
 
 logger = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class Servable:
         """The Ray Serve ``Application`` (not yet running); a model's weights are saved for it first."""
         from ray import serve
 
-        from raymodel.serve._deployment import ModelReplica
+        from raymodel.serve._replica.deployment import ModelReplica
 
         if self.plan is not None:
             return routed_application(self)
@@ -270,7 +270,7 @@ class Servable:
                 self._discard_written()
             raise
         if self.plan is not None:
-            declare(self)  # served again when a head starts on the same storage (``_declared.py``)
+            declare(self)  # served again when a head starts on the same storage (``serve/_routes/declared.py``)
         return ServedModel(self.name, self.route, url, handle, self.info, self)
 
     def _set_split(self, split: Mapping[str, float]) -> None:
@@ -503,7 +503,7 @@ def routed_application(servable: Any) -> Any:
     version = hashlib.sha256(repr((unsplit, replica_settings(s))).encode()).hexdigest()[:16]
     info = {key: value for key, value in servable.info.items() if key != "split"}
     if split is not None:
-        from raymodel.serve._route_server import RouteServer
+        from raymodel.serve._routes.server import RouteServer
 
         return (
             serve.deployment()(RouteServer)
@@ -517,11 +517,11 @@ def routed_application(servable: Any) -> Any:
             .bind(plan, info, s.max_batch_size, s.batch_wait_timeout_s, s.max_body_bytes, s)
         )
     if s.api == "openai":  # a key's versions (LoRA adapters on one base) chosen by the request's `model`
-        from raymodel.serve._adapter_server import AdapterServer
+        from raymodel.serve._llm.adapters import AdapterServer
 
         options = {"name": f"{servable.name}-model", "version": version, "_internal": True, **replica_options(s)}
         return serve.deployment()(AdapterServer).options(**options).bind(plan, info, s)
-    from raymodel.serve._route_deployments import ModelRouter, VersionServer
+    from raymodel.serve._routes.versions import ModelRouter, VersionServer
 
     options = {"name": f"{servable.name}-versions", "version": version, "_internal": True, **replica_options(s)}
     backend = (

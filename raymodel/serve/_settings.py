@@ -18,7 +18,7 @@ from raymodel._internal.settings import (
     settings_class,
 )
 from raymodel.exceptions import SettingsError
-from raymodel.serve._auth import digests
+from raymodel.serve._replica.auth import digests
 
 
 def default_port() -> int:

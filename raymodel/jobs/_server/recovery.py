@@ -151,7 +151,7 @@ def node_alive() -> bool:
 
 def _serve_again() -> None:
     """The routes of registry versions declared on this storage, served again, and their rollouts going on
-    (``serve/_declared.py``): a release in its rollout stage goes on after a head restart."""
+    (``serve/_routes/declared.py``): a release in its rollout stage goes on after a head restart."""
     from raymodel.serve import restore
 
     try:

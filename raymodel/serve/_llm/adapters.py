@@ -23,10 +23,10 @@ from typing import Any
 from raymodel._internal.name_rules import parse_ref
 from raymodel.contract import text_generation
 from raymodel.exceptions import RegistryError
-from raymodel.serve._deployment import ModelReplica
-from raymodel.serve._openai import not_found
-from raymodel.serve._route_plan import RoutePlan
-from raymodel.serve._traffic import VersionStats, multiplexed_stats
+from raymodel.serve._llm.openai import not_found
+from raymodel.serve._replica.deployment import ModelReplica
+from raymodel.serve._routes.plan import RoutePlan
+from raymodel.serve._routes.traffic import VersionStats, multiplexed_stats
 
 
 class AdapterServer(ModelReplica):

@@ -14,7 +14,7 @@ requests and answering health checks meanwhile. A batch that uses less CPU than
 ``INLINE_BATCH_S`` (a small model's; and waits little, ``INLINE_WALL_S``) runs on the loop itself: handing it to a
 thread and back costs more than the batch (the GIL changes hands twice, and the
 loop waits for it; docs/performance.md, "Serving: where the time goes"). The batches
-themselves: ``_batching.py``.
+themselves: ``batching.py``.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from raymodel._internal.schema import describe, openapi, schemas_of
 from raymodel.contract import Backend, text_generation
 from raymodel.exceptions import DataError
 from raymodel.registry import sources
-from raymodel.serve._batching import BatchRunner, Failed, run_batch
-from raymodel.serve._llm_routes import OpenAIRoutes
-from raymodel.serve._openai import not_found
-from raymodel.serve._traffic import window_figures
+from raymodel.serve._llm.openai import not_found
+from raymodel.serve._llm.routes import OpenAIRoutes
+from raymodel.serve._replica.batching import BatchRunner, Failed, run_batch
+from raymodel.serve._routes.traffic import window_figures
 
 logger = logging.getLogger("ray.serve")
 
@@ -52,7 +52,7 @@ _END = object()  # the end of a streamed answer
 class ModelReplica(OpenAIRoutes):
     """One replica: loads its model from a checkpoint and answers requests (a route of registry
     versions is a ``RouteServer``, which answers the same way with the version it picks); with
-    ``api="openai"``, OpenAI's API under the route (``_llm_routes.py``)."""
+    ``api="openai"``, OpenAI's API under the route (``serve/_llm/routes.py``)."""
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 ``ModelRouter`` is the route's HTTP ingress. Per request it resolves the ``x-raymodel-model``
 header to a version, sends the payload to ``VersionServer`` through a Serve handle with that
 version as the multiplexed model id, and answers with ``x-raymodel-model`` naming it. (A route of
-versions known in advance, a split or a shadow, picks in process: ``_route_server.RouteServer``.)
+versions known in advance, a split or a shadow, picks in process: ``server.RouteServer``.)
 
 ``VersionServer`` is a ``ModelReplica`` whose model is chosen per request: Serve's model
 multiplexing keeps an LRU of ``max_models_per_replica`` versions per replica and its router sends
@@ -26,10 +26,17 @@ from ray import serve
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
-from raymodel.serve import _auth
-from raymodel.serve._deployment import ModelReplica, answered_by, described, error_response, json_response, read_payload
-from raymodel.serve._route_plan import RoutePlan
-from raymodel.serve._traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats, multiplexed_stats
+from raymodel.serve._replica import auth
+from raymodel.serve._replica.deployment import (
+    ModelReplica,
+    answered_by,
+    described,
+    error_response,
+    json_response,
+    read_payload,
+)
+from raymodel.serve._routes.plan import RoutePlan
+from raymodel.serve._routes.traffic import MODEL_HEADER, REPLICA_HEADER, VersionStats, multiplexed_stats
 
 logger = logging.getLogger("ray.serve")
 
@@ -149,8 +156,8 @@ class ModelRouter:
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
-        if not _auth.allowed(self.keys, request.headers):
-            return error_response(401, "unauthorized", _auth.MISSING, headers=_auth.CHALLENGE)
+        if not auth.allowed(self.keys, request.headers):
+            return error_response(401, "unauthorized", auth.MISSING, headers=auth.CHALLENGE)
         sub, answer = described(request)
         if answer is not None:
             return answer

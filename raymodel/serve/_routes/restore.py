@@ -1,14 +1,14 @@
 """After a head restart on the same storage: the declared routes of registry versions served again
-(``_declared.py``), and the rollouts that were running taken up by a new controller, which goes on
-from each one's step (``_rollout_controller.py``). The training server calls ``restore`` when it starts
+(``declared.py``), and the rollouts that were running taken up by a new controller, which goes on
+from each one's step (``serve/_rollouts/controller.py``). The training server calls ``restore`` when it starts
 on a new head and finds an earlier head's records (``jobs/_server/recovery.py``)."""
 
 from __future__ import annotations
 
-from raymodel.serve._declared import declared
 from raymodel.serve._driver import Servable
-from raymodel.serve._rollout import controller
-from raymodel.serve._rollout_controller import running_kept
+from raymodel.serve._rollouts.controller import running_kept
+from raymodel.serve._rollouts.rollout import controller
+from raymodel.serve._routes.declared import declared
 
 
 def serve_declared() -> list[str]:

@@ -1,5 +1,5 @@
 """The rollout controller: the detached actor that drives every rollout of the cluster (see
-``_rollout``'s docstring), and the figures and limits it judges a candidate by."""
+``rollout.py``'s docstring), and the figures and limits it judges a candidate by."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from raymodel._internal import locations, storage
 from raymodel._internal.name_rules import parse_ref, route_app_name
 from raymodel.exceptions import ServeError, SettingsError
-from raymodel.serve._route_plan import RouteSpec
+from raymodel.serve._routes.plan import RouteSpec
 
 #: How many of the candidate's latencies a rollout keeps for its p99 (the newest).
 KEEP = 20000
@@ -144,7 +144,7 @@ class RolloutController:
     def _prepare(self, route: str, ref: str, servable_class: type) -> tuple[Any, str, str, str | None]:
         """``(the route's Servable, its version "key:N", the candidate's "key:N", the alias to move)``."""
         from raymodel.registry import Registry
-        from raymodel.serve._traffic import check_ref
+        from raymodel.serve._routes.traffic import check_ref
 
         key, version = check_ref(ref, "The rollout's candidate")
         spec = served_spec(route)
@@ -197,7 +197,7 @@ class RolloutController:
 
     def _resume(self, servable: Any) -> None:
         """The rollouts an earlier controller kept: ended ones are listed; each running one goes on from its
-        step, with its shares, once its route is served again (``_declared.py``; its figures start anew).
+        step, with its shares, once its route is served again (``serve/_routes/declared.py``; its figures start anew).
 
         The controller takes them up itself, whoever started it (Ray restarting it after its death, a
         release's runner following its rollout, or a new head's ``restore``): a rollout kept as running

@@ -23,7 +23,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from raymodel.contract import TextRequest
-from raymodel.serve import _auth
+from raymodel.serve._replica import auth
 
 #: Fields each endpoint takes (``user`` names the caller: the sticky key of a split route).
 COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options", "n", "user"}
@@ -43,12 +43,12 @@ class OpenAIError(Exception):
         kind = {401: "invalid_request_error", 404: "invalid_request_error"}.get(self.status)
         kind = kind or ("server_error" if self.status >= 500 else "invalid_request_error")
         body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-        headers = _auth.CHALLENGE if self.status == 401 else None
+        headers = auth.CHALLENGE if self.status == 401 else None
         return Response(orjson.dumps(body), self.status, headers, media_type="application/json")
 
 
 def unauthorized() -> Response:
-    return OpenAIError(401, _auth.MISSING, code="invalid_api_key").response()
+    return OpenAIError(401, auth.MISSING, code="invalid_api_key").response()
 
 
 def _bad(message: str, param: str | None) -> OpenAIError:

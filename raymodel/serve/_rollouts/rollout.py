@@ -4,7 +4,7 @@ A rollout lives in the cluster, in one detached actor (``RolloutController``, ``
 in the ``raymodel`` namespace), not in the caller: it goes on when the caller exits and any process
 sees it (``rm.serve.rollouts()``, ``raymodel serve rollouts``, the dashboard). For each step it sets
 the route's split (the candidate's share, the route's version the rest) and watches the figures
-the route's replicas send it every half second (``_route_server.RouteServer._report``): each
+the route's replicas send it every half second (``serve._routes.server.RouteServer._report``): each
 answered request's latency and whether it failed (a 5xx: an exception in the candidate's
 ``preprocess``/``forward``/``postprocess`` or an answer its output schema refuses; a client's 4xx is
 not the candidate's fault).
@@ -104,7 +104,7 @@ def controller(servable: type | None = None) -> Any:
 
     if servable is None:
         return ray.get_actor(CONTROLLER, namespace=NAMESPACE)
-    from raymodel.serve._rollout_controller import RolloutController
+    from raymodel.serve._rollouts.controller import RolloutController
 
     return (
         ray.remote(RolloutController)

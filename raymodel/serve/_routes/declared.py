@@ -4,9 +4,9 @@ starts on the same storage (as KubeRay's RayService re-applies its Serve config)
 ``Servable.deploy()`` of a route of registry versions writes what it serves (its split or
 multiplexed key, shadow, registry and settings) to ``$RAYMODEL_HOME/serve/routes.declared/<app>.json``;
 a new split set outside a rollout replaces it (a rollout's steps do not: after a restart the
-rollout sets them again, ``_rollout_controller.py``); ``shutdown()`` removes it. The training server,
+rollout sets them again, ``serve/_rollouts/controller.py``); ``shutdown()`` removes it. The training server,
 loading a previous head's records (``jobs/_server/recovery.py``), serves each declared route that
-is not running (``_restore.py``). A route of a model instance (its weights saved for it) is not declared: it is the
+is not running (``restore.py``). A route of a model instance (its weights saved for it) is not declared: it is the
 process's own, and goes with it.
 """
 

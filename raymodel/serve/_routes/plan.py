@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from raymodel.exceptions import SettingsError
 from raymodel.registry import Registry, default_uri, sources
-from raymodel.serve._traffic import check_ref, check_split
+from raymodel.serve._routes.traffic import check_ref, check_split
 
 
 @dataclasses.dataclass(frozen=True)

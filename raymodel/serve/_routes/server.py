@@ -2,7 +2,7 @@
 a shadow, a rollout's steps).
 
 Each replica holds every version the route names and picks one per request in its own process: the
-key's point in the split (``_traffic.point``), then that version's batched forward, as a one-version
+key's point in the split (``traffic.point``), then that version's batched forward, as a one-version
 route answers. No second Serve handle call, no second process on the request path (a router
 deployment in front of the versions cost 7 of every 8 requests a second, saturated on 2 cores).
 Every replica holds every version, so the route autoscales as one: its replicas follow the route's
@@ -28,10 +28,10 @@ from typing import Any, NamedTuple
 
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
-from raymodel.serve._deployment import ModelReplica, answers_in_pieces, json_response, read_payload
-from raymodel.serve._openai import not_found
-from raymodel.serve._route_plan import RoutePlan, RouteSpec
-from raymodel.serve._traffic import (
+from raymodel.serve._llm.openai import not_found
+from raymodel.serve._replica.deployment import ModelReplica, answers_in_pieces, json_response, read_payload
+from raymodel.serve._routes.plan import RoutePlan, RouteSpec
+from raymodel.serve._routes.traffic import (
     KEY_HEADER,
     MODEL_HEADER,
     REPLICA_HEADER,
@@ -253,7 +253,7 @@ class RouteServer(ModelReplica):
 
     def _report(self) -> None:
         """Send the figures of a route being rolled out to the rollout controller, every ``REPORT_S``."""
-        from raymodel.serve._rollout import controller
+        from raymodel.serve._rollouts.rollout import controller
 
         handle = None
         while True:

@@ -1,7 +1,7 @@
 """What every replica class adds to answer OpenAI's API (``ServeSettings(api="openai")``): the
 endpoints below the route, one text engine per model it holds (requests decode together in it), the
 route's keys. A replica class says which model ids it serves (``model_ids``) and which of its models
-answers a request (``choose``); ``_openai.py`` does the rest."""
+answers a request (``choose``); ``openai.py`` does the rest."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 import orjson
 
 from raymodel.contract import text_generation
-from raymodel.serve import _auth, _openai
-from raymodel.serve._openai import OpenAIError
+from raymodel.serve._llm import openai
+from raymodel.serve._llm.openai import OpenAIError
+from raymodel.serve._replica import auth
 
 ENDPOINTS = ("completions", "chat/completions")
 
@@ -63,14 +64,14 @@ class OpenAIRoutes:
 
     def authorized(self, request: Any) -> Any:
         """None when the request may go on, else the 401 (OpenAI's shape on an OpenAI route)."""
-        if _auth.allowed(self.keys, request.headers):
+        if auth.allowed(self.keys, request.headers):
             return None
         if self.api == "openai":
-            return _openai.unauthorized()
+            return openai.unauthorized()
         from starlette.responses import Response
 
-        body = orjson.dumps({"error": "unauthorized", "detail": _auth.MISSING})  # the route's own error shape
-        return Response(body, 401, _auth.CHALLENGE, media_type="application/json")
+        body = orjson.dumps({"error": "unauthorized", "detail": auth.MISSING})  # the route's own error shape
+        return Response(body, 401, auth.CHALLENGE, media_type="application/json")
 
     async def openai_call(self, request: Any, sub: str) -> Any:
         """``GET models``, ``POST completions`` and ``POST chat/completions`` under the route."""
@@ -78,7 +79,7 @@ class OpenAIRoutes:
             if sub == "models":
                 if request.method != "GET":
                     raise OpenAIError(405, "`/models` answers GET.")
-                return _openai.models(self.model_ids(), self.started)
+                return openai.models(self.model_ids(), self.started)
             if sub not in ENDPOINTS:
                 raise OpenAIError(
                     404,
@@ -100,7 +101,7 @@ class OpenAIRoutes:
                 raise OpenAIError(400, f"The body is not valid JSON: {exc}") from None
             if isinstance(payload, dict):
                 payload = {**payload}
-            return await _openai.answer(self.engine_of, sub, payload, self._choose_keyed(request), self.record)
+            return await openai.answer(self.engine_of, sub, payload, self._choose_keyed(request), self.record)
         except OpenAIError as exc:
             return exc.response()
         except Exception as exc:  # noqa: BLE001 - the replica answers on
@@ -140,7 +141,7 @@ class OpenAIRoutes:
             return refused(exc)
         loop = asyncio.get_running_loop()
         out: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        requests = [TextRequest(row, _openai.emitter(loop, out, i), **options) for i, row in enumerate(ids)]
+        requests = [TextRequest(row, openai.emitter(loop, out, i), **options) for i, row in enumerate(ids)]
         for r in requests:
             engine.submit(r)
         headers = {"x-raymodel-model": label}
@@ -193,7 +194,7 @@ class OpenAIRoutes:
         return Response(orjson.dumps(content), 200, headers, media_type="application/json")
 
     def _choose_keyed(self, request: Any) -> Any:
-        from raymodel.serve._traffic import KEY_HEADER
+        from raymodel.serve._routes.traffic import KEY_HEADER
 
         sticky = request.headers.get(KEY_HEADER)
 
