@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, TypeVar, overload
 
-from raymodel._internal import checkpoint as ckpt, storage, tmp
-from raymodel._internal.local_predict import predict_one, short
+from raymodel._internal import checkpoint as ckpt, signature, storage, tmp
+from raymodel._internal.schema import describe, schemas_of
 from raymodel.contract import defined, register
 from raymodel.exceptions import (
     CheckpointError,
+    DataError,
     ModelDefinitionError,
     RayModelError,
     SettingsError,
@@ -67,7 +68,7 @@ class RayModel(ModelHooks):
         if config is not None and not isinstance(config, Mapping):
             raise SettingsError(
                 f"`config` of `{type(self).__name__}` must be a dict of its settings, e.g. "
-                f"`{type(self).__name__}(config={{'lr': 0.01}})` (got {short(config)} that is a "
+                f"`{type(self).__name__}(config={{'lr': 0.01}})` (got {_short(config)} that is a "
                 f"{type(config).__name__})."
             )
         bad = [k for k in config or {} if not isinstance(k, str)]
@@ -127,7 +128,7 @@ class RayModel(ModelHooks):
             raise
         except Exception as exc:  # a config value that setup cannot use: name the config, keep the cause
             raise ModelDefinitionError(
-                f"`{type(self).__name__}.setup(config)` failed with config {short(self.config, 200)}: "
+                f"`{type(self).__name__}.setup(config)` failed with config {_short(self.config, 200)}: "
                 f"{type(exc).__name__}: {str(exc).rstrip('.')}. Check the config's values (their types and sizes)."
             ) from exc
         self.backend.after_user_setup(self, returned)
@@ -144,7 +145,7 @@ class RayModel(ModelHooks):
             >>> model.predict({"pixels": X[:2].tolist()})
             {'digit': [0, 1]}
         """
-        return predict_one(self, payload)
+        return _predict_here(self, payload)
 
     # ---------------------------------------------------------------- verbs
     @overload
@@ -514,3 +515,46 @@ class RayModel(ModelHooks):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(config={self.config!r})"
+
+
+def _predict_here(model: Any, payload: Any) -> Any:
+    """``model.predict(payload)`` in this process, without Ray: the request checks a route makes (the declared
+    schemas, the recorded input signature), then ``postprocess(forward(preprocess(payload)))`` in inference
+    mode; ``DataError`` names what does not fit."""
+    schemas = schemas_of(type(model))
+    model.ensure_setup()
+    checked, errors = schemas.check_input(payload)
+    if errors:
+        where = schemas.input.where if schemas.input is not None else "the input schema"
+        raise DataError(f"The payload does not match `{where}`: {describe(errors)}")
+    try:
+        signature.check_payload(payload)
+        x = model.preprocess(checked)
+    except DataError:
+        raise
+    except Exception as exc:
+        raise DataError(
+            f"`{type(model).__name__}.preprocess` cannot use the payload {_short(payload)} "
+            f"(a {type(payload).__name__}): {type(exc).__name__}: {exc}"
+        ) from exc
+    if schemas.input is None:  # a declared input_schema wins over the recorded (or the model's own) signature
+        signature.check(signature.of_model(model), x)
+    with model.backend.inference(model):
+        try:
+            out = model.forward(x)
+        except Exception as exc:
+            exc.add_note(
+                f"raymodel: `forward` failed on the input made from the payload {_short(payload)} "
+                f"(a {type(payload).__name__})."
+            )
+            raise
+    output = model.postprocess(out)
+    if schemas.output is not None:
+        schemas.check_output(output)  # raises, naming each field that does not match
+    return output
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (for error messages)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -12,6 +12,7 @@ from typing import Any
 
 from raymodel.train._driver import Trainable, initial_state, prepare, with_parent
 from raymodel.train._methods import DPO, GRPO
+from raymodel.train._plots import train_figure, tune_figure
 from raymodel.train._progress import HubRows, ProgressPrinter, format_metrics, is_terminal
 from raymodel.train._result import TrainResult
 from raymodel.train._session import LocalSession
@@ -19,6 +20,8 @@ from raymodel.train._settings import TrainSettings, worker_resources
 from raymodel.train._worker_run import WorkerRun
 
 __all__ = [
+    "train_figure",
+    "tune_figure",
     "DPO",
     "GRPO",
     "Trainable",

@@ -47,7 +47,7 @@ class TrainResult:
     def plot(self, path: str | None = None) -> Any:
         """The learning curves: training and validation loss per epoch, and each other validation
         metric. Returns the matplotlib ``Figure``; with ``path``, also saves it as a PNG there."""
-        from raymodel._internal.plots import train_figure
+        from raymodel.train._plots import train_figure
 
         return train_figure(self, path)
 

@@ -22,10 +22,12 @@ from ray.tune import (
 )
 
 from raymodel.tune._driver import Tunable, load_best
+from raymodel.tune._reported import is_reported
 from raymodel.tune._result import TuneResult
 from raymodel.tune._settings import TuneSettings
 
 __all__ = [
+    "is_reported",
     "Tunable",
     "load_best",
     "TuneSettings",

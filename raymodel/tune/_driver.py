@@ -12,11 +12,11 @@ from ray.tune import Callback
 from ray.tune.search import SearchAlgorithm
 
 from raymodel._internal import cluster, locations, serialization, storage
-from raymodel._internal.reported import is_reported
 from raymodel.contract import training_server
 from raymodel.exceptions import SettingsError, TuneError
 from raymodel.train import prepare, worker_resources
 from raymodel.tune._progress import TrialPrinter, summary_table
+from raymodel.tune._reported import is_reported
 from raymodel.tune._result import TuneResult, collect
 from raymodel.tune._settings import TuneSettings
 from raymodel.tune._trial import PLACEMENT_FIELDS, TRAIN_PREFIX, on_pool, resources_of, trial, trial_resources

@@ -8,8 +8,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from raymodel._internal import storage
-from raymodel._internal.reported import is_reported
 from raymodel.exceptions import TuneError
+from raymodel.tune._reported import is_reported
 from raymodel.tune._trial import TRAIN_PREFIX
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class TuneResult:
         """Every trial's ``metric`` by epoch on one chart: the best trial highlighted, trials that
         were stopped early marked with an ×. Returns the matplotlib ``Figure``; with ``path``,
         also saves it as a PNG there."""
-        from raymodel._internal.plots import tune_figure
+        from raymodel.train import tune_figure
 
         return tune_figure(self, path)
 

@@ -9,10 +9,10 @@ import ray
 from ray import tune
 
 from raymodel._internal import checkpoint as ckpt, serialization
-from raymodel._internal.reported import is_reported
 from raymodel.hooks import Callback
 from raymodel.jobs._address import running_handle
 from raymodel.jobs._server.run_events import JobFailures, JobRows
+from raymodel.tune import is_reported
 
 
 def run_job(
