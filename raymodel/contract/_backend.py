@@ -130,15 +130,18 @@ class Backend(InferenceDefaults["Model"]):
     state_keys: ClassVar[tuple[str, ...]] = ()
     #: False when the model trains without ``data=`` (a reinforcement-learning env makes its own).
     needs_data: ClassVar[bool] = True
-    #: True when a run is a Ray Train worker group (so a job of the training server can run on a pool);
-    #: False when ``make_run`` gives a run type of the backend's own (RLlib's Algorithm in an actor).
-    on_ray_train: ClassVar[bool] = True
     #: ``(metric, mode)`` that ``tune`` optimizes without ``TuneSettings.metric`` (``None``: val_loss/loss, min).
     default_metric: ClassVar[tuple[str, str] | None] = None
     #: ``TrainSettings.method`` kinds it trains with besides supervised (``"grpo"``, ``"dpo"``: transformers').
     methods: ClassVar[tuple[str, ...]] = ()
     #: Its text generation (a causal LM's engine, its own requests, LoRA adapters); ``None``: it has none.
     text: ClassVar[TextGeneration[Any] | None] = None
+
+    @property
+    def on_ray_train(self) -> bool:
+        """Whether a run is a Ray Train worker group of ``trainer``; else ``make_run`` gives a run type of
+        the backend's own (RLlib's Algorithm in an actor). One fact: a backend without a ``trainer``."""
+        return bool(self.trainer)
 
     # ------------------------------------------------------------- checking
     def import_framework(self) -> None:

@@ -63,7 +63,6 @@ class RLlibBackend(TorchBackend):
     trainer = ""  # not a Ray Train run: make_run gives an AlgorithmRun (rllib/_run.py)
     accepts = ()
     needs_data = False
-    on_ray_train = False
     epoch_unit = "iteration"
     default_metric = ("episode_return_mean", "max")
     required_methods = ("setup", "make_env", "forward")
