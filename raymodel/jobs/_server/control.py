@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from raymodel.jobs._constants import ACTIVE, UPDATABLE
+from raymodel.jobs._constants import UPDATABLE
 from raymodel.jobs._pools.keeper import PoolKeeper, pending_groups
 from raymodel.jobs._server.book import JobBook
 from raymodel.jobs._server.queue import fits
@@ -254,7 +254,7 @@ def _unplaced(groups: list[tuple[list[dict[str, float]], int]]) -> str | None:
 def _check_update(record: JobRecord, config: dict[str, Any], settings: dict[str, Any]) -> str | None:
     """Why this change is not allowed, or ``None``."""
     job = f"Job `{record.id}`"
-    if record.status not in ACTIVE:
+    if not record.active:
         return f"{job} is {record.status}: a finished job cannot change (train again, with `resume_from`)."
     if record.kind != "train":
         return f"{job} is a {record.kind} job: change its trials' settings in the search space instead."

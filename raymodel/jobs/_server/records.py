@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from raymodel.jobs._constants import ACTIVE
+
 #: Stored keys of older servers -> the field they are now.
 _RENAMED = {"preempt_by": "preempting"}
 
@@ -98,7 +100,7 @@ class JobRecord:
 
     @property
     def active(self) -> bool:
-        return self.status in ("PENDING", "RUNNING")
+        return self.status in ACTIVE
 
     @property
     def last_epoch(self) -> int:

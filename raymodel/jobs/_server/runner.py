@@ -134,12 +134,10 @@ class Runners:
         """Ask the job's run to stop at its next epoch's end."""
         self.of_job[job_id].stop.remote()
 
-    def kill(self, job_id: str) -> bool:
-        """End the job's run at once; whether it had a runner."""
-        if job_id not in self.of_job:
-            return False
-        ray.kill(self.of_job[job_id])
-        return True
+    def kill(self, job_id: str) -> None:
+        """End the job's run at once (if it has a runner)."""
+        if job_id in self.of_job:
+            ray.kill(self.of_job[job_id])
 
     def finished(self, job_id: str, own_env: bool) -> None:
         """The job's run ended: its runner is the spare (its imports done) if there is none, else it ends."""
