@@ -62,7 +62,7 @@ HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
 BACKENDS = ("torch", "rllib", "transformers")
 GOALS = {"torch": 0.5, "rllib": 1.0, "transformers": 1.0}
-#: What raymodel sets for a local Ray it starts (raymodel/_internal/cluster.py), given to both sides.
+#: What raymodel sets for a local Ray it starts (raymodel/_ray/cluster.py), given to both sides.
 RAY_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 TORCH = {"num_workers": 2, "num_epochs": 3, "batch_size": 64, "progress": False}
 

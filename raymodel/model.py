@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, TypeVar, overload
 
-from raymodel._internal import checkpoint as ckpt, signature, storage, tmp
+from raymodel._internal import signature, storage, tmp
 from raymodel._internal.schema import describe, schemas_of
-from raymodel.contract import defined, register
+from raymodel.contract import checkpoint as ckpt, defined, register
 from raymodel.exceptions import (
     CheckpointError,
     DataError,
@@ -89,19 +89,19 @@ class RayModel(ModelHooks):
 
     def forward(self, x: Any) -> Any:
         """Run the model on a batch ``x``. Each backend has a default."""
-        return self.backend.forward(self, x)
+        return self.backend.inference.forward(self, x)
 
     def preprocess(self, payload: Any) -> Any:
-        return self.backend.preprocess(self, payload)
+        return self.backend.inference.preprocess(self, payload)
 
     def postprocess(self, output: Any) -> Any:
-        return self.backend.postprocess(self, output)
+        return self.backend.inference.postprocess(self, output)
 
     def predict_batch_preprocess(self, batch: dict[str, Any]) -> Any:
-        return self.backend.batch_input(self, batch)
+        return self.backend.inference.batch_input(self, batch)
 
     def predict_batch_postprocess(self, output: Any) -> dict[str, Any]:
-        return self.backend.batch_output(self, output)
+        return self.backend.inference.batch_output(self, output)
 
     def hyperparameter_space(self) -> dict[str, Any]:
         """The default search space of ``tune``: ``{config key: rm.tune.<sampler>}``."""
@@ -205,7 +205,7 @@ class RayModel(ModelHooks):
             from raymodel.jobs import submit_train
 
             return submit_train(self, settings, data)
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         if settings.on_pool or remote.active() is not None:  # off the cluster, the cluster's server runs it
             from raymodel.jobs import train_and_wait
@@ -276,7 +276,7 @@ class RayModel(ModelHooks):
             from raymodel.jobs import submit_tune
 
             return submit_tune(self, space, settings, data, resume)
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         if remote.active() is not None:  # off the cluster: a job of the cluster's server, waited for
             from raymodel.jobs import tune_and_wait
@@ -539,7 +539,7 @@ def _predict_here(model: Any, payload: Any) -> Any:
         ) from exc
     if schemas.input is None:  # a declared input_schema wins over the recorded (or the model's own) signature
         signature.check(signature.of_model(model), x)
-    with model.backend.inference(model):
+    with model.backend.inference.mode(model):
         try:
             out = model.forward(x)
         except Exception as exc:

@@ -195,7 +195,7 @@ def tiny_data(tiny):
 @pytest.fixture
 def no_ray(monkeypatch):
     """Fail the test if anything tries to start or join Ray."""
-    import raymodel._internal.cluster as cluster
+    import raymodel._ray.cluster as cluster
 
     def forbidden(*args, **kwargs):
         raise AssertionError("Ray was touched before the input was checked")

@@ -16,7 +16,7 @@ from models import DigitsNet
 from s3server import free_port
 
 import raymodel as rm
-from raymodel._internal.ingress import haproxy_processes, who_listens
+from raymodel._ray.ingress import haproxy_processes, who_listens
 
 CLI = [sys.executable, "-m", "raymodel.cli"]
 

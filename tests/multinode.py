@@ -22,7 +22,8 @@ import requests
 sys.path.insert(0, str(Path(__file__).parent))
 
 import raymodel as rm
-from raymodel._internal import ingress, locations, storage
+from raymodel._internal import locations, storage
+from raymodel._ray import ingress
 
 
 def main() -> None:

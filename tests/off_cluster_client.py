@@ -53,7 +53,7 @@ def refused(fn) -> dict[str, str]:
 
 
 def errors() -> None:
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     token = os.environ["RAY_AUTH_TOKEN"]
     os.environ["RAY_AUTH_TOKEN"] = "0" * 32
@@ -202,7 +202,7 @@ def sessions(job_id: str) -> dict[str, Any]:
     had not: the call goes to another, which answers it."""
     from ray.job_submission import JobSubmissionClient
 
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     ray_jobs = JobSubmissionClient(ADDRESS)
     before = len(ray_jobs.list_jobs())

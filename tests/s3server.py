@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from raymodel._internal.ingress import free_port
+from raymodel._ray.ingress import free_port
 
 #: Credentials moto accepts; set in the environment of every process that reaches the server.
 ENV = {

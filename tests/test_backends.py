@@ -55,7 +55,7 @@ CASES = [
         crash_rank=0,
         tune_train={"num_workers": 1},  # a trial holds the Algorithm's CPU and its env runner's
         not_applicable={
-            "used_pool": "RLlib's runs are an Algorithm in an actor of raymodel's (`on_ray_train` is False), "
+            "used_pool": "RLlib's runs are an Algorithm in an actor of raymodel's (its `training` is an `OwnRuns`), "
             "never a job on a pool of Ray Train workers",
             "same_model_after_resume": "a restarted Algorithm's env runners start new episodes (an environment's "
             "state is in no checkpoint), so after the restart it samples other steps and its weights differ",
@@ -134,10 +134,37 @@ def test_a_missing_framework_names_the_extra(monkeypatch):
         TensorflowBackend().import_framework()
 
 
+def test_a_backend_carries_only_the_capabilities_it_has():
+    """Training, inference and text generation are parts of a backend (``contract/_training.py``,
+    ``_inference.py``, ``_generation.py``): the backend itself carries none of their members, a backend
+    whose runs are its own (RLlib's) carries no Ray Train trainer or collective, one on Ray Train no run
+    type of its own, and only a backend that generates text has a text part."""
+    from raymodel.contract import Backend, Inference, OwnRuns, RayTrain, Training, backends
+
+    parts = {
+        Training: ("worker_loop", "needs"),
+        RayTrain: ("trainer", "collective", "options", "own", "make_trainer"),
+        OwnRuns: ("make_run", "trial_bundles"),
+        Inference: ("forward", "preprocess", "postprocess", "mode", "stream", "batch_input", "batch_output", "stack"),
+    }
+    named = {name for members in parts.values() for name in members} | {"engine", "attach_adapter", "on_ray_train"}
+    kinds: dict[str, set[str]] = {}
+    for backend in backends():
+        assert not named & set(dir(backend)), (backend.name, sorted(named & set(dir(backend))))
+        training = backend.training
+        assert isinstance(training, (RayTrain, OwnRuns)) and isinstance(backend.inference, Inference)
+        other = OwnRuns if isinstance(training, RayTrain) else RayTrain
+        assert not set(parts[other]) & set(dir(training)) - set(parts[Training]), (backend.name, training)
+        kinds.setdefault("RayTrain" if isinstance(training, RayTrain) else "OwnRuns", set()).add(backend.name)
+        assert (backend.text is not None) == (backend.name == "transformers"), backend.name
+    assert kinds["OwnRuns"] == {"rllib"} and "torch" in kinds["RayTrain"]
+    assert not named & set(dir(Backend))
+
+
 def test_drivers_never_ask_which_backend_they_hold():
     root = Path(rm.__file__).parent
     for folder in ("train", "tune", "serve", "registry"):
-        for path in (root / folder).glob("*.py"):
+        for path in (root / folder).rglob("*.py"):
             text = path.read_text()
             for case in CASES:
                 name = case.backend

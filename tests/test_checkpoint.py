@@ -37,7 +37,7 @@ def test_a_process_looks_up_each_librarys_version_once_not_at_every_checkpoint(t
     the package metadata once per process (each lookup scans the environment: about 9 ms an epoch)."""
     import importlib.metadata
 
-    from raymodel._internal import checkpoint as ckpt
+    from raymodel.contract import checkpoint as ckpt
 
     ckpt._installed_version.cache_clear()
     model = TinyNet()

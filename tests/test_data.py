@@ -213,7 +213,7 @@ def test_every_backend_checks_the_data_form_on_the_driver(monkeypatch, tiny, exa
     import sys
     from pathlib import Path
 
-    from raymodel._internal import cluster
+    from raymodel._ray import cluster
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
     model = next(

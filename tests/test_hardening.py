@@ -283,7 +283,7 @@ def test_data_that_cannot_be_right_is_refused_naming_the_array(tiny):
 
 
 def test_nonfinite_values_warn_or_fail_before_ray(tiny, monkeypatch):
-    from raymodel._internal import cluster
+    from raymodel._ray import cluster
 
     X, y = tiny
     X = X.copy()

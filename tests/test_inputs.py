@@ -25,8 +25,8 @@ from in_process import StoringSession
 from models import DigitsNet, PairDataset, TinyNet
 
 import raymodel as rm
-from raymodel._internal import cluster
 from raymodel._internal.settings import LIMITS, MAX_RESOURCE
+from raymodel._ray import cluster
 from raymodel.exceptions import CheckpointError, DataError, ModelDefinitionError, RegistryError, SettingsError
 
 TESTS = str(Path(__file__).parent)

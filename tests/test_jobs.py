@@ -482,7 +482,7 @@ def test_a_head_whose_raylet_ended_is_said_so_at_once_and_stop_ends_it_without_w
     is wrong before touching Ray (fresh processes: this one's Ray may run)."""
     import psutil
 
-    from raymodel._internal.cluster import head_problem
+    from raymodel._ray.cluster import head_problem
 
     # Ended but not reaped, as a killed raylet stays when the `ray start` that started it is gone.
     ended = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -9,6 +9,7 @@ with dropout, Adam and a learning-rate schedule restored whole, is the conforman
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -84,8 +85,7 @@ def test_a_backend_that_breaks_the_phase_order_is_stopped(tmp_path, tiny):
             await self.run.end_epoch(first, {"loss": 0.0})
 
     class Backend(TorchBackend):
-        def worker_loop(self, run):
-            return SkipsBeginEpoch(run)
+        training = dataclasses.replace(TorchBackend.training, loop=SkipsBeginEpoch)
 
     class Net(TinyNet):
         backend = Backend()
@@ -126,7 +126,7 @@ def test_any_worker_can_stop_the_run_and_all_stop_together(ray_session, tmp_path
 def test_an_epochs_barrier_goes_through_the_frameworks_collective_when_it_has_one():
     """At a checkpoint's epoch end every rank waits for rank 0's upload: over torch.distributed where the
     run has it (a gather of nothing), not a round trip from every rank to Ray Train's synchronization actor."""
-    from raymodel._internal.hub import Collective
+    from raymodel.train import Collective
 
     calls: list = []
     collective = Collective(None, 0, 2, broadcast=lambda value: value, barrier=lambda: calls.append("session"))

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import raymodel as rm
-from raymodel._internal import remote, serialization
+from raymodel._internal import serialization
+from raymodel._ray import remote
 from raymodel.exceptions import SettingsError
 
 
@@ -232,7 +233,7 @@ def test_settings_of_a_local_instance_are_refused_off_the_cluster_before_connect
 
 
 def test_a_client_off_the_cluster_never_starts_ray_here_for_a_call_it_does_not_make_yet(monkeypatch):
-    from raymodel._internal import cluster
+    from raymodel._ray import cluster
 
     client = remote.Cluster("http://head.invalid:8265", {}, {"raymodel": "0", "ray": "0", "python": "3.11"})
     monkeypatch.setattr(remote, "_CLUSTER", [client])

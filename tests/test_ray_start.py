@@ -1,5 +1,5 @@
 """A Ray instance that raymodel starts: its dashboard starts beside its raylet, not before it
-(``raymodel/_internal/ray_start.py``), and the autoscaling coordinator that Ray Train's first run of an
+(``raymodel/_ray/ray_start.py``), and the autoscaling coordinator that Ray Train's first run of an
 instance waits for is asked for as the server's first pool starts (``jobs/_pools/keeper.py``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from raymodel._internal import ray_start
+from raymodel._ray import ray_start
 
 
 class _Node:

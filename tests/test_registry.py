@@ -155,7 +155,7 @@ def test_a_version_mismatch_warns_naming_the_versions(registry):
     manifest = Path(registry.uri) / "old" / "versions" / "1" / "raymodel.json"
     data = json.loads(manifest.read_text())
     data["versions"]["torch"] = "1.0.0"  # as if written by another torch (a whole, consistent manifest)
-    from raymodel._internal.checkpoint import manifest_digest
+    from raymodel.contract.checkpoint import manifest_digest
 
     data["manifest_sha256"] = manifest_digest(data)
     manifest.write_text(json.dumps(data))

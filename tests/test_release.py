@@ -65,7 +65,7 @@ def test_bad_gates_and_plans_are_refused_naming_each_problem():
 
 
 def test_a_model_that_cannot_be_served_on_the_route_is_refused_before_ray_is_asked_for(tiny, monkeypatch):
-    from raymodel._internal import cluster
+    from raymodel._ray import cluster
 
     class Unservable(TinyNet):
         input_schema = {"type": "tensor"}  # no JSON Schema type: no route can validate its requests

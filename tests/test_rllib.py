@@ -18,6 +18,7 @@ from rl_models import Balancer, QuickBalancer, Swinger
 from waiting import until
 
 import raymodel as rm
+from raymodel.contract import OwnRuns
 from raymodel.exceptions import DataError, MissingDependencyError, ModelDefinitionError, SettingsError
 
 OBS = [[0.0, 0.1, 0.02, -0.1], [0.01, -0.2, 0.15, 0.4], [0.0, 0.0, -0.2, -0.5]]
@@ -80,12 +81,14 @@ def test_a_missing_rllib_names_its_extra(no_ray, monkeypatch):
 
 def test_no_strategy_spreads_rllibs_one_learner_and_its_trainer_is_not_ray_trains(no_ray):
     """``strategy`` stays at its default for RLlib (no strategy spreads its one learner), and its backend
-    names no Ray Train trainer: its ``make_run`` gives its own run type, and ``as_trainer`` says there is none."""
+    names no Ray Train trainer: its training is its own runs (``OwnRuns.make_run``), and ``as_trainer`` says there
+    is none."""
     with pytest.raises(SettingsError, match=r"`strategy='fsdp'`: the rllib backend does not shard models"):
         Balancer().train({"num_epochs": 1, "strategy": "fsdp"})
     backend = Balancer.backend
-    assert backend.strategies == () and backend.trainer == "" and not backend.on_ray_train
-    assert backend.run_needs(rm.TrainSettings(num_workers=2)) == {"CPU": 3.0}  # the learner's CPU, one per env runner
+    assert backend.strategies == () and isinstance(backend.training, OwnRuns)
+    assert not hasattr(backend.training, "trainer") and not hasattr(backend.training, "collective")
+    assert backend.training.needs(rm.TrainSettings(num_workers=2)) == {"CPU": 3.0}  # the learner's, one per env runner
     with pytest.raises(ModelDefinitionError, match=r"not Ray Train runs .* there is no Ray Train trainer to give"):
         rm.Trainable(Balancer(), {"num_epochs": 1}, data=None).as_trainer()
 

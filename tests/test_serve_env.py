@@ -10,7 +10,7 @@ import lane
 import pytest
 
 import raymodel as rm
-from raymodel._internal import ingress
+from raymodel._ray import ingress
 from raymodel.exceptions import SettingsError
 
 

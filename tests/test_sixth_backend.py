@@ -18,8 +18,13 @@ from conformance import Case, install
 from sklearn.datasets import load_digits
 
 import raymodel as rm
-from raymodel.contract import Backend, WorkerLoop
+from raymodel.contract import Backend, Inference, RayTrain, WorkerLoop
 from raymodel.data import worker_rows
+
+
+class SGDInference(Inference):
+    def forward(self, model, x):
+        return model.estimator.predict_proba(np.asarray(x, dtype=np.float64))
 
 
 class SGDBackend(Backend):
@@ -30,9 +35,8 @@ class SGDBackend(Backend):
     accepts = ("arrays",)
     hook_notes = {"before_batch": "no (one `partial_fit` per epoch)", "after_batch": "no (one `partial_fit` per epoch)"}
     state_keys = ("estimator",)
-
-    def worker_loop(self, run):
-        return SGDLoop(run)
+    training = RayTrain(loop=lambda run: SGDLoop(run))
+    inference = SGDInference()
 
     def after_user_setup(self, model, returned):
         model.estimator = returned
@@ -48,9 +52,6 @@ class SGDBackend(Backend):
 
     def set_state(self, model, state):
         model.estimator = state["estimator"]
-
-    def forward(self, model, x):
-        return model.estimator.predict_proba(np.asarray(x, dtype=np.float64))
 
 
 class SGDLoop(WorkerLoop):

@@ -74,8 +74,8 @@ def test_each_backends_run_is_a_training_run_of_its_plan(no_ray):
     for model, run_type in ((TinyNet(), RayTrainRun), (Balancer(), AlgorithmRun)):
         run = rm.Trainable(model, {"num_epochs": 1}, data=_data(model))._run(plan)
         assert type(run) is run_type and run.plan is plan and isinstance(run, TrainingRun)
-    with pytest.raises(NotImplementedError, match="runs are Ray Train runs"):
-        TinyNet.backend.make_run(plan)
+    with pytest.raises(TypeError, match="rllib backend's runs are not Ray Train runs"):
+        RayTrainRun(Balancer.backend, plan)
 
 
 def _data(model: Any) -> Any:
@@ -242,6 +242,38 @@ def test_a_torch_runs_own_trainer_is_a_data_parallel_trainer_with_the_process_gr
     assert type(own) is DataParallelTrainer and isinstance(own.backend_config, ProcessGroup)
     assert isinstance(run(2).trainer(), TorchTrainer)  # as_trainer()'s
     assert isinstance(run(0).trainer(own=True), TorchTrainer)  # local mode: TorchTrainer's own controller
+
+
+def test_a_keras_runs_workers_get_keras_2_whatever_the_runs_own_environment(no_ray, tmp_path):
+    """Ray's TensorFlow backend imports TensorFlow on each worker before raymodel's loop runs, so a Keras
+    run's trainer gives every worker ``TF_USE_LEGACY_KERAS=1`` beside the run's own variables; another
+    backend's trainer leaves the run's runtime env as it was."""
+    import dataclasses
+
+    from ray.train import RunConfig, ScalingConfig
+
+    from raymodel.backends.tensorflow import TensorflowBackend
+    from raymodel.contract import DATA_PARALLEL, RayTrain
+
+    def worker_env(training: RayTrain, runtime_env: dict | None) -> dict | None:
+        trainer = dataclasses.replace(training, trainer=DATA_PARALLEL).make_trainer(  # no TensorFlow imported
+            print,
+            train_loop_config={},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="r", storage_path=str(tmp_path), worker_runtime_env=runtime_env),
+            datasets=None,
+        )
+        return trainer.run_config.worker_runtime_env
+
+    keras = TensorflowBackend.training
+    mine = {"env_vars": {"MINE": "1", "TF_USE_LEGACY_KERAS": "0", "TF_CPP_MIN_LOG_LEVEL": "0"}, "pip": ["x"]}
+    assert worker_env(keras, mine) == {
+        "env_vars": {"MINE": "1", "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "0"},
+        "pip": ["x"],
+    }
+    assert worker_env(keras, None)["env_vars"]["TF_USE_LEGACY_KERAS"] == "1"
+    assert worker_env(RayTrain("m:Loop"), None) in (None, {})
+    assert worker_env(RayTrain("m:Loop"), mine) == mine
 
 
 def test_building_a_torch_runs_own_trainer_imports_no_torch(no_ray, tmp_path):

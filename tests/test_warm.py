@@ -69,21 +69,22 @@ def test_torch_lightning_and_transformers_jobs_share_pools_of_torchs_kind_and_no
     Lightning job; `torch:2,lightning:2` is one pool whose workers import what each one's first job would."""
     from ray.train import ScalingConfig
 
-    from raymodel.contract import backends
+    from raymodel.contract import RayTrain, backends
     from raymodel.jobs._request import pool_kind
     from raymodel.jobs._warm import cpus_needed, warm_pool, warm_pools
 
     kinds: dict[str, list] = {}
     for backend in backends():
-        if backend.on_ray_train:
+        if isinstance(backend.training, RayTrain):
             kinds.setdefault(pool_kind(backend), []).append(backend)
     assert sorted(b.name for b in kinds["torch"]) == ["lightning", "torch", "transformers"]
     assert all([b.name for b in members] == [kind] for kind, members in kinds.items() if kind != "torch")
     for members in kinds.values():  # what a pool's run is made of is the same for each backend of its kind
         made = set()
         for b in members:
-            trainer, options = b.own_trainer(ScalingConfig(num_workers=2)) or (b.trainer, b.trainer_options())
-            made.add((trainer, tuple(sorted((k, type(v).__name__) for k, v in options.items())), b.native_collective))
+            training = b.training
+            trainer, options = training.own(ScalingConfig(num_workers=2)) or (training.trainer, training.options())
+            made.add((trainer, tuple(sorted((k, type(v).__name__) for k, v in options.items())), training.collective))
         assert len(made) == 1, (members, made)
 
     keys = {name: warm_pool(name, 2)[0]["key"] for name in ("torch", "lightning", "transformers", "xgboost")}

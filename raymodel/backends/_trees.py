@@ -14,9 +14,25 @@ from typing import Any
 
 import numpy as np
 
-from raymodel.contract import Backend, WorkerLoop, rows_of, to_jsonable
+from raymodel.contract import Backend, Inference, WorkerLoop, rows_of
 from raymodel.data import worker_rows
 from raymodel.exceptions import DataError, ModelDefinitionError
+
+
+def trained_booster(model: Any) -> Any:
+    """The model's booster; a ``ModelDefinitionError`` for a model not trained yet."""
+    if model.booster is None:
+        raise ModelDefinitionError(f"`{type(model).__name__}` has no trained booster yet: train it first.")
+    return model.booster
+
+
+class TreeInference(Inference[Any]):
+    """A booster's answers: rows in (one row as a batch of one), its predictions out; a subclass says how
+    its framework predicts (``forward``)."""
+
+    def preprocess(self, model: Any, payload: Any) -> Any:
+        x = rows_of(payload)
+        return x.reshape(1, -1) if x.ndim == 1 else x
 
 
 class TreeBackend(Backend):
@@ -70,11 +86,6 @@ class TreeBackend(Backend):
         width = {"shape": [self.num_features(booster)]} if booster is not None else {}
         return {**width, "nonfinite": "allow"}
 
-    def trained_booster(self, model: Any) -> Any:
-        if model.booster is None:
-            raise ModelDefinitionError(f"`{type(model).__name__}` has no trained booster yet: train it first.")
-        return model.booster
-
     def check_split(self, name: str, split: Any) -> None:
         if not hasattr(split.x, "ndim"):
             return  # object-store refs: a tune trial re-checks data the driver already checked
@@ -84,13 +95,6 @@ class TreeBackend(Backend):
                 f"(split {name!r} has X of shape {getattr(split.x, 'shape', '?')} "
                 f"and {'no' if split.y is None else 'some'} labels)."
             )
-
-    def preprocess(self, model: Any, payload: Any) -> Any:
-        x = rows_of(payload)
-        return x.reshape(1, -1) if x.ndim == 1 else x
-
-    def postprocess(self, model: Any, output: Any) -> Any:
-        return to_jsonable(output)
 
 
 class TreeLoop(WorkerLoop):

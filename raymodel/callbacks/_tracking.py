@@ -90,9 +90,9 @@ class MLflowLogger(Callback):
         if self.run_id is None:
             return
         if self.log_checkpoint and result.get("checkpoint"):
-            from raymodel._internal import checkpoint as ckpt
+            from raymodel._internal import storage
 
-            with ckpt.local_copy(result["checkpoint"]) as directory:
+            with storage.local_folder(result["checkpoint"], "ckpt") as directory:
                 self._client.log_artifacts(self.run_id, str(directory), "checkpoint")
             self._client.set_tag(self.run_id, "raymodel.checkpoint", result["checkpoint"])
         self._client.set_terminated(self.run_id)

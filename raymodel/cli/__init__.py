@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from raymodel._internal import remote
+from raymodel._ray import remote
 from raymodel.cli import _jobs, _k8s, _models, _release, _serving, _train_tune
 from raymodel.exceptions import RayModelError
 

@@ -1,7 +1,7 @@
 """``raymodel server start|stop|status`` and ``raymodel jobs list|show|logs|stop|wait|update``.
 
 ``server start`` runs a persistent local Ray head (``ray start --head``, its dashboard started beside its
-raylet: ``raymodel/_internal/ray_start.py``) plus
+raylet: ``raymodel/_ray/ray_start.py``) plus
 the training server, and writes where it is to ``$RAYMODEL_SERVER_FILE``
 (default ``~/.raymodel/server.json``); ``rm.init()`` and the ``jobs``
 commands in any process then attach to it (``RAY_ADDRESS`` overrides).
@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from raymodel import jobs
-from raymodel._internal.cluster import (
+from raymodel._ray.cluster import (
     head_problem,
     joinable_server,
     own_api_server,
@@ -27,7 +27,7 @@ from raymodel._internal.cluster import (
     running_server,
     server_file,
 )
-from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
+from raymodel._ray.ingress import end_haproxy, resolve_ingress, with_serve_env
 from raymodel.cli._stop import TERM_WAIT_S, drain, start_times, terminate, with_descendants
 from raymodel.exceptions import RayModelError
 from raymodel.jobs import UPDATABLE, init, parse_warm, shown_warm, warm_cpus
@@ -156,7 +156,7 @@ def _cpus(args: argparse.Namespace) -> float:
 
 def _on_the_head(command: str) -> None:
     """``server start|stop`` run on the head's machine; off the cluster they are refused in words."""
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     if remote.is_dashboard_address(os.environ.get("RAY_ADDRESS")):
         raise RayModelError(
@@ -183,10 +183,10 @@ def _server_start(args: argparse.Namespace) -> None:
             f"offers {_cpus(args):g}, so they can never all be ready: warm fewer workers, or leave out `--wait`."
         )
     temp_dir = f"/tmp/rms-{args.port}"  # short: Ray's socket paths must fit in 107 bytes
-    cmd = [  # `ray start`, its dashboard started beside its raylet (raymodel/_internal/ray_start.py)
+    cmd = [  # `ray start`, its dashboard started beside its raylet (raymodel/_ray/ray_start.py)
         sys.executable,
         "-m",
-        "raymodel._internal.ray_start",
+        "raymodel._ray.ray_start",
         "start",
         "--head",
         "--port",
@@ -203,7 +203,7 @@ def _server_start(args: argparse.Namespace) -> None:
         cmd += ["--node-ip-address", args.host]
     if args.num_cpus is not None:
         cmd += ["--num-cpus", str(args.num_cpus)]
-    end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
+    end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_ray/ingress.py)
     env = with_serve_env(os.environ, resolve_ingress(None))  # the head's Serve: HAProxy unless told otherwise
     own_api_server(env, args.dashboard_port)  # the head's state API queries go to its own dashboard
     ray_defaults(env)  # Train's report poll, no preemption watcher, 2 footer readers: as `rm.init`'s local Ray
@@ -324,7 +324,7 @@ def _server_stop(args: argparse.Namespace) -> int:
 
 
 def _server_status(args: argparse.Namespace) -> int:
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     if remote.in_call():  # a client off the cluster asked: the cluster's server (started now if none runs)
         where = "the cluster's head"

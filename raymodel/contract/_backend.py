@@ -2,31 +2,33 @@
 
 A backend is two small classes:
 
-* ``Backend`` (driver and worker): the facts about the framework (name, imports, packages, extra, Ray
-  trainer and its options, accepted data, hooks called), the model's state and inference defaults;
+* ``Backend`` (driver and worker): the facts about the framework (name, imports, packages, extra, accepted
+  data, hooks called), the model's state, and its capabilities, each a part of its own: ``training`` (the
+  loop and how a run is built, ``contract/_training.py``), ``inference`` (``contract/_inference.py``),
+  ``text`` (``contract/_generation.py``), ``pool`` and ``warm_up`` (the training server's);
 * ``WorkerLoop`` (train worker): build what training needs, run one epoch, evaluate, get/set its state.
 
 Beside them, the two protocols (PEP 544) that the layers below the plug-ins type against: ``Model`` (a model,
-as the drivers use it) and ``Run`` (a training run, as a worker loop sees it).
+as the drivers use it) and ``RunOnWorker`` (a training run on one worker, as a worker loop sees it).
 
 ``WorkerRun`` (``train/_worker_run.py``) owns the lifecycle around them for every backend: setup hooks, resuming,
-the epoch loop, validation hooks, reporting, checkpointing, stopping; a loop sees it through the ``Run``
-protocol. Adding a framework is one module in ``raymodel/backends/``: a ``Backend``, a ``WorkerLoop`` and a
-model base class; the drivers in ``train/``, ``tune/`` and ``serve/`` never ask which backend they hold.
+the epoch loop, validation hooks, reporting, checkpointing, stopping; a loop sees it through the
+``RunOnWorker`` protocol. Adding a framework is one module in ``raymodel/backends/``: a ``Backend``, a
+``WorkerLoop`` and a model base class; the drivers in ``train/``, ``tune/`` and ``serve/`` never ask which
+backend they hold, only for the capability they need.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, ClassVar, Iterator, Mapping, Protocol, TypeVar
 
 from raymodel._internal.deps import require
 from raymodel.contract._generation import TextGeneration
-from raymodel.contract._inference import InferenceDefaults
-from raymodel.contract._training_run import RunPlan, TrainingRun
+from raymodel.contract._inference import Inference
+from raymodel.contract._training import Training
 from raymodel.data import DataSpec, kind_of
 from raymodel.exceptions import DataError, ModelDefinitionError
 
@@ -43,8 +45,7 @@ __all__ = [
     "WarmUp",
     "WorkerLoop",
     "Model",
-    "Run",
-    "worker_resources",
+    "RunOnWorker",
 ]
 
 
@@ -84,13 +85,13 @@ class WarmUp:
     runner_call: str = ""
 
 
-class Backend(InferenceDefaults["Model"]):
-    """Base contract of a backend: the facts about a framework, its state and its inference.
+class Backend:
+    """Base contract of a backend: the facts about a framework, its state, and its capabilities.
 
-    Subclasses set the class attributes and implement every method that raises. The inference defaults
-    (``InferenceDefaults``, ``contract/_inference.py``) are inherited; a backend overrides them like any
-    method here. A capability the backend has or not is an attribute: ``pool`` (``None``: never on a pool),
-    ``text`` (``None``: it generates no text).
+    Subclasses set the class attributes and implement every method that raises. Each capability is a part
+    of its own, a class attribute: ``training`` (required: a ``RayTrain`` or an ``OwnRuns``), ``inference``
+    (``Inference``'s defaults, or the framework's subclass), ``text`` (``None``: it generates no text),
+    ``pool`` (``None``: never on a pool) and ``warm_up``.
     """
 
     #: Short name written into checkpoints ("torch", "xgboost", ...).
@@ -99,15 +100,18 @@ class Backend(InferenceDefaults["Model"]):
     extra: ClassVar[str] = ""
     #: Modules to import (checked before training; pickled by reference, never by value).
     imports: ClassVar[tuple[str, ...]] = ()
+    #: How it trains: the worker loop, and a run as a Ray Train worker group (``RayTrain``) or of its own
+    #: (``OwnRuns``). Every backend sets it.
+    training: ClassVar[Training]
+    #: How its models answer where the model's class defines no ``forward``, ``preprocess``, ...
+    inference: ClassVar[Inference[Any]] = Inference()
     #: Its jobs' pools on the training server (by default its own kind); ``None``: its runs are no Ray Train
-    #: worker group (``make_run``'s), so never on a pool.
+    #: worker group (``OwnRuns``), so never on a pool.
     pool: ClassVar[PoolKind | None] = PoolKind()
     #: What the training server's next job runner does ahead for its jobs.
     warm_up: ClassVar[WarmUp] = WarmUp()
     #: Distribution names whose versions are recorded in checkpoints.
     packages: ClassVar[tuple[str, ...]] = ()
-    #: The Ray Train V2 trainer class, ``"module.Class"`` (``""``: runs are not Ray Train's; ``make_run``'s).
-    trainer: ClassVar[str] = "ray.train.v2.api.data_parallel_trainer.DataParallelTrainer"
     #: The data forms this backend trains on (a subset of ``DATA_KINDS``).
     accepts: ClassVar[tuple[str, ...]] = ("arrays",)
     #: Methods a user's subclass must define (checked before any Ray resource is taken).
@@ -116,9 +120,6 @@ class Backend(InferenceDefaults["Model"]):
     #: How this backend calls hooks, where it differs from "yes": hook name -> note.
     #: A note starting with "no" means the hook is never called (the docs' hook table reads this).
     hook_notes: ClassVar[Mapping[str, str]] = {}
-    #: True when the worker loop gathers across workers with the framework's own collective
-    #: (``WorkerLoop.all_gather``); otherwise the run's hub actor carries the values.
-    native_collective: ClassVar[bool] = False
     #: True when the precision, accumulation and clipping settings apply (torch, Lightning).
     gradient_steps: ClassVar[bool] = False
     #: True when ``TrainSettings(num_workers=(min, max))`` (an elastic run) works with this backend.
@@ -136,12 +137,6 @@ class Backend(InferenceDefaults["Model"]):
     methods: ClassVar[tuple[str, ...]] = ()
     #: Its text generation (a causal LM's engine, its own requests, LoRA adapters); ``None``: it has none.
     text: ClassVar[TextGeneration[Any] | None] = None
-
-    @property
-    def on_ray_train(self) -> bool:
-        """Whether a run is a Ray Train worker group of ``trainer``; else ``make_run`` gives a run type of
-        the backend's own (RLlib's Algorithm in an actor). One fact: a backend without a ``trainer``."""
-        return bool(self.trainer)
 
     # ------------------------------------------------------------- checking
     def import_framework(self) -> None:
@@ -215,56 +210,6 @@ class Backend(InferenceDefaults["Model"]):
         return None
 
     # ------------------------------------------------------------- training
-    def run_needs(self, settings: Any) -> dict[str, float]:
-        """What a run of ``settings`` holds in all while it trains (an elastic run: at least)."""
-        per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
-        return {k: v * max(settings.min_workers, 1) for k, v in per_worker.items()}
-
-    def trial_bundles(self, num_workers: int, use_gpu: bool) -> list[dict[str, float]] | None:
-        """The placement group of a Tune trial whose run is not a Ray Train worker group but starts actors
-        of its own from the trial's process (the first bundle). ``None``: placed as ``tune/_trial.py`` says."""
-        return None
-
-    def worker_loop(self, run: Run) -> WorkerLoop:
-        """The ``WorkerLoop`` that trains this backend's model on a worker."""
-        raise NotImplementedError("The 'worker_loop' method must be implemented.")
-
-    def make_trainer(
-        self,
-        train_loop: Callable[[dict[str, Any]], Any],
-        *,
-        train_loop_config: dict[str, Any],
-        scaling_config: Any,
-        run_config: Any,
-        datasets: dict[str, Any] | None,
-        own: bool = False,
-    ) -> Any:
-        """The Ray Train V2 trainer, not fit: ``trainer`` with ``trainer_options()``; ``own_trainer``'s if any
-        for raymodel's own run (``own``: ``fit``'s, not ``as_trainer()``'s)."""
-        mine = self.own_trainer(scaling_config) if own else None
-        name, options = mine or (self.trainer, self.trainer_options())
-        module, _, cls_name = name.rpartition(".")
-        return getattr(importlib.import_module(module), cls_name)(
-            train_loop,
-            train_loop_config=train_loop_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets or None,
-            **options,
-        )
-
-    def trainer_options(self) -> dict[str, Any]:
-        """The backend's own keyword arguments for its ``trainer`` (none by default)."""
-        return {}
-
-    def own_trainer(self, scaling_config: Any) -> tuple[str, dict[str, Any]] | None:
-        """The trainer class and its options for raymodel's own runs, where not ``trainer``'s (``None``)."""
-        return None
-
-    def make_run(self, plan: RunPlan) -> TrainingRun:
-        """The run of ``plan`` when ``on_ray_train`` is False (``raymodel.train`` builds a Ray Train run)."""
-        raise NotImplementedError(f"The {self.name} backend's runs are Ray Train runs; it has no `make_run`.")
-
     @contextlib.contextmanager
     def seeded(self, seed: int) -> Iterator[None]:
         """Around the driver's ``prepare_data``: the framework's generators seeded (restored after): a model
@@ -292,12 +237,6 @@ class Backend(InferenceDefaults["Model"]):
         raise NotImplementedError("The 'set_state' method must be implemented.")
 
 
-def worker_resources(resources_per_worker: Mapping[str, float] | None, use_gpu: bool) -> dict[str, float]:
-    """What one training worker holds: ``resources_per_worker`` (1 CPU by default), a GPU with ``use_gpu``."""
-    resources = dict(resources_per_worker or {"CPU": 1.0})
-    return {**resources, "GPU": resources.get("GPU", 1.0)} if use_gpu else resources
-
-
 class WorkerLoop:
     """What a backend does on a train worker; ``WorkerRun`` calls it and owns everything around it.
 
@@ -307,7 +246,7 @@ class WorkerLoop:
     ``run.end_validation`` and ``run.end_epoch`` from its callback points instead.
     """
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunOnWorker) -> None:
         self.run = run
         self.model = run.model
 
@@ -383,8 +322,8 @@ class WorkerLoop:
         network, say), so a pool's next job on this worker starts clean."""
 
     def all_gather(self, value: Any) -> list[Any]:
-        """The framework's own all-gather of a small Python value (with ``Backend.native_collective``)."""
-        raise NotImplementedError("The 'all_gather' method must be implemented with `native_collective = True`.")
+        """The framework's own all-gather of a small Python value (with ``RayTrain(collective=True)``)."""
+        raise NotImplementedError("The 'all_gather' method must be implemented with `RayTrain(collective=True)`.")
 
     def rng_state(self) -> Any:
         """The framework's random generator state on this worker (``None``: nothing to save)."""
@@ -397,7 +336,7 @@ class WorkerLoop:
 # ---------------------------------------------------------------- protocols
 # What the drivers and the worker loops see of the objects above them (PEP 544): the drivers (train/,
 # tune/, serve/, predict/, registry/, jobs/) type a model as `Model`, never importing `RayModel` (model.py
-# sits above them); a backend's `WorkerLoop` sees its run as `Run`, never importing `WorkerRun`.
+# sits above them); a backend's `WorkerLoop` sees its run as `RunOnWorker`, never importing `WorkerRun`.
 
 T = TypeVar("T")
 
@@ -446,7 +385,7 @@ class Model(Protocol):
     def load_weights(self, path: str | os.PathLike[str]) -> None: ...
 
 
-class Run(Protocol):
+class RunOnWorker(Protocol):
     """One training run on one worker, as a backend's ``WorkerLoop`` sees it (``train.WorkerRun``).
 
     A loop calls only the batch hooks and the phase methods; the run owns the

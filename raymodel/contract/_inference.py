@@ -1,5 +1,10 @@
-"""A backend's inference defaults (``Backend`` inherits them): what a model that defines none of
-``forward``, ``preprocess``, ``postprocess`` or the batch hooks is served and batch-predicted with."""
+"""A backend's inference (``Backend.inference``): what a model that defines none of ``forward``,
+``preprocess``, ``postprocess`` or the batch hooks is served and batch-predicted with, and the mode
+``forward`` runs in at prediction time.
+
+Every backend has one: ``Inference``'s defaults (rows in, plain lists out), or a subclass of the
+framework's (``TorchInference``, ``TreeInference``, ...). The drivers (``model.predict``, a serving
+replica, ``predict_batch``'s scorer) ask ``model.backend.inference`` and nothing else of the backend."""
 
 from __future__ import annotations
 
@@ -14,8 +19,8 @@ from raymodel.contract._arrays import columns_of, features_of, rows_of, split_ne
 M = TypeVar("M")
 
 
-class InferenceDefaults(Generic[M]):
-    """``Backend``'s defaults for inference; a backend overrides what its framework does otherwise."""
+class Inference(Generic[M]):
+    """How a backend's models answer; a backend's subclass overrides what its framework does otherwise."""
 
     def forward(self, model: M, x: Any) -> Any:
         """Default ``forward`` when the user's class does not define one."""
@@ -30,8 +35,8 @@ class InferenceDefaults(Generic[M]):
         return to_jsonable(output)
 
     @contextlib.contextmanager
-    def inference(self, model: M) -> Iterator[None]:
-        """Context for ``forward`` at prediction time (eval mode, no gradients)."""
+    def mode(self, model: M) -> Iterator[None]:
+        """Around ``forward`` at prediction time (eval mode, no gradients)."""
         yield
 
     def stream(self, model: M, payload: Any) -> Iterator[str]:

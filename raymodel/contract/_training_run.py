@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from raymodel._internal import checkpoint as ckpt, storage
+from raymodel._internal import storage
+from raymodel.contract import checkpoint as ckpt
 
 
 class RunEvents:

@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from raymodel._internal import cluster
+from raymodel._ray import cluster
 from raymodel.exceptions import TrainingError
 from raymodel.jobs._client import follow
 from raymodel.jobs._constants import DONE
@@ -18,7 +18,7 @@ def train_on_server(model: Any, settings: Any, data: Any) -> Any:
     """``model.train(settings, data=...)``: a job of the training server on a pool, waited for, with
     the same output as a one-off run (bars in a terminal, a line per epoch elsewhere); the instance
     holds the trained weights afterwards."""
-    from raymodel._internal import remote
+    from raymodel._ray import remote
     from raymodel.train import ProgressPrinter, prepare
 
     settings, spec = prepare(model, settings, data)  # every check, before Ray is touched
@@ -62,7 +62,7 @@ def _progress_hub() -> Any:
     key = ray.get_runtime_context().get_job_id()
     hub = _HUBS.get(key)
     if hub is None:
-        from raymodel._internal.hub import start_hub
+        from raymodel.train import start_hub
 
         hub = _HUBS[key] = start_hub()
     ray.get(hub.pop.remote(0.0))  # anything a run before this one left
@@ -120,7 +120,7 @@ def _train_off_cluster(model: Any, settings: Any, spec: Any) -> Any:
     """A blocking ``model.train`` from a client off the cluster: the job is made here (its arrays
     written to the storage both reach), then one call of the cluster's submits it and follows it,
     sending its rows and its waits here as they come."""
-    from raymodel._internal import remote
+    from raymodel._ray import remote
     from raymodel.jobs._request import train_request
     from raymodel.train import ProgressPrinter
 
@@ -147,7 +147,7 @@ def _train_here(blob: bytes, info: dict[str, Any], progress: bool) -> dict[str, 
     sending the client its rows and every change of what it waits for; its final record."""
     import ray
 
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     cluster.ensure_ray(False)
     hub = _progress_hub() if progress else None

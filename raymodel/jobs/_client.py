@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-from raymodel._internal import cluster
+from raymodel._ray import cluster
 from raymodel.exceptions import SettingsError
 from raymodel.jobs._address import NAME, NAMESPACE, find, running_handle
 from raymodel.jobs._constants import DEFAULT_POOL_IDLE_S, DONE
@@ -22,16 +22,16 @@ __all__ = ["NAME", "NAMESPACE", "running_handle", "server_handle", "call", "init
 
 
 class RemoteServer:
-    """The training server of a cluster this process is not a node of (``_internal/remote.py``): each
+    """The training server of a cluster this process is not a node of (``_ray/remote.py``): each
     of its methods called is one call of the cluster's, which starts the server there if none runs."""
 
     def call(self, method: str, *args: Any) -> Any:
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         return remote.call(_on_the_server, method, args)
 
     def __repr__(self) -> str:
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         cluster = remote.active()
         return f"RemoteServer({cluster.address if cluster else None!r})"
@@ -60,7 +60,7 @@ def pool_idle_s() -> float:
 def server_handle(start: bool = True) -> Any:
     """The training server's actor handle: the running one, or one started now (detached, on this
     node); ``None`` with ``start=False`` when none runs. Off the cluster, a ``RemoteServer``."""
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     if remote.active() is not None:
         return RemoteServer()
@@ -156,7 +156,7 @@ def init(
         os.environ["RAYMODEL_POOL_IDLE_S"] = str(float(pool_idle_s))
     if warm is not None:
         parse_warm(warm, cpus=1.0)  # a bad value fails before Ray starts
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     if remote.is_dashboard_address(address if address is not None else os.environ.get("RAY_ADDRESS")):
         _init_off_cluster(address or os.environ["RAY_ADDRESS"], pool_idle_s, warm, ray_init_kwargs)
@@ -176,7 +176,7 @@ def init(
 
 def _init_off_cluster(address: str, pool_idle_s: float | None, warm: Any, ray_init_kwargs: dict[str, Any]) -> None:
     """``rm.init(address="http://HEAD:8265")``: a client of that cluster, which runs no Ray here."""
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     runtime_env = ray_init_kwargs.pop("runtime_env", None)
     if ray_init_kwargs:

@@ -6,7 +6,8 @@ import logging
 import time
 from typing import Any
 
-from raymodel._internal import remote, serialization
+from raymodel._internal import serialization
+from raymodel._ray import remote
 from raymodel.exceptions import RayModelError, TrainingError, TuneError
 from raymodel.jobs._client import call, server_handle
 from raymodel.jobs._constants import DONE

@@ -31,7 +31,7 @@ def submit_release(
 ) -> Job:
     """Check everything a release is given (before anything runs), then queue it as a job; ``parent``:
     the version it trains further (a release by reference), which its lineage names."""
-    from raymodel._internal import remote
+    from raymodel._ray import remote
     from raymodel.jobs._from_registry import check_register
     from raymodel.registry import default_uri
     from raymodel.train import prepare
@@ -156,7 +156,7 @@ def _check_against(model: Any, gate: Gate, key: str, registry_uri: str) -> None:
 def _check_route(model: Any, route: str, key: str) -> None:
     """The route serves one version of ``key`` by a registry reference (a rollout starts from it), and
     the model can be served there."""
-    from raymodel._internal import cluster, remote
+    from raymodel._ray import cluster, remote
     from raymodel.serve import Servable, served_spec
 
     Servable(model, route)  # the model's schemas and serving checks, nothing deployed
@@ -179,7 +179,7 @@ def _check_route(model: Any, route: str, key: str) -> None:
 
 def _served_spec_here(route: str) -> Any:
     """On the cluster: what serves ``route`` (``served_spec``)."""
-    from raymodel._internal import cluster
+    from raymodel._ray import cluster
     from raymodel.serve import served_spec
 
     cluster.ensure_ray(False)

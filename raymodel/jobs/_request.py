@@ -66,7 +66,7 @@ def train_request(
     the job's storage (``.npy``) and the payload holds where (``_store.StoredArray``). ``kind`` and
     ``more`` (payload entries): a job that trains first (``"release"``).
     """
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     remote.refuse_local("TrainSettings.storage_path", settings.storage_path)  # before any array is written
     job_id = _store.new_id(kind)
@@ -78,7 +78,7 @@ def train_request(
     if settings.name is None:  # fixed now: a preempted job resumes from its own run's checkpoints
         settings = dataclasses.replace(settings, name=run_name)
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
-    needs = model.backend.run_needs(settings)
+    needs = model.backend.training.needs(settings)
     payload = {
         "class": type(model),
         "config": dict(model.config),

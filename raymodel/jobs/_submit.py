@@ -98,7 +98,7 @@ def submit_tune(
     model: Any, space: Any, settings: Any, data: Any, resume: bool, extra: dict[str, Any] | None = None
 ) -> Job:
     """``model.tune(..., wait=False)``: checked as ``tune()`` checks, then queued."""
-    from raymodel._internal import remote
+    from raymodel._ray import remote
     from raymodel.jobs._request import tune_payload, why_not_durable
     from raymodel.tune import Tunable
 

@@ -19,7 +19,7 @@ class Stream:
         self.job, self.seen = job, 0
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         if remote.active() is not None:
             yield from self._from_off_the_cluster()
@@ -70,7 +70,7 @@ def held(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """What each job holds now: the bundles of its placement groups that Ray's state API shows
     CREATED (one query for all the records; ``{}`` for a job that is not running). Off the cluster, the
     cluster's state API answers in a call of its own."""
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     if remote.active() is not None:
         return remote.call(held, records)

@@ -143,7 +143,7 @@ def warm_pool(name: str, workers: int) -> tuple[dict[str, Any], dict[str, float]
     backend = pool_backends()[name]
     settings = TrainSettings(num_workers=workers)
     per_worker = worker_resources(settings.resources_per_worker, settings.use_gpu)
-    return pool_spec(backend, settings, per_worker), dict(backend.run_needs(settings))
+    return pool_spec(backend, settings, per_worker), dict(backend.training.needs(settings))
 
 
 def warm_pools(specs: Sequence[WarmSpec]) -> dict[str, tuple[dict[str, Any], dict[str, float]]]:

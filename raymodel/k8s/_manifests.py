@@ -276,7 +276,7 @@ def _resource(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 def _env(shape: ClusterShape) -> list[dict[str, Any]]:
     """Every Ray container's environment: the storage, Ray's settings that ``raymodel server start`` gives
     a head (``cluster.ray_defaults``), no usage reports, and a route's keys from their Secret."""
-    from raymodel._internal import cluster
+    from raymodel._ray import cluster
 
     ray_env: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0"}
     cluster.ray_defaults(ray_env)

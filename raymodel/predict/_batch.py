@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
-from raymodel._internal import cluster, locations, signature, storage, tmp
+from raymodel._internal import locations, signature, storage, tmp
+from raymodel._ray import cluster
 from raymodel.contract import training_server
 from raymodel.exceptions import CheckpointError, DataError, SettingsError
 from raymodel.registry import sources
@@ -264,7 +265,7 @@ def _source_of(model_or_ref: Any, registry: str | None) -> dict[str, Any]:
     if isinstance(model_or_ref, (str, os.PathLike)) or type(model_or_ref).__name__ == "ModelRef":
         ref = os.fspath(model_or_ref) if isinstance(model_or_ref, os.PathLike) else str(model_or_ref)
         if sources.is_checkpoint_path(ref):
-            from raymodel._internal.checkpoint import MANIFEST
+            from raymodel.contract.checkpoint import MANIFEST
 
             location = ref if storage.is_uri(ref) else str(Path(ref).resolve())
             if not storage.exists(storage.join(location, MANIFEST)):  # the manifest only: each actor checks

@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from raymodel._internal import cluster, signature
+from raymodel._internal import signature
 from raymodel._internal.schema import schemas_of
+from raymodel._ray import cluster
 from raymodel.exceptions import DataError, ModelDefinitionError
 from raymodel.registry import sources
 
@@ -41,7 +42,7 @@ class Scorer:
             except DataError as exc:
                 where = f"`predict_batch` of `{type(model).__name__}` (columns {list(features)})"
                 raise DataError(f"{where}: {exc}.") from None
-        with model.backend.inference(model):
+        with model.backend.inference.mode(model):
             output = model.forward(x)
         columns = model.predict_batch_postprocess(output)
         rows = len(next(iter(batch.values())))

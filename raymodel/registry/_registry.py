@@ -12,7 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from raymodel._internal import checkpoint as ckpt, locations, name_rules, storage, tmp
+from raymodel._internal import locations, name_rules, storage, tmp
+from raymodel.contract import checkpoint as ckpt
 from raymodel.exceptions import RegistryError
 from raymodel.registry._checks import check_json, os_errors
 from raymodel.registry._store import RECORD, TOMBSTONE

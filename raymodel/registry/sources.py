@@ -40,7 +40,7 @@ def load(source: dict[str, Any], version: Any) -> Any:
     """The model a source names, set up: a checkpoint, or ``version`` (a number, an alias or
     ``None`` for the newest) of a registry key."""
     if "checkpoint" in source:
-        from raymodel._internal import checkpoint as ckpt
+        from raymodel.contract import checkpoint as ckpt
 
         model = ckpt.load_model(source["checkpoint"])
     else:

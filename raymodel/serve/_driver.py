@@ -10,8 +10,9 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from raymodel._internal import cluster, ingress, locations, storage
+from raymodel._internal import locations, storage
 from raymodel._internal.name_rules import route_app_name
+from raymodel._ray import cluster, ingress
 from raymodel.contract import text_generation, training_server
 from raymodel.exceptions import ServeError, SettingsError
 from raymodel.serve._failures import replica_failures
@@ -230,7 +231,7 @@ class Servable:
         when the route's application is already running. From a client off the cluster, the
         cluster deploys it (its proxy on every address of the head unless ``settings.host`` says
         otherwise) and ``url`` is the head's."""
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         if remote.active() is not None:
             return _deploy_off_cluster(self)
@@ -412,7 +413,7 @@ class ServedOffCluster(ServedModel):
 
     def set_split(self, split: Mapping[str, float]) -> None:
         """As ``ServedModel.set_split``: checked here, then the route reconfigured in a call of the cluster's."""
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         servable = self._routed("set_split")
         servable._set_split(split)  # every check first, here: a bad split changes nothing
@@ -424,7 +425,7 @@ class ServedOffCluster(ServedModel):
         self.info["split"] = dict(servable.plan.split)
 
     def shutdown(self) -> None:
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         remote.call(_shutdown_here, self.name)
 
@@ -439,7 +440,7 @@ def _deploy_off_cluster(servable: Servable) -> ServedModel:
     """``servable.deploy()`` from a client off the cluster: one call of the cluster's deploys it there."""
     from urllib.parse import urlparse
 
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     on = remote.active()
     assert on is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from raymodel.train._driver import Trainable, initial_state, prepare, with_parent
+from raymodel.train._hub import Collective, gathers_through_hub, start_hub, stop_hub
 from raymodel.train._methods import DPO, GRPO
 from raymodel.train._plots import train_figure, tune_figure
 from raymodel.train._progress import HubRows, ProgressPrinter, format_metrics, is_terminal
@@ -37,6 +38,10 @@ __all__ = [
     "format_metrics",
     "is_terminal",
     "HubRows",
+    "Collective",
+    "gathers_through_hub",
+    "start_hub",
+    "stop_hub",
     "ray_train_run",
 ]
 

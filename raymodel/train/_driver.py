@@ -8,11 +8,21 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from raymodel._internal import checkpoint as ckpt, cluster, locations, serialization, storage, tmp
-from raymodel._internal.hub import gathers_through_hub, start_hub, stop_hub
-from raymodel.contract import RunEvents, RunOutcome, RunPlan, TrainingRun, training_server
+from raymodel._internal import locations, serialization, storage, tmp
+from raymodel._ray import cluster
+from raymodel.contract import (
+    OwnRuns,
+    RayTrain,
+    RunEvents,
+    RunOutcome,
+    RunPlan,
+    TrainingRun,
+    checkpoint as ckpt,
+    training_server,
+)
 from raymodel.data import DataSpec, RayDataset, nonfinite, resolve
 from raymodel.exceptions import DataError, ModelDefinitionError, SettingsError
+from raymodel.train._hub import gathers_through_hub, start_hub, stop_hub
 from raymodel.train._methods import with_config
 from raymodel.train._progress import ProgressPrinter
 from raymodel.train._result import TrainResult
@@ -161,7 +171,7 @@ class Trainable:
     @property
     def needs(self) -> dict[str, float]:
         """What the run's workers hold in all (an elastic run: at least)."""
-        return self.model.backend.run_needs(self.settings)
+        return self.model.backend.training.needs(self.settings)
 
     def as_trainer(self) -> Any:
         """The native Ray Train V2 trainer for this model's backend, not yet fit.
@@ -169,7 +179,7 @@ class Trainable:
         Its checkpoints are raymodel checkpoints: load one with
         ``rm.RayModel.from_checkpoint(result.checkpoint.path)``.
         """
-        if not self.model.backend.on_ray_train:
+        if not isinstance(self.model.backend.training, RayTrain):
             raise ModelDefinitionError(
                 f"`{type(self.model).__name__}` trains with the {self.model.backend.name} backend, whose runs are "
                 "not Ray Train runs (the Algorithm trains in an actor of raymodel's): there is no Ray Train "
@@ -229,11 +239,13 @@ class Trainable:
         return {k: float(v) for k, v in outcome.returned.get("metrics", {}).items()}
 
     def _run(self, plan: RunPlan) -> TrainingRun:
-        """The backend's run type for ``plan``: a Ray Train run, or the backend's own (``make_run``)."""
+        """The backend's run type for ``plan``: a Ray Train run, or the backend's own (``OwnRuns.make_run``)."""
         from raymodel.train._ray_train_run import RayTrainRun  # imports ray.train (a second), which only a run needs
 
         backend = self.model.backend
-        return RayTrainRun(backend, plan) if backend.on_ray_train else backend.make_run(plan)
+        if isinstance(backend.training, OwnRuns):
+            return backend.training.make_run(plan)
+        return RayTrainRun(backend, plan)
 
     def run_on_pool(
         self, pool: Any, job_id: str, server: Any, *, hub: Any = None, deliver: bool = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raymodel._internal import checkpoint as ckpt
+from raymodel.contract import checkpoint as ckpt
 from raymodel.exceptions import DataError
 
 

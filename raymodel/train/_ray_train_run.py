@@ -28,8 +28,9 @@ from typing import Any
 
 from ray.train import UserCallback
 
-from raymodel._internal import cluster, storage
-from raymodel.contract import RunEvents, RunOutcome, RunPlan, failure_text
+from raymodel._internal import storage
+from raymodel._ray import cluster
+from raymodel.contract import RayTrain, RunEvents, RunOutcome, RunPlan, failure_text
 from raymodel.exceptions import HookError, TrainingError
 
 
@@ -37,7 +38,12 @@ class RayTrainRun:
     """A run of ``plan`` on a Ray Train V2 worker group of ``backend``'s trainer."""
 
     def __init__(self, backend: Any, plan: RunPlan) -> None:
+        if not isinstance(backend.training, RayTrain):
+            raise TypeError(
+                f"the {backend.name} backend's runs are not Ray Train runs (its `training` is no `RayTrain`)"
+            )
         self.backend, self.plan = backend, plan
+        self.ray_train: RayTrain = backend.training
 
     def trainer(self, own: bool = False) -> Any:
         """The backend's Ray Train V2 trainer for the plan, not yet fit (``own``: for ``fit``, not a user's)."""
@@ -64,7 +70,7 @@ class RayTrainRun:
             resources_per_worker=plan.resources_per_worker,
             **elastic,  # type: ignore[arg-type]
         )
-        trainer = self.backend.make_trainer(
+        trainer = self.ray_train.make_trainer(
             plan.loop,
             train_loop_config=plan.loop_config,
             scaling_config=scaling,

@@ -37,7 +37,8 @@ class TrainResult:
         backend that reports per epoch only, or a run without a checkpoint."""
         import json
 
-        from raymodel._internal import checkpoint, storage
+        from raymodel._internal import storage
+        from raymodel.contract import checkpoint
 
         if self.checkpoint is None:
             return []

@@ -15,7 +15,7 @@ class TrainSession:
     """
 
     #: A worker of a Ray Train worker group: the framework's distributed setup (DDP, a strategy's
-    #: cluster) comes from Ray Train. (A backend's ``on_ray_train`` says whether its runs are such groups.)
+    #: cluster) comes from Ray Train. (A backend's ``training`` says whether its runs are such groups: a ``RayTrain``.)
     in_worker_group = True
 
     def __init__(self) -> None:
@@ -98,7 +98,7 @@ class LocalSession:
         from pathlib import Path
 
         from raymodel._internal import storage
-        from raymodel._internal.checkpoint import MANIFEST, epoch_of
+        from raymodel.contract.checkpoint import MANIFEST, epoch_of
 
         target = storage.join(self.run_path, name)
         if storage.is_uri(target):  # no rename on object stores: the manifest goes up last

@@ -28,12 +28,13 @@ from typing import Any, Awaitable, Iterator
 
 import numpy as np
 
-from raymodel._internal import checkpoint as ckpt, serialization, storage, tmp
-from raymodel._internal.hub import Collective
+from raymodel._internal import serialization, storage, tmp
+from raymodel.contract import RayTrain, checkpoint as ckpt
 from raymodel.exceptions import CheckpointError
 from raymodel.hooks import HookRunner, RunContext, maybe_await
 from raymodel.train._changes import JobChanges
 from raymodel.train._evaluate import evaluate
+from raymodel.train._hub import Collective
 from raymodel.train._progress import BatchProgress
 from raymodel.train._session import TrainSession
 
@@ -126,14 +127,14 @@ class WorkerRun:
     async def fit(self) -> dict[str, Any]:
         """The whole run on this worker; returns ``{"metrics": ..., "history": ...}``."""
         self.loop = asyncio.get_running_loop()
-        self.worker = self.backend.worker_loop(self)
+        self.worker = self.backend.training.worker_loop(self)
         try:
             return await self._fit()
         finally:
             self.worker.close()
 
     async def _fit(self) -> dict[str, Any]:
-        if self.backend.native_collective:
+        if isinstance(self.backend.training, RayTrain) and self.backend.training.collective:
             self.collective.native = self.worker.all_gather
         seed = int(self.settings.seed)
         random.seed(seed)

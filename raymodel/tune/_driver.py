@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ray.tune import Callback
 from ray.tune.search import SearchAlgorithm
 
-from raymodel._internal import cluster, locations, serialization, storage
-from raymodel.contract import training_server
+from raymodel._internal import locations, serialization, storage
+from raymodel._ray import cluster
+from raymodel.contract import OwnRuns, RayTrain, training_server
 from raymodel.exceptions import SettingsError, TuneError
 from raymodel.train import prepare, worker_resources
 from raymodel.tune._progress import TrialPrinter, summary_table
@@ -101,7 +102,7 @@ class Tunable:
         """Whether trials run their training as jobs of the training server, on pools (several workers
         each, or ``train.num_workers`` tuned, with settings that go to a pool)."""
         ts = self.train_settings
-        if not self.model.backend.on_ray_train:  # RLlib: the trial holds its Algorithm and env runners
+        if isinstance(self.model.backend.training, OwnRuns):  # RLlib: the trial holds its Algorithm and env runners
             return False
         return ts.on_pool and (ts.max_workers > 1 or f"{TRAIN_PREFIX}num_workers" in self.space)
 
@@ -111,7 +112,7 @@ class Tunable:
         group it starts itself (a worker group on a pool is a job of the server, holding its own)."""
         ts, backend = self.train_settings, self.model.backend
         needs = trial_resources(backend, **{n: getattr(ts, n) for n in PLACEMENT_FIELDS})
-        if ts.max_workers > 1 and backend.on_ray_train and not on_pool(ts, backend):
+        if ts.max_workers > 1 and isinstance(backend.training, RayTrain) and not on_pool(ts, backend):
             for k, v in worker_resources(ts.resources_per_worker, ts.use_gpu).items():
                 needs[k] = needs.get(k, 0.0) + v * ts.max_workers
         return needs
@@ -334,7 +335,7 @@ def _fits_at_once(train_settings: Any, backend: Any) -> int:
 
     cpus = float(ray.cluster_resources().get("CPU", 1))
     held = trial_resources(backend, **{n: getattr(train_settings, n) for n in PLACEMENT_FIELDS}).get("CPU", 0.0)
-    if backend.on_ray_train:
+    if isinstance(backend.training, RayTrain):
         per_worker = float((train_settings.resources_per_worker or {}).get("CPU", 1))
         workers = max(train_settings.num_workers, 1)
         per_trial = workers * per_worker + held * (workers > 1)

@@ -32,9 +32,8 @@ import threading
 from typing import Any
 
 from raymodel._internal import serialization, storage as locations
-from raymodel._internal.hub import start_hub, stop_hub
-from raymodel.contract import training_server
-from raymodel.train import LocalSession, worker_resources
+from raymodel.contract import OwnRuns, training_server
+from raymodel.train import LocalSession, start_hub, stop_hub, worker_resources
 
 #: A config key ``"train.<field>"`` sets that ``TrainSettings`` field for the trial.
 TRAIN_PREFIX = "train."
@@ -75,7 +74,7 @@ def trial_settings(train: Any, config: dict[str, Any]) -> Any:
 def runs_in_trial(settings: Any, data: Any, backend: Any) -> bool:
     """A run that is not a Ray Train worker group (RLlib's Algorithm and its env runners), or one
     worker and no ``ray.data`` split (those are read through a worker group's shards)."""
-    if not backend.on_ray_train:
+    if isinstance(backend.training, OwnRuns):
         return True
     return settings.num_workers <= 1 and not getattr(data, "ray_datasets", None)
 
@@ -90,9 +89,8 @@ def trial_bundles(
     """The placement group of a trial: the backend's own bundles for a run in the trial's process
     that starts actors of its own (RLlib: the Algorithm, then one bundle per env runner); else one
     bundle, its one worker's resources, or a sliver when a worker group does the work."""
-    own = backend.trial_bundles(num_workers, use_gpu)
-    if own is not None:
-        return [dict(b) for b in own]
+    if isinstance(backend.training, OwnRuns):
+        return [dict(b) for b in backend.training.trial_bundles(num_workers, use_gpu)]
     if num_workers > 1:
         return [{"CPU": 0.01}]  # the trial only drives the run; the worker group holds the resources
     return [worker_resources(resources_per_worker, use_gpu)]

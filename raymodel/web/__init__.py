@@ -46,7 +46,7 @@ def dashboard(port: int = DEFAULT_PORT, host: str = "127.0.0.1", token: str | No
     Raises:
         SettingsError: ``port`` or ``host`` is not usable (e.g. the port is taken).
     """
-    from raymodel._internal import cluster, remote
+    from raymodel._ray import cluster, remote
 
     if remote.active() is not None:
         return _on_the_head(port)
@@ -87,7 +87,7 @@ def _on_the_head(port: int) -> str:
     """Off the cluster: the dashboard's URL on the cluster's head, at the head's address."""
     from urllib.parse import urlsplit
 
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     cluster = remote.active()
     assert cluster is not None
@@ -100,7 +100,7 @@ def _start_on_head(port: int) -> str:
     the head's, started unless one runs on ``port``; its URL."""
     import ray
 
-    from raymodel._internal import cluster
+    from raymodel._ray import cluster
 
     actor = ray.remote(num_cpus=0)(_OnTheHead).options(
         name=f"raymodel-dashboard-{port}",

@@ -14,9 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from raymodel.backends._trees import TreeBackend, TreeLoop
-from raymodel.contract import PoolKind
+from raymodel.backends._trees import TreeBackend, TreeInference, TreeLoop, trained_booster
+from raymodel.contract import PoolKind, RayTrain
 from raymodel.model import RayModel
+
+
+class LightGBMInference(TreeInference):
+    def forward(self, model: Any, x: Any) -> Any:
+        return trained_booster(model).predict(x)
 
 
 class LightGBMBackend(TreeBackend):
@@ -25,11 +30,9 @@ class LightGBMBackend(TreeBackend):
     imports = ("lightgbm",)
     pool = PoolKind(worker_imports=("lightgbm",))
     packages = ("lightgbm",)
-    trainer = "ray.train.lightgbm.LightGBMTrainer"
+    training = RayTrain("raymodel.backends.lightgbm:LightGBMLoop", "ray.train.lightgbm.LightGBMTrainer")
+    inference = LightGBMInference()
     booster_file = "model.txt"
-
-    def worker_loop(self, run: Any) -> Any:
-        return LightGBMLoop(run)
 
     def load_booster(self, path: Path) -> Any:
         import lightgbm
@@ -38,9 +41,6 @@ class LightGBMBackend(TreeBackend):
 
     def num_features(self, booster: Any) -> int:
         return int(booster.num_feature())
-
-    def forward(self, model: Any, x: Any) -> Any:
-        return self.trained_booster(model).predict(x)
 
 
 class RayLightGBMModel(RayModel):

@@ -20,25 +20,33 @@ resumes with ``Trainer.fit(ckpt_path=...)``.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from raymodel._internal.deps import require
 from raymodel.backends.lightning._import import lightning as _lightning
-from raymodel.backends.torch.backend import TorchBackend
+from raymodel.backends.torch.backend import TorchBackend, TorchInference
 from raymodel.contract import Model, PoolKind
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
 
+class LightningInference(TorchInference):
+    """The torch backend's inference; ``forward`` is the module's (``self.module``)."""
+
+
 class LightningBackend(TorchBackend):
-    """The torch backend's inference (the module is ``self.module``), Lightning's loop and checkpoint."""
+    """The torch backend's runs with Lightning's loop, its inference (the module is ``self.module``),
+    Lightning's checkpoint."""
 
     name = "lightning"
     extra = "lightning"
     imports = ("torch", "pytorch_lightning", "lightning")
     pool = PoolKind("torch", ("raymodel.backends.lightning._loop", "torch._dynamo"))
     packages = ("torch", "pytorch-lightning", "lightning")
+    training = dataclasses.replace(TorchBackend.training, loop="raymodel.backends.lightning._loop:LightningLoop")
+    inference = LightningInference()
     accepts = ("arrays", "torch_dataset", "batches", "ray_dataset")
     required_methods = ("setup",)
     hook_notes = {"before_batch": "yes (return value ignored)", "after_batch": "yes (the step's output)"}
@@ -48,11 +56,6 @@ class LightningBackend(TorchBackend):
     def import_framework(self) -> None:
         require("torch", "lightning")
         _lightning()
-
-    def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends.lightning._loop import LightningLoop
-
-        return LightningLoop(run)
 
     def write_state(self, model: Model, state: dict[str, Any], directory: Path) -> None:
         if "lightning" not in state:  # weights only (`model.save()` outside a run)
@@ -79,9 +82,6 @@ class LightningBackend(TorchBackend):
                 f"`{type(model).__name__}.setup` must return a `LightningModule` (or assign `self.module`); "
                 f"got {type(getattr(model, 'module', returned)).__name__}."
             )
-
-    def forward(self, model: Any, x: Any) -> Any:
-        return model.module(x)
 
 
 class RayLightningModel(RayModel):

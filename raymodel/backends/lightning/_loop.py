@@ -23,7 +23,7 @@ from raymodel.backends.torch.optim import set_hyperparameters
 from raymodel.data import Arrays, Batches, RayDataset, TorchDataset, worker_batches
 
 if TYPE_CHECKING:
-    from raymodel.contract import Run
+    from raymodel.contract import RunOnWorker
 
 pl = _lightning()
 
@@ -31,7 +31,7 @@ pl = _lightning()
 class LightningLoop(TorchLoop):
     """Builds the loaders and the ``Trainer``; resumes with ``Trainer.fit(ckpt_path=...)``."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunOnWorker) -> None:
         super().__init__(run)
         self.trainer: Any = None
         self.resume: dict[str, Any] | None = None
@@ -217,7 +217,7 @@ _Callback: Any = pl.Callback  # Lightning's, from the package that is installed
 class _LightningPhases(_Callback):
     """Lightning's callback points -> ``WorkerRun``'s phases and batch hooks."""
 
-    def __init__(self, run: Run, loop: LightningLoop) -> None:
+    def __init__(self, run: RunOnWorker, loop: LightningLoop) -> None:
         self.run, self.loop = run, loop
         self.losses: list[torch.Tensor] = []
 

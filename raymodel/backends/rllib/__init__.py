@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raymodel._internal.deps import require
-from raymodel.backends.torch.backend import TorchBackend
-from raymodel.contract import Model, RunPlan, TrainingRun, WarmUp, rows_of
+from raymodel.backends.torch.backend import TorchBackend, TorchInference
+from raymodel.contract import Model, OwnRuns, RunPlan, TrainingRun, WarmUp, rows_of
 from raymodel.exceptions import ModelDefinitionError, SettingsError
 from raymodel.model import RayModel
 
@@ -53,6 +53,48 @@ def warm_algorithm_actor() -> None:
     warm_kept({NO_TF[0]: NO_TF[1]})
 
 
+class PolicyInference(TorchInference):
+    """A policy's answers: observations in (``{"obs": [...]}`` or rows), its greedy action out."""
+
+    def forward(self, model: Model, x: Any) -> Any:
+        raise ModelDefinitionError(
+            f"`{type(model).__name__}` must define `forward(self, obs)` returning the action-distribution "
+            "inputs (logits for a discrete action space; means and log-stds for a Box)."
+        )
+
+    def preprocess(self, model: Model, payload: Any) -> Any:
+        import torch
+
+        if isinstance(payload, dict):
+            if "obs" not in payload:
+                raise ValueError(f"expected {{'obs': [[...], ...]}}, got keys {sorted(payload)}")
+            payload = payload["obs"]
+        return torch.as_tensor(rows_of(payload))
+
+    def postprocess(self, model: Model, output: Any) -> Any:
+        """The greedy action: argmax for a discrete space, the mean for a Box (clipped to its bounds)."""
+        return {"action": greedy(spaces_of(model)["action"], output).tolist()}
+
+    def batch_output(self, model: Model, output: Any) -> dict[str, np.ndarray]:
+        """``predict_batch``'s column: the greedy action of each row, as ``predict`` answers it."""
+        return {"action": greedy(spaces_of(model)["action"], output)}
+
+
+class AlgorithmRuns(OwnRuns):
+    """RLlib's runs: an ``AlgorithmRun`` (``rllib/_run.py``), the plan's ``WorkerRun`` in an actor holding
+    the learner; a Tune trial of it placed as RLlib's ``Algorithm.default_resource_request`` places it."""
+
+    def make_run(self, plan: RunPlan) -> TrainingRun:
+        from raymodel.backends.rllib._run import AlgorithmRun
+
+        return AlgorithmRun(plan, learner_resources(plan.use_gpu), env={NO_TF[0]: NO_TF[1]})
+
+    def trial_bundles(self, num_workers: int, use_gpu: bool) -> list[dict[str, float]]:
+        """With ``num_learners=0``: the Algorithm's process with its learner's CPU (and GPU), then one CPU
+        per env runner, each env runner in the bundle of its index."""
+        return [learner_resources(use_gpu)] + [{"CPU": 1.0} for _ in range(int(num_workers))]
+
+
 class RLlibBackend(TorchBackend):
     name = "rllib"
     extra = "rllib"
@@ -60,7 +102,8 @@ class RLlibBackend(TorchBackend):
     pool = None  # its runs are an Algorithm in an actor of its own: never on a pool
     warm_up = WarmUp(runner_call="raymodel.backends.rllib:warm_algorithm_actor")  # `--warm rllib`: its process
     packages = ("torch", "gymnasium")
-    trainer = ""  # not a Ray Train run: make_run gives an AlgorithmRun (rllib/_run.py)
+    training = AlgorithmRuns("raymodel.backends.rllib._loop:RLlibLoop")  # not a Ray Train run
+    inference = PolicyInference()
     accepts = ()
     needs_data = False
     epoch_unit = "iteration"
@@ -73,7 +116,6 @@ class RLlibBackend(TorchBackend):
         "after_validation": "no (no validation split)",
     }
     state_keys = ("modules", "algorithm", "spaces")
-    native_collective = False
     gradient_steps = False
     elastic = False
     strategies = ()  # one learner in the Algorithm's process: no strategy spreads it
@@ -87,32 +129,6 @@ class RLlibBackend(TorchBackend):
         require("gymnasium", self.extra)
         if importlib.util.find_spec("ray.rllib") is None or importlib.util.find_spec("tree") is None:
             require("ray.rllib", self.extra)  # raises, naming the extra
-
-    def worker_loop(self, run: Any) -> Any:
-        os.environ.setdefault(*NO_TF)  # a Tune trial's process, where RLlib is imported next
-        from raymodel.backends.rllib._loop import RLlibLoop
-
-        return RLlibLoop(run)
-
-    def make_run(self, plan: RunPlan) -> TrainingRun:
-        """An ``AlgorithmRun`` (``rllib/_run.py``): the plan's ``WorkerRun`` in an actor holding the learner."""
-        from raymodel.backends.rllib._run import AlgorithmRun
-
-        return AlgorithmRun(plan, learner_resources(plan.use_gpu), env={NO_TF[0]: NO_TF[1]})
-
-    def trial_bundles(self, num_workers: int, use_gpu: bool) -> list[dict[str, float]]:
-        """As RLlib's ``Algorithm.default_resource_request`` places it (``num_learners=0``): the
-        Algorithm's process with its learner's CPU (and GPU), then one CPU per env runner, each env
-        runner in the bundle of its index."""
-        return [learner_resources(use_gpu)] + [{"CPU": 1.0} for _ in range(int(num_workers))]
-
-    def run_needs(self, settings: Any) -> dict[str, float]:
-        """The learner's CPU (and GPU) in the Algorithm's actor, plus one CPU per env runner."""
-        needs: dict[str, float] = {}
-        for bundle in self.trial_bundles(settings.num_workers, settings.use_gpu):
-            for k, v in bundle.items():
-                needs[k] = needs.get(k, 0.0) + v
-        return needs
 
     # ------------------------------------------------------------- checking
     def validate_model(self, model: Model) -> None:
@@ -161,30 +177,6 @@ class RLlibBackend(TorchBackend):
         super().set_state(model, {"modules": state.get("modules", {})})
         if state.get("spaces"):
             model._spaces = state["spaces"]  # type: ignore[attr-defined]
-
-    # ------------------------------------------------------------ inference
-    def forward(self, model: Model, x: Any) -> Any:
-        raise ModelDefinitionError(
-            f"`{type(model).__name__}` must define `forward(self, obs)` returning the action-distribution "
-            "inputs (logits for a discrete action space; means and log-stds for a Box)."
-        )
-
-    def preprocess(self, model: Model, payload: Any) -> Any:
-        import torch
-
-        if isinstance(payload, dict):
-            if "obs" not in payload:
-                raise ValueError(f"expected {{'obs': [[...], ...]}}, got keys {sorted(payload)}")
-            payload = payload["obs"]
-        return torch.as_tensor(rows_of(payload))
-
-    def postprocess(self, model: Model, output: Any) -> Any:
-        """The greedy action: argmax for a discrete space, the mean for a Box (clipped to its bounds)."""
-        return {"action": greedy(spaces_of(model)["action"], output).tolist()}
-
-    def batch_output(self, model: Model, output: Any) -> dict[str, np.ndarray]:
-        """``predict_batch``'s column: the greedy action of each row, as ``predict`` answers it."""
-        return {"action": greedy(spaces_of(model)["action"], output)}
 
 
 def greedy(action: dict[str, Any], output: torch.Tensor) -> np.ndarray:

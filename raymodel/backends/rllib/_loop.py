@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raymodel._internal import serialization, tmp
+from raymodel.backends.rllib import NO_TF
 from raymodel.contract import WorkerLoop
+
+os.environ.setdefault(*NO_TF)  # a Tune trial's process, where RLlib is imported next
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm import Algorithm

@@ -27,7 +27,7 @@ from typing import Any
 
 import ray
 
-from raymodel._internal import cluster
+from raymodel._ray import cluster
 from raymodel.contract import RunEvents, RunOutcome, RunPlan, failure_text
 from raymodel.exceptions import TrainingError
 from raymodel.train import LocalSession, WorkerRun

@@ -20,11 +20,11 @@ import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
-from raymodel.contract import UNRECORDED_NAN, Backend, PoolKind, to_jsonable
+from raymodel.contract import UNRECORDED_NAN, Backend, Inference, PoolKind, RayTrain
 from raymodel.exceptions import ModelDefinitionError
 from raymodel.model import RayModel
 
@@ -38,13 +38,30 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
 
 
+class KerasTraining(RayTrain):
+    """``TensorflowTrainer``'s worker groups, each worker with Keras 2 (``TF_USE_LEGACY_KERAS``)."""
+
+    def worker_env(self, env_vars: dict[str, str]) -> dict[str, str]:
+        """Ray's TensorFlow backend imports TensorFlow in each worker before the loop runs: Keras 2 is
+        chosen there, and TensorFlow's C++ start-up kept quiet unless the run says otherwise."""
+        return {"TF_CPP_MIN_LOG_LEVEL": os.environ["TF_CPP_MIN_LOG_LEVEL"], **env_vars, "TF_USE_LEGACY_KERAS": "1"}
+
+
+class KerasInference(Inference[Any]):
+    """A Keras model's answers: ``self.model(x)``, not in training mode."""
+
+    def forward(self, model: Any, x: Any) -> Any:
+        return model.model(x, training=False)
+
+
 class TensorflowBackend(Backend):
     name = "tensorflow"
     extra = "tensorflow"
     imports = ("tensorflow", "tf_keras")
     pool = PoolKind(worker_imports=("raymodel.backends.tensorflow._loop",))
     packages = ("tensorflow", "keras", "tf-keras")
-    trainer = "ray.train.tensorflow.TensorflowTrainer"
+    training = KerasTraining("raymodel.backends.tensorflow._loop:KerasLoop", "ray.train.tensorflow.TensorflowTrainer")
+    inference = KerasInference()
     accepts = ("arrays",)
     required_methods = ("setup",)
     hook_notes = {"before_batch": "yes (gets `None`, return ignored)", "after_batch": "yes (Keras' batch logs)"}
@@ -62,11 +79,6 @@ class TensorflowBackend(Backend):
                 stacklevel=3,
             )
 
-    def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends.tensorflow._loop import KerasLoop
-
-        return KerasLoop(run)
-
     @contextlib.contextmanager
     def isolated(self) -> Iterator[None]:
         """Keras' global state (its graph, layer name counters) cleared after each job on a pool."""
@@ -76,33 +88,6 @@ class TensorflowBackend(Backend):
             import tensorflow as tf
 
             tf.keras.backend.clear_session()
-
-    def make_trainer(
-        self,
-        train_loop: Callable[[dict[str, Any]], Any],
-        *,
-        train_loop_config: dict[str, Any],
-        scaling_config: Any,
-        run_config: Any,
-        datasets: dict[str, Any] | None,
-        own: bool = False,
-    ) -> Any:
-        # Ray's TensorFlow backend imports TensorFlow in each worker before our loop runs.
-        env = dict(run_config.worker_runtime_env or {})
-        env["env_vars"] = {
-            "TF_CPP_MIN_LOG_LEVEL": os.environ["TF_CPP_MIN_LOG_LEVEL"],
-            **env.get("env_vars", {}),
-            "TF_USE_LEGACY_KERAS": "1",
-        }
-        run_config.worker_runtime_env = env
-        return super().make_trainer(
-            train_loop,
-            train_loop_config=train_loop_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            own=own,
-        )
 
     def after_user_setup(self, model: Any, returned: Any) -> None:
         if returned is not None and getattr(model, "model", None) is None:
@@ -154,12 +139,6 @@ class TensorflowBackend(Backend):
         if isinstance(shape, tuple) and all(n is None or isinstance(n, int) for n in shape):
             return {"shape": list(shape[1:]), "nonfinite": "error", "why": UNRECORDED_NAN}
         return {"nonfinite": "error", "why": UNRECORDED_NAN}
-
-    def forward(self, model: Any, x: Any) -> Any:
-        return model.model(x, training=False)
-
-    def postprocess(self, model: Any, output: Any) -> Any:
-        return to_jsonable(output)
 
 
 class RayTensorflowModel(RayModel):

@@ -20,14 +20,14 @@ from raymodel.contract import WorkerLoop
 from raymodel.data import worker_rows
 
 if TYPE_CHECKING:
-    from raymodel.contract import Run
+    from raymodel.contract import RunOnWorker
 
 
 class KerasLoop(WorkerLoop):
     #: The user's model: its networks, optimizers or booster are attributes that its ``setup`` and this loop set.
     model: Any
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunOnWorker) -> None:
         super().__init__(run)
         # On Ray Train workers (TF_CONFIG set by Ray): the multi-worker strategy; in a Tune trial: the default.
         self.strategy = _multi_worker_strategy(run) if run.session.in_worker_group else tf.distribute.get_strategy()
@@ -100,7 +100,7 @@ class KerasLoop(WorkerLoop):
 class _BatchHooks(tf.keras.callbacks.Callback):
     """Keras' batch callback points -> the run's batch hooks."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunOnWorker) -> None:
         super().__init__()
         self.run = run
 
@@ -116,7 +116,7 @@ class _BatchHooks(tf.keras.callbacks.Callback):
 _STRATEGY: list[Any] = []
 
 
-def _multi_worker_strategy(run: Run) -> Any:
+def _multi_worker_strategy(run: RunOnWorker) -> Any:
     """The worker's ``MultiWorkerMirroredStrategy``: TensorFlow sets up its collective once per
     process, so the jobs of a pool (same workers, same ``TF_CONFIG``) share the first one."""
     if not getattr(run.session, "pooled", False):

@@ -9,7 +9,18 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 
-from raymodel.contract import UNRECORDED_NAN, Backend, Model, PoolKind, rows_of, to_jsonable
+from raymodel.contract import (
+    DATA_PARALLEL,
+    UNRECORDED_NAN,
+    Backend,
+    Inference,
+    Model,
+    PoolKind,
+    RayTrain,
+    Training,
+    rows_of,
+    to_jsonable,
+)
 from raymodel.exceptions import DataError, ModelDefinitionError
 
 if TYPE_CHECKING:
@@ -17,6 +28,82 @@ if TYPE_CHECKING:
 
 
 _SHARDED = "sharded"  # the DCP checkpoint of strategy="fsdp", inside the state folder
+
+
+class TorchTraining(RayTrain):
+    """torch's runs: ``TorchTrainer``'s worker groups, gathering with ``torch.distributed`` (which DDP
+    already set up)."""
+
+    def options(self) -> dict[str, Any]:
+        """``TorchTrainer``'s process group configured by ``ProcessGroup``: ``TorchConfig``'s settings and
+        steps, but the run's controller does not import torch (``process_group.py``)."""
+        from raymodel.backends.torch.process_group import ProcessGroup
+
+        return {"torch_config": ProcessGroup()}
+
+    def own(self, scaling_config: Any) -> tuple[str, dict[str, Any]] | None:
+        """raymodel's own runs on Ray Train workers: Ray's ``DataParallelTrainer`` with ``ProcessGroup``,
+        which is what ``TorchTrainer`` builds (its module imports torch: the process that fits a pool's
+        run, or a one-off's, would import torch for nothing, before it asks for the run's controller).
+        ``as_trainer()`` and a run of no workers (Ray Train's local mode: ``TorchTrainer``'s own) keep
+        ``TorchTrainer``."""
+        from raymodel.backends.torch.process_group import ProcessGroup
+
+        if scaling_config.num_workers == 0:
+            return None
+        return DATA_PARALLEL, {"backend_config": ProcessGroup()}
+
+
+class TorchInference(Inference[Model]):
+    """A torch model's answers: its one module's, in eval mode without gradients; the first layer checks
+    the width of an input the model has no recorded signature for (``checks_first_layer``)."""
+
+    #: With no recorded signature, the first ``Linear`` or ``Conv`` layer ``forward`` reaches checks the
+    #: width of what it is given (a ``DataError`` naming the layer, not torch's shape error).
+    checks_first_layer: ClassVar[bool] = True
+
+    def forward(self, model: Model, x: Any) -> Any:
+        modules = TorchBackend.modules(model)
+        if len(modules) != 1:
+            raise ModelDefinitionError(
+                f"`{type(model).__name__}` has {len(modules)} modules ({sorted(modules)}); define "
+                "`forward(self, x)` to say how to combine them."
+            )
+        return next(iter(modules.values()))(x)
+
+    def preprocess(self, model: Model, payload: Any) -> Any:
+        import torch
+
+        return torch.as_tensor(rows_of(payload))
+
+    def postprocess(self, model: Model, output: Any) -> Any:
+        return to_jsonable(output)
+
+    @contextlib.contextmanager
+    def mode(self, model: Model) -> Iterator[None]:
+        import torch
+
+        named = TorchBackend.modules(model)
+        modules = named.values()
+        was_training = [m.training for m in modules]
+        for m in modules:
+            m.eval()
+        guard = _first_layer_guard(model, named) if self.checks_first_layer and not model.input_signature else None
+        try:
+            with torch.inference_mode():
+                yield
+        finally:
+            for m, flag in zip(modules, was_training):
+                m.train(flag)
+            for handle in guard or ():
+                handle.remove()
+
+    def stack(self, inputs: Sequence[Any]) -> Any:
+        import torch
+
+        if all(isinstance(x, torch.Tensor) for x in inputs):
+            return torch.cat(list(inputs), dim=0)
+        return super().stack(inputs)
 
 
 class TorchBackend(Backend):
@@ -27,42 +114,17 @@ class TorchBackend(Backend):
     #: (``torch._dynamo``: what a first optimizer imports).
     pool: ClassVar[PoolKind | None] = PoolKind("torch", ("raymodel.backends.torch.loop", "torch._dynamo"))
     packages: ClassVar[tuple[str, ...]] = ("torch",)
-    trainer = "ray.train.torch.TorchTrainer"
+    training: ClassVar[Training] = TorchTraining(
+        "raymodel.backends.torch.loop:TorchLoop", "ray.train.torch.TorchTrainer", collective=True
+    )
     accepts: ClassVar[tuple[str, ...]] = ("arrays", "torch_dataset", "batches", "async_batches", "ray_dataset")
     required_methods: ClassVar[tuple[str, ...]] = ("setup", "configure_optimizers", "train_step")
     hook_notes = {"before_batch": "yes (may replace the batch)", "after_batch": "yes (the step's output)"}
     state_keys: ClassVar[tuple[str, ...]] = ("modules", "optimizers", "schedulers", "sharded")
-    native_collective = True  # torch.distributed, which DDP already set up
     gradient_steps = True  # precision, accumulation and clipping (TrainSettings)
     elastic = True  # DDP's process group is rebuilt at each (re)start, at the new world size
     strategies: ClassVar[tuple[str, ...]] = ("ddp", "fsdp")
-    #: With no recorded signature, the first ``Linear`` or ``Conv`` layer ``forward`` reaches checks the
-    #: width of what it is given (a ``DataError`` naming the layer, not torch's shape error).
-    checks_first_layer: ClassVar[bool] = True
-
-    def trainer_options(self) -> dict[str, Any]:
-        """``TorchTrainer``'s process group configured by ``ProcessGroup``: ``TorchConfig``'s settings and
-        steps, but the run's controller does not import torch (``process_group.py``)."""
-        from raymodel.backends.torch.process_group import ProcessGroup
-
-        return {"torch_config": ProcessGroup()}
-
-    def own_trainer(self, scaling_config: Any) -> tuple[str, dict[str, Any]] | None:
-        """raymodel's own runs on Ray Train workers: Ray's ``DataParallelTrainer`` with ``ProcessGroup``,
-        which is what ``TorchTrainer`` builds (its module imports torch: the process that fits a pool's
-        run, or a one-off's, would import torch for nothing, before it asks for the run's controller).
-        ``as_trainer()`` and a run of no workers (Ray Train's local mode: ``TorchTrainer``'s own) keep
-        ``TorchTrainer``."""
-        from raymodel.backends.torch.process_group import ProcessGroup
-
-        if scaling_config.num_workers == 0:
-            return None
-        return Backend.trainer, {"backend_config": ProcessGroup()}  # the contract's DataParallelTrainer
-
-    def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends.torch.loop import TorchLoop
-
-        return TorchLoop(run)
+    inference = TorchInference()
 
     @contextlib.contextmanager
     def isolated(self) -> Iterator[None]:
@@ -140,8 +202,8 @@ class TorchBackend(Backend):
         state = torch.load(directory / "model.pt", map_location="cpu", weights_only=False)
         if not (directory / _SHARDED).is_dir():
             return state
-        from raymodel._internal.checkpoint import MANIFEST
         from raymodel.backends.torch import fsdp
+        from raymodel.contract.checkpoint import MANIFEST
 
         modules = self.modules(model)
         if getattr(model, "_fsdp_roots", None):
@@ -171,54 +233,10 @@ class TorchBackend(Backend):
                 for obj, sd in zip(live, state[attr]):
                     obj.load_state_dict(sd)
 
-    # ------------------------------------------------------------ inference
-    def forward(self, model: Model, x: Any) -> Any:
-        modules = self.modules(model)
-        if len(modules) != 1:
-            raise ModelDefinitionError(
-                f"`{type(model).__name__}` has {len(modules)} modules ({sorted(modules)}); define "
-                "`forward(self, x)` to say how to combine them."
-            )
-        return next(iter(modules.values()))(x)
-
-    def preprocess(self, model: Model, payload: Any) -> Any:
-        import torch
-
-        return torch.as_tensor(rows_of(payload))
-
-    def postprocess(self, model: Model, output: Any) -> Any:
-        return to_jsonable(output)
-
     def unrecorded_signature(self, model: Model) -> dict[str, Any] | None:
         """NaN, None or infinity in a network's input gives NaN answers: refused. Its width is checked as
         ``forward`` reaches the first layer (``inference``)."""
         return {"nonfinite": "error", "why": UNRECORDED_NAN}
-
-    @contextlib.contextmanager
-    def inference(self, model: Model) -> Iterator[None]:
-        import torch
-
-        named = self.modules(model)
-        modules = named.values()
-        was_training = [m.training for m in modules]
-        for m in modules:
-            m.eval()
-        guard = _first_layer_guard(model, named) if self.checks_first_layer and not model.input_signature else None
-        try:
-            with torch.inference_mode():
-                yield
-        finally:
-            for m, flag in zip(modules, was_training):
-                m.train(flag)
-            for handle in guard or ():
-                handle.remove()
-
-    def stack(self, inputs: Sequence[Any]) -> Any:
-        import torch
-
-        if all(isinstance(x, torch.Tensor) for x in inputs):
-            return torch.cat(list(inputs), dim=0)
-        return super().stack(inputs)
 
 
 def _first_layer_guard(model: Model, modules: dict[str, Any]) -> list[Any]:

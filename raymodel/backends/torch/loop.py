@@ -35,7 +35,7 @@ from raymodel.exceptions import HookError, ModelDefinitionError
 from raymodel.hooks import maybe_await
 
 if TYPE_CHECKING:
-    from raymodel.contract import Run
+    from raymodel.contract import RunOnWorker
 
 
 class TorchLoop(WorkerLoop):
@@ -44,7 +44,7 @@ class TorchLoop(WorkerLoop):
     #: The user's model: its networks, optimizers or booster are attributes that its ``setup`` and this loop set.
     model: Any
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunOnWorker) -> None:
         super().__init__(run)
         self.device = _device(run.settings.use_gpu)
         self.distributed = run.world > 1 and dist.is_available() and dist.is_initialized()

@@ -22,15 +22,16 @@ adapter beside its frozen base (``_lora.py``), and its checkpoints hold the adap
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from raymodel._internal import tmp
-from raymodel._internal.checkpoint import STATE_DIR
-from raymodel.backends.torch.backend import TorchBackend
+from raymodel.backends.torch.backend import TorchBackend, TorchInference
 from raymodel.backends.transformers._lora import LoRA
 from raymodel.contract import Model, PoolKind, TextGeneration, WarmUp
+from raymodel.contract.checkpoint import STATE_DIR
 from raymodel.exceptions import CheckpointError, ModelDefinitionError
 from raymodel.model import RayModel
 
@@ -84,8 +85,47 @@ class TransformersText(TextGeneration[Model]):
         model.model.delete_adapter(name)  # type: ignore[attr-defined]
 
 
+class TransformersInference(TorchInference):
+    """The torch backend's eval mode; text in and out (``_text.py``): a model's answers to prompts, a causal
+    LM's streamed, and ``predict_batch``'s text column."""
+
+    checks_first_layer = False  # token ids reach an embedding; a shape error inside is not the request's
+
+    def preprocess(self, model: Model, payload: Any) -> Any:
+        from raymodel.backends.transformers import _text
+
+        return _text.preprocess(model, payload)
+
+    def forward(self, model: Model, x: Any) -> Any:
+        from raymodel.backends.transformers import _text
+
+        return _text.forward(model, x)
+
+    def postprocess(self, model: Model, output: Any) -> Any:
+        from raymodel.backends.transformers import _text
+
+        return _text.postprocess(model, output)
+
+    def stack(self, inputs: Sequence[Any]) -> Any:
+        from raymodel.backends.transformers import _text
+
+        return _text.stack(inputs)
+
+    def stream(self, model: Model, payload: Any) -> Iterator[str]:
+        from raymodel.backends.transformers import _text
+
+        return _text.stream(model, payload)
+
+    def batch_input(self, model: Model, batch: Mapping[str, Any]) -> Any:
+        """``predict_batch``: the text column of each Ray Data batch."""
+        column = getattr(model, "text_column", "text")
+        if column not in batch:
+            raise ValueError(f"`predict_batch` of a transformers model needs a `{column}` column; got {sorted(batch)}.")
+        return self.preprocess(model, {"text": [str(t) for t in batch[column]]})
+
+
 class TransformersBackend(TorchBackend):
-    """The torch backend's inference context and isolation; HF's ``Trainer``, checkpoints and text I/O."""
+    """The torch backend's runs with HF's ``Trainer``, its isolation, checkpoints, text in and out."""
 
     name = "transformers"
     extra = "transformers"
@@ -103,13 +143,9 @@ class TransformersBackend(TorchBackend):
     strategies = ("ddp",)
     elastic = False
     methods = ("grpo", "dpo")  # TRL's GRPOTrainer and DPOTrainer (_post.py)
+    training = dataclasses.replace(TorchBackend.training, loop="raymodel.backends.transformers._loop:TrainerLoop")
+    inference = TransformersInference()
     text = TransformersText()
-    checks_first_layer = False  # token ids reach an embedding; a shape error inside is not the request's
-
-    def worker_loop(self, run: Any) -> Any:
-        from raymodel.backends.transformers._loop import TrainerLoop
-
-        return TrainerLoop(run)
 
     def after_user_setup(self, model: Model, returned: Any) -> None:
         import transformers
@@ -193,39 +229,6 @@ class TransformersBackend(TorchBackend):
         finally:
             if state.get("transformers_copy"):
                 shutil.rmtree(folder, ignore_errors=True)
-
-    # ------------------------------------------------------------ inference
-    def preprocess(self, model: Model, payload: Any) -> Any:
-        from raymodel.backends.transformers import _text
-
-        return _text.preprocess(model, payload)
-
-    def forward(self, model: Model, x: Any) -> Any:
-        from raymodel.backends.transformers import _text
-
-        return _text.forward(model, x)
-
-    def postprocess(self, model: Model, output: Any) -> Any:
-        from raymodel.backends.transformers import _text
-
-        return _text.postprocess(model, output)
-
-    def stack(self, inputs: Sequence[Any]) -> Any:
-        from raymodel.backends.transformers import _text
-
-        return _text.stack(inputs)
-
-    def stream(self, model: Model, payload: Any) -> Iterator[str]:
-        from raymodel.backends.transformers import _text
-
-        return _text.stream(model, payload)
-
-    def batch_input(self, model: Model, batch: Mapping[str, Any]) -> Any:
-        """``predict_batch``: the text column of each Ray Data batch."""
-        column = getattr(model, "text_column", "text")
-        if column not in batch:
-            raise ValueError(f"`predict_batch` of a transformers model needs a `{column}` column; got {sorted(batch)}.")
-        return self.preprocess(model, {"text": [str(t) for t in batch[column]]})
 
 
 class RayTransformersModel(RayModel):
@@ -357,7 +360,7 @@ class RayTransformersModel(RayModel):
     def stream(self, payload: Mapping[str, Any]) -> Iterator[str]:
         """A causal LM's generation for ``{"prompt": "...", "max_new_tokens": n}``, one token at a time."""
         self.ensure_setup()
-        return self.backend.stream(self, payload)
+        return self.backend.inference.stream(self, payload)
 
 
 def _save_pretrained(model: Any, folder: Path, merged: bool = False) -> None:

@@ -177,7 +177,7 @@ class _Batch:
             names = [s.request.adapter or active for s in seqs]
             if any(name != active for name in names):
                 kwargs["adapter_names"] = names
-        with self.engine.model.backend.inference(self.engine.model):  # eval mode (no dropout), no gradients
+        with self.engine.model.backend.inference.mode(self.engine.model):  # eval mode (no dropout), no gradients
             out = hf(
                 input_ids=ids,
                 attention_mask=mask,

@@ -30,7 +30,7 @@ from raymodel.data import TorchDataset
 from raymodel.exceptions import ModelDefinitionError
 
 if TYPE_CHECKING:
-    from raymodel.contract import Run
+    from raymodel.contract import RunOnWorker
 
 #: Entries of the Trainer's evaluation that are not metrics of the model.
 _EVAL_NOISE = ("runtime", "samples_per_second", "steps_per_second", "epoch", "model_preparation_time")
@@ -39,7 +39,7 @@ _EVAL_NOISE = ("runtime", "samples_per_second", "steps_per_second", "epoch", "mo
 class TrainerLoop(TorchLoop):
     """Builds the ``Trainer``; resumes with ``Trainer.train(resume_from_checkpoint=...)``."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunOnWorker) -> None:
         super().__init__(run)
         self.trainer: Any = None
         self.resume: str | None = None
@@ -303,7 +303,7 @@ def _set_hyperparameters(trainer: Any, changes: dict[str, Any]) -> None:
 class _TrainerPhases(transformers.TrainerCallback):
     """The ``Trainer``'s callback points -> ``WorkerRun``'s phases."""
 
-    def __init__(self, run: Run, loop: TrainerLoop, first: int) -> None:
+    def __init__(self, run: RunOnWorker, loop: TrainerLoop, first: int) -> None:
         self.run, self.loop = run, loop
         self.epoch = first - 1
         self.loss: float | None = None

@@ -173,7 +173,7 @@ def stream(model: Any, payload: Any) -> Iterator[str]:
 
     def run() -> None:
         try:
-            with model.backend.inference(model):
+            with model.backend.inference.mode(model):
                 _generate(model, request, streamer=_streamer(model.tokenizer, tokens))
         except BaseException as exc:  # noqa: BLE001 - handed to the reading side
             tokens.put(exc)

@@ -11,9 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from raymodel.backends._trees import TreeBackend, TreeLoop
-from raymodel.contract import PoolKind
+from raymodel.backends._trees import TreeBackend, TreeInference, TreeLoop, trained_booster
+from raymodel.contract import PoolKind, RayTrain
 from raymodel.model import RayModel
+
+
+class XGBoostInference(TreeInference):
+    def forward(self, model: Any, x: Any) -> Any:
+        import xgboost
+
+        return trained_booster(model).predict(xgboost.DMatrix(x))
 
 
 class XGBoostBackend(TreeBackend):
@@ -22,11 +29,9 @@ class XGBoostBackend(TreeBackend):
     imports = ("xgboost",)
     pool = PoolKind(worker_imports=("xgboost",))
     packages = ("xgboost",)
-    trainer = "ray.train.xgboost.XGBoostTrainer"
+    training = RayTrain("raymodel.backends.xgboost:XGBoostLoop", "ray.train.xgboost.XGBoostTrainer")
+    inference = XGBoostInference()
     booster_file = "model.json"
-
-    def worker_loop(self, run: Any) -> Any:
-        return XGBoostLoop(run)
 
     def load_booster(self, path: Path) -> Any:
         import xgboost
@@ -37,11 +42,6 @@ class XGBoostBackend(TreeBackend):
 
     def num_features(self, booster: Any) -> int:
         return int(booster.num_features())
-
-    def forward(self, model: Any, x: Any) -> Any:
-        import xgboost
-
-        return self.trained_booster(model).predict(xgboost.DMatrix(x))
 
 
 class RayXGBoostModel(RayModel):

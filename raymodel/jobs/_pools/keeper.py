@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from raymodel._internal import cluster, remote
+from raymodel._ray import cluster, remote
 from raymodel.jobs._address import NAMESPACE
 from raymodel.jobs._server.book import JobBook
 from raymodel.jobs._server.queue import fits

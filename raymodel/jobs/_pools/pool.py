@@ -28,8 +28,8 @@ import traceback
 from typing import Any
 
 from raymodel._internal import locations, serialization
-from raymodel._internal.hub import gathers_through_hub, start_hub, stop_hub
 from raymodel.jobs._pools.session import PoolSession
+from raymodel.train import gathers_through_hub, start_hub, stop_hub
 
 #: How long every rank has to leave a failed job before the pool restarts its worker group.
 _REJOIN_S = 5.0

@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from raymodel._internal import checkpoint as ckpt, storage
+from raymodel._internal import storage
+from raymodel.contract import checkpoint as ckpt
 
 
 class PoolSession:

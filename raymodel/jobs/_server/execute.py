@@ -8,7 +8,8 @@ from typing import Any
 import ray
 from ray import tune
 
-from raymodel._internal import checkpoint as ckpt, serialization
+from raymodel._internal import serialization
+from raymodel.contract import checkpoint as ckpt
 from raymodel.hooks import Callback
 from raymodel.jobs._address import running_handle
 from raymodel.jobs._server.run_events import JobFailures, JobRows

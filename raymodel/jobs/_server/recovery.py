@@ -167,7 +167,8 @@ def stored_result(record: JobRecord) -> dict[str, Any] | None:
     path = record.run_path
     if record.kind != "train" or not path:
         return None
-    from raymodel._internal import checkpoint as ckpt, storage
+    from raymodel._internal import storage
+    from raymodel.contract import checkpoint as ckpt
 
     epochs = sorted(e for e in (ckpt.epoch_of(n) for n in storage.listdir(path)) if e is not None)
     history = [r for r in record.history if int(r.get("epoch", 0)) <= (epochs[-1] if epochs else 0)]

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import ray
 
-from raymodel._internal import cluster, remote
+from raymodel._ray import cluster, remote
 from raymodel.jobs._address import NAMESPACE
 
 

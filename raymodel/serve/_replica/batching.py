@@ -97,9 +97,9 @@ def _forward_isolated(model: Any, items: list[tuple[Any, Any]]) -> list[Any]:
 
 
 def _forward_many(model: Any, inputs: list[Any]) -> list[Any]:
-    backend = model.backend
+    inference = model.backend.inference
     sizes = [batch_len(x) for x in inputs]
-    batch = backend.stack(inputs)
-    with backend.inference(model):
+    batch = inference.stack(inputs)
+    with inference.mode(model):
         output = model.forward(batch)
-    return backend.split(output, sizes)
+    return inference.split(output, sizes)

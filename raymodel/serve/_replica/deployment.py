@@ -33,9 +33,10 @@ import orjson
 from ray import serve
 from starlette.responses import Response, StreamingResponse
 
-from raymodel._internal import cluster, signature
+from raymodel._internal import signature
 from raymodel._internal.schema import describe, openapi, schemas_of
-from raymodel.contract import Backend, text_generation
+from raymodel._ray import cluster
+from raymodel.contract import Inference, text_generation
 from raymodel.exceptions import DataError
 from raymodel.registry import sources
 from raymodel.serve._llm.openai import not_found
@@ -154,7 +155,7 @@ class ModelReplica(OpenAIRoutes):
         model = model or self.model
         began = time.monotonic()
         try:
-            pieces = iter(model.backend.stream(model, payload))
+            pieces = iter(model.backend.inference.stream(model, payload))
         except CLIENT_ERRORS as exc:
             return error_response(422, "invalid payload", _message(exc))
 
@@ -293,9 +294,9 @@ async def read_payload(request: Any, sub: str, max_body_bytes: int) -> tuple[Any
 
 
 def answers_in_pieces(model: Any) -> bool:
-    """Whether the model's backend answers piece by piece (``Backend.stream`` overridden, as a causal LM's
-    is); for any other model a ``"stream"`` key is the payload's own business."""
-    return model is not None and type(model.backend).stream is not Backend.stream
+    """Whether the model's backend answers piece by piece (its ``Inference.stream`` overridden, as a causal
+    LM's is); for any other model a ``"stream"`` key is the payload's own business."""
+    return model is not None and type(model.backend.inference).stream is not Inference.stream
 
 
 def _ingress() -> str:

@@ -159,7 +159,7 @@ def known_rollouts(servable: type | None = None) -> list[Rollout]:
 def _ask(method: str, args: tuple[Any, ...], servable: type | None = None) -> Any:
     """``controller.<method>(*args)``, waited for (``controller(servable)``: a ``ValueError`` where none
     runs and ``servable`` is None); from a client off the cluster, as a call of the cluster's."""
-    from raymodel._internal import cluster, remote
+    from raymodel._ray import cluster, remote
 
     if remote.active() is not None:
         return remote.call(_ask, method, args, servable)
@@ -198,7 +198,7 @@ class Rollout:
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until it ends; its final status. ``TimeoutError`` after ``timeout`` seconds."""
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         if remote.active() is not None:  # off the cluster: one call waits there, not a call per look
             status = remote.call(_wait_here, self.id, timeout)

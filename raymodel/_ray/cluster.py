@@ -15,8 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, MutableMapping
 
-from raymodel._internal.ingress import end_haproxy, resolve_ingress, with_serve_env
-from raymodel._internal.ray_start import dashboard_beside_raylet
+from raymodel._ray.ingress import end_haproxy, resolve_ingress, with_serve_env
+from raymodel._ray.ray_start import dashboard_beside_raylet
 from raymodel.exceptions import RayModelError
 
 _QUIET_LOGGERS = ("ray", "ray.train", "ray.tune", "ray.serve", "ray.data")
@@ -129,7 +129,7 @@ def init(
         # named in /tmp/ray/ray_current_cluster (the last `ray start`, or any `ray.cluster_utils.Cluster`
         # on the machine) and refuse `num_cpus` there.
         kwargs["address"] = "local"
-        end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_internal/ingress.py)
+        end_haproxy()  # what Ray instances that died left of their HTTP ingress (raymodel/_ray/ingress.py)
         os.environ.update(with_serve_env(os.environ, ingress))  # a new local instance: its Serve reads them
         ray_defaults(os.environ)  # a new local instance: its processes inherit them
         kwargs["dashboard_port"] = own_api_server(os.environ, ray_init_kwargs.get("dashboard_port"))
@@ -149,7 +149,7 @@ def init(
         ray.init(**kwargs)
     quiet(verbose)
     if ray_init_kwargs.get("runtime_env"):  # the jobs this process submits carry it (as uploaded: URIs)
-        from raymodel._internal import remote
+        from raymodel._ray import remote
 
         os.environ[remote.JOB_ENV] = json.dumps(dict(ray.get_runtime_context().runtime_env), sort_keys=True)
     _EXIT.logs_to_driver = bool(kwargs["log_to_driver"])
@@ -220,7 +220,7 @@ def own_api_server(environ: Any, dashboard_port: int | None = None) -> int:
     it whether a run's controller is alive) finds *a* Ray instance of the machine, the newest: with two
     on one machine, one's cleaner was told another's controller is dead and removed a live worker
     group. A variable the user set stays; one a raymodel process set for its own instance is replaced."""
-    from raymodel._internal.ingress import free_port
+    from raymodel._ray.ingress import free_port
 
     port = int(dashboard_port) if dashboard_port is not None else free_port()
     if API_SERVER not in environ or environ.get(_OWN_API_SERVER) is not None:
@@ -263,7 +263,7 @@ def ensure_ray(verbose: bool = False) -> None:
     the cluster (``rm.init(address="http://...")``) starts none: what needs Ray here is refused."""
     import ray
 
-    from raymodel._internal import remote
+    from raymodel._ray import remote
 
     cluster = remote.active()
     if cluster is not None:

@@ -87,7 +87,7 @@ def serve_env(ingress: str, private: Mapping[str, str] | None = None) -> dict[st
 
 
 SHIM = """#!/bin/sh
-# raymodel: HAProxy as Ray Serve starts it, kept to itself (raymodel/_internal/ingress.py).
+# raymodel: HAProxy as Ray Serve starts it, kept to itself (raymodel/_ray/ingress.py).
 cfg=""; prev=""
 for arg in "$@"; do [ "$prev" = "-f" ] && cfg="$arg"; prev="$arg"; done
 if [ -n "$cfg" ] && [ -f "$cfg" ]; then

@@ -10,7 +10,7 @@ as ``--webui`` is only checked for being given, as on a node without a dashboard
 the dashboard's processes into its cgroup (Ray's resource isolation), they must exist first, and the
 order is Ray's own.
 
-``python -m raymodel._internal.ray_start start --head ...`` is ``ray start`` with that order (``raymodel
+``python -m raymodel._ray.ray_start start --head ...`` is ``ray start`` with that order (``raymodel
 server start``'s head).
 """
 

@@ -478,7 +478,7 @@ class _Session:
         name = f"raymodel_session_{os.urandom(8).hex()}"
         job = cluster.client.submit_job(
             entrypoint=(
-                "python -c 'import sys; from raymodel._internal.remote import serve; serve(sys.argv[1], "
+                "python -c 'import sys; from raymodel._ray.remote import serve; serve(sys.argv[1], "
                 f"float(sys.argv[2]))' {name} {SESSION_IDLE_S:g}"
             ),
             runtime_env=env,

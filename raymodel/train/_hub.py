@@ -20,6 +20,8 @@ import collections
 import os
 from typing import Any
 
+from raymodel.contract import RayTrain
+
 
 class RunHub:
     """The actor class (wrapped with ``ray.remote`` by ``start_hub``)."""
@@ -79,14 +81,15 @@ class RunHub:
 def gathers_through_hub(backend: Any, workers: int) -> bool:
     """Whether a run of ``workers`` ranks on ``backend`` gathers through a hub: several ranks, on Ray
     Train, and a framework without a collective of its own (torch gathers through torch.distributed)."""
-    return workers > 1 and not backend.native_collective and backend.on_ray_train
+    training = backend.training
+    return workers > 1 and isinstance(training, RayTrain) and not training.collective
 
 
 def start_hub() -> Any:
     """Start a hub actor (asynchronously: the call returns before the process is up)."""
     import ray
 
-    from raymodel._internal.cluster import on_this_node
+    from raymodel._ray.cluster import on_this_node
 
     return ray.remote(num_cpus=0, max_restarts=0)(RunHub).options(scheduling_strategy=on_this_node()).remote()
 
