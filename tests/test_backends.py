@@ -161,6 +161,21 @@ def test_a_backend_carries_only_the_capabilities_it_has():
     assert not named & set(dir(Backend))
 
 
+def test_a_backend_without_training_is_refused_where_its_model_class_is_defined():
+    from raymodel.contract import Backend
+    from raymodel.exceptions import ModelDefinitionError
+
+    class NoTraining(Backend):
+        name = "no-training"
+
+    with pytest.raises(ModelDefinitionError, match=r"`NoTraining` declares no `training`: set `training = RayTrain"):
+
+        class RayNoTrainingModel(rm.RayModel):
+            backend = NoTraining()
+
+    assert "RayNoTrainingModel" not in rm.contract.model_classes()
+
+
 def test_drivers_never_ask_which_backend_they_hold():
     root = Path(rm.__file__).parent
     for folder in ("train", "tune", "serve", "registry"):

@@ -25,6 +25,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator
 
 from raymodel._internal import serialization
+from raymodel.contract._training import Training
+from raymodel.exceptions import ModelDefinitionError
 from raymodel.hooks import CALLBACK_HOOK_NAMES
 
 if TYPE_CHECKING:
@@ -35,8 +37,14 @@ _DEFINED: dict[str, None] = {}  # the backend names of the model classes defined
 
 
 def register(model_base: type) -> None:
-    """Record ``model_base`` (a class defining ``backend``) under its backend's name."""
+    """Record ``model_base`` (a class defining ``backend``) under its backend's name; a backend that
+    declares no ``training`` is a ``ModelDefinitionError`` here, where its model base class is defined."""
     backend: Backend = model_base.backend  # type: ignore[attr-defined]
+    if not isinstance(getattr(type(backend), "training", None), Training):
+        raise ModelDefinitionError(
+            f'`{type(backend).__name__}` declares no `training`: set `training = RayTrain(loop="module:LoopClass")` '
+            "on the class (or an `OwnRuns` for runs of its own; see 'Adding a backend' in the docs' backends page)."
+        )
     _MODELS.setdefault(backend.name, model_base)
     serialization.pickle_by_reference(*backend.imports)
 
