@@ -88,14 +88,9 @@ class ModelReplica(OpenAIRoutes):
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
-        sub, answer = await self.front(request)
+        payload, answer = await self.opened(request)
         if answer is not None:
             return answer
-        if sub == "openapi.json":
-            return json_response(self.openapi())
-        payload, refused = await read_payload(request, sub, self.max_body_bytes)
-        if refused is not None:
-            return refused
         generated = await self.own_generation(payload, self.model, answered_by(self.model))
         if generated is not None:  # a causal LM's prompt: decoded in the engine's batch
             return generated
@@ -105,6 +100,16 @@ class ModelReplica(OpenAIRoutes):
         return json_response(
             content, status, {"x-raymodel-batch-size": str(size), "x-raymodel-model": answered_by(model)}
         )
+
+    async def opened(self, request: Any) -> tuple[Any, Any]:
+        """``(the request's JSON payload, None)``, or ``(None, the answer)`` to a request the replica
+        answers before its model does: ``front``'s, ``openapi.json``, a body it refuses."""
+        sub, answer = await self.front(request)
+        if answer is not None:
+            return None, answer
+        if sub == "openapi.json":
+            return None, json_response(self.openapi())
+        return await read_payload(request, sub, self.max_body_bytes)
 
     async def front(self, request: Any) -> tuple[str, Any]:
         """``(the path below the route, an answer or None)``: what every replica answers before its own

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from raymodel._internal.name_rules import parse_ref
 from raymodel.exceptions import RegistryError
 from raymodel.serve._llm.openai import not_found
-from raymodel.serve._replica.deployment import ModelReplica, answers_in_pieces, json_response, read_payload
+from raymodel.serve._replica.deployment import ModelReplica, answers_in_pieces, json_response
 from raymodel.serve._routes.plan import RoutePlan, RouteSpec
 from raymodel.serve._routes.traffic import (
     KEY_HEADER,
@@ -155,14 +155,9 @@ class RouteServer(ModelReplica):
 
     # ------------------------------------------------------------------ HTTP
     async def __call__(self, request: Any) -> Any:
-        sub, answer = await self.front(request)
+        payload, answer = await self.opened(request)
         if answer is not None:
             return answer
-        if sub == "openapi.json":
-            return json_response(self.openapi())
-        payload, refused = await read_payload(request, sub, self.max_body_bytes)
-        if refused is not None:
-            return refused
         route = self.route
         label = route.labels[pick(route.shares, point(request.headers.get(KEY_HEADER)))]
         model = route.models[label]
