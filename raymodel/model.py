@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, TypeVar, overload
 
 from raymodel._internal import signature, storage, tmp
-from raymodel._internal.schema import describe, schemas_of
 from raymodel.contract import checkpoint as ckpt, defined, register
+from raymodel.contract.schema import describe, schemas_of
 from raymodel.exceptions import (
     CheckpointError,
     DataError,

@@ -10,7 +10,7 @@ from models import RowsNet, TinyNet, TypedDigitsNet
 from pydantic import BaseModel
 
 import raymodel as rm
-from raymodel._internal.schema import json_path, openapi, schemas_of
+from raymodel.contract.schema import json_path, openapi, schemas_of
 
 
 def test_local_predict_checks_the_schemas_like_the_server():

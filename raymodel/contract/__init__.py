@@ -12,6 +12,8 @@
   training server need of any run, whatever places it (Ray Train, RLlib's Algorithm);
 * ``TrainingServer``: the port through which the drivers ask the training
   server for room and for a trial's job (``raymodel.jobs`` provides it).
+* two modules of their own: ``raymodel.contract.checkpoint``, the one checkpoint format of
+  every backend, and ``raymodel.contract.schema``, a model's declared input and output schemas.
 
 Example (a plug-in, in its own module):
     >>> from raymodel.contract import Backend, RayTrain, WorkerLoop

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from raymodel._internal import signature
-from raymodel._internal.schema import schemas_of
 from raymodel._ray import cluster
+from raymodel.contract.schema import schemas_of
 from raymodel.exceptions import DataError, ModelDefinitionError
 from raymodel.registry import sources
 

@@ -185,7 +185,7 @@ class Servable:
             self.plan, self.info = plan_route(model_or_ref, shadow, shadow_fraction, registry, self.settings)
         elif hasattr(model_or_ref, "backend") and callable(getattr(model_or_ref, "save", None)):
             model_or_ref.backend.import_framework()
-            from raymodel._internal.schema import schemas_of
+            from raymodel.contract.schema import schemas_of
 
             schemas_of(type(model_or_ref))  # a bad input/output schema fails here, before any replica starts
             if self.settings.api == "openai":

@@ -9,8 +9,8 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from raymodel._internal.schema import schemas_of
 from raymodel.contract import batch_len, to_jsonable
+from raymodel.contract.schema import schemas_of
 
 #: Recent batches whose ``forward`` used less CPU than this run on the event loop, others on a thread.
 #: CPU time, not wall time: a busy machine stretches a small model's wall time, not its work.

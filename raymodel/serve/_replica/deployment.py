@@ -34,9 +34,9 @@ from ray import serve
 from starlette.responses import Response, StreamingResponse
 
 from raymodel._internal import signature
-from raymodel._internal.schema import describe, openapi, schemas_of
 from raymodel._ray import cluster
 from raymodel.contract import Inference, text_generation
+from raymodel.contract.schema import describe, openapi, schemas_of
 from raymodel.exceptions import DataError
 from raymodel.registry import sources
 from raymodel.serve._llm.openai import not_found

@@ -218,7 +218,7 @@ class RouteServer(ModelReplica):
         return content
 
     def openapi(self) -> dict[str, Any]:
-        from raymodel._internal.schema import openapi
+        from raymodel.contract.schema import openapi
 
         route = self.route
         label = route.labels[route.shares[0][0]]

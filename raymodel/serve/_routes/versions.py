@@ -81,7 +81,7 @@ class VersionServer(ModelReplica):
         return self.loaded()
 
     async def openapi_of(self, route: str) -> dict[str, Any]:
-        from raymodel._internal.schema import openapi
+        from raymodel.contract.schema import openapi
 
         model = await self._version(serve.get_multiplexed_model_id())
         return openapi(type(model), route, f"{type(model).__name__} (raymodel)", answered_by(model))
