@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,25 +32,27 @@ def _model(seed: int) -> TinyNet:
     return model
 
 
-def test_versions_aliases_and_errors_naming_what_exists(registry, tiny):
-    X, _ = tiny
+def _three_versions() -> tuple[list[Any], list[Any]]:
+    """Three versions of ``tiny`` (seeds 0-2, metadata ``{"seed": i}``), the second aliased ``production``:
+    the models, and what ``put`` gave for each."""
     models = [_model(s) for s in range(3)]
     refs = [rm.registry.put(m, key="tiny", metadata={"seed": i}) for i, m in enumerate(models)]
     assert [(r.key, r.version) for r in refs] == [("tiny", 1), ("tiny", 2), ("tiny", 3)]
+    rm.registry.set_alias("tiny", "production", 2)
+    return models, refs
+
+
+def test_every_form_of_a_reference_resolves_to_its_version(registry, tiny):
+    X, _ = tiny
+    models, refs = _three_versions()
     np.testing.assert_allclose(rm.registry.get("tiny").predict(X), models[2].predict(X))
     np.testing.assert_allclose(rm.registry.get("tiny", 1).predict(X), models[0].predict(X))
-
-    rm.registry.set_alias("tiny", "production", 2)
     np.testing.assert_allclose(rm.registry.get("tiny", "production").predict(X), models[1].predict(X))
     # get takes what put gives, and the references Servable takes
     for ref, n in ((refs[0], 0), ("tiny:1", 0), ("tiny@production", 1), ("tiny", 2)):
         np.testing.assert_allclose(rm.registry.get(ref).predict(X), models[n].predict(X))
     assert rm.registry.show(refs[1]).aliases == ["production"] and rm.registry.show("tiny@production").version == 2
     assert rm.registry.open(os.environ["RAYMODEL_REGISTRY"]).resolve("tiny@production") == 2
-    with pytest.raises(RegistryError, match="'tiny:1' names its version already"):
-        rm.registry.get("tiny:1", 2)
-    with pytest.raises(RegistryError, match="what follows ':' must be a version number"):
-        rm.registry.get("tiny:latest")
     records = rm.registry.list("tiny")
     assert [(r.version, r.aliases, r.metadata) for r in records] == [
         (1, [], {"seed": 0}),
@@ -57,6 +60,13 @@ def test_versions_aliases_and_errors_naming_what_exists(registry, tiny):
         (3, [], {"seed": 2}),
     ]
 
+
+def test_a_reference_that_names_nothing_is_an_error_naming_what_exists(registry):
+    _three_versions()
+    with pytest.raises(RegistryError, match="'tiny:1' names its version already"):
+        rm.registry.get("tiny:1", 2)
+    with pytest.raises(RegistryError, match="what follows ':' must be a version number"):
+        rm.registry.get("tiny:latest")
     with pytest.raises(RegistryError, match=r"No model `nope`.*Keys: tiny"):
         rm.registry.get("nope")
     with pytest.raises(RegistryError, match=r"no version 9; versions: 1, 2, 3"):
@@ -64,6 +74,9 @@ def test_versions_aliases_and_errors_naming_what_exists(registry, tiny):
     with pytest.raises(RegistryError, match=r"no alias `staging`; aliases: production->2"):
         rm.registry.get("tiny", "staging")
 
+
+def test_a_deleted_version_takes_its_aliases_with_it(registry):
+    models, _ = _three_versions()
     rm.registry.delete("tiny", 2)
     assert [r.version for r in rm.registry.list("tiny")] == [1, 3]
     with pytest.raises(RegistryError, match="no alias `production`"):  # went with its version
@@ -73,11 +86,15 @@ def test_versions_aliases_and_errors_naming_what_exists(registry, tiny):
     assert rm.registry.show("tiny", 4).aliases == []
 
 
-def test_get_with_config_overrides_and_a_fresh_process_round_trip(registry, tiny):
+def test_get_gives_the_version_with_the_config_overrides_it_is_given(registry):
+    rm.registry.put(_model(7), key="roundtrip")
+    assert rm.registry.get("roundtrip", config={"note": "x"}).config["note"] == "x"
+
+
+def test_a_version_predicts_the_same_in_a_fresh_process(registry, tiny):
     X, _ = tiny
     model = _model(7)
     rm.registry.put(model, key="roundtrip")
-    assert rm.registry.get("roundtrip", config={"note": "x"}).config["note"] == "x"
     code = textwrap.dedent("""
         import json, sys, numpy as np
         import raymodel as rm
@@ -181,15 +198,24 @@ def test_lineage_of_a_train_result(ray_session, registry, tiny):
     assert json.loads(cli.stdout)["lineage"]["epochs"] == 2
 
 
-def test_cli_lists_aliases_and_deletes(registry):
+def _models_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "raymodel.cli", "models", *args], capture_output=True, text=True)
+
+
+def test_the_cli_lists_the_alias_it_set(registry):
     rm.registry.put(_model(0), key="cli")
     rm.registry.put(_model(1), key="cli")
-    run = lambda *a: subprocess.run([PYTHON, "-m", "raymodel.cli", "models", *a], capture_output=True, text=True)  # noqa: E731
-    assert run("alias", "cli", "1", "production").returncode == 0
-    listing = run("list", "cli").stdout
+    assert _models_cli("alias", "cli", "1", "production").returncode == 0
+    listing = _models_cli("list", "cli").stdout
     assert "production" in listing and listing.count("\ncli ") == 2
-    assert run("delete", "cli", "2").returncode == 0
-    missing = run("show", "cli:2")
+    assert rm.registry.show("cli", 1).aliases == ["production"]
+
+
+def test_the_cli_shows_a_version_it_deleted_gone(registry):
+    rm.registry.put(_model(0), key="cli")
+    rm.registry.put(_model(1), key="cli")
+    assert _models_cli("delete", "cli", "2").returncode == 0
+    missing = _models_cli("show", "cli:2")
     assert missing.returncode == 1 and "no version 2; versions: 1" in missing.stderr
 
 

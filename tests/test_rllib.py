@@ -79,16 +79,20 @@ def test_a_missing_rllib_names_its_extra(no_ray, monkeypatch):
         Balancer().train({"num_epochs": 1})
 
 
-def test_no_strategy_spreads_rllibs_one_learner_and_its_trainer_is_not_ray_trains(no_ray):
-    """``strategy`` stays at its default for RLlib (no strategy spreads its one learner), and its backend
-    names no Ray Train trainer: its training is its own runs (``OwnRuns.make_run``), and ``as_trainer`` says there
-    is none."""
+def test_no_strategy_spreads_rllibs_one_learner(no_ray):
+    """``strategy`` stays at its default for RLlib: no strategy spreads its one learner."""
     with pytest.raises(SettingsError, match=r"`strategy='fsdp'`: the rllib backend does not shard models"):
         Balancer().train({"num_epochs": 1, "strategy": "fsdp"})
-    backend = Balancer.backend
-    assert backend.strategies == () and isinstance(backend.training, OwnRuns)
-    assert not hasattr(backend.training, "trainer") and not hasattr(backend.training, "collective")
-    assert backend.training.needs(rm.TrainSettings(num_workers=2)) == {"CPU": 3.0}  # the learner's, one per env runner
+    assert Balancer.backend.strategies == ()
+
+
+def test_rllibs_runs_are_its_own_with_no_ray_train_trainer(no_ray):
+    """RLlib's training is its own runs (``OwnRuns.make_run``): no Ray Train trainer or collective, what a
+    run holds is the learner's CPU and one per env runner, and ``as_trainer`` says there is no trainer."""
+    training = Balancer.backend.training
+    assert isinstance(training, OwnRuns)
+    assert not hasattr(training, "trainer") and not hasattr(training, "collective")
+    assert training.needs(rm.TrainSettings(num_workers=2)) == {"CPU": 3.0}  # the learner's CPU, one per env runner
     with pytest.raises(ModelDefinitionError, match=r"not Ray Train runs .* there is no Ray Train trainer to give"):
         rm.Trainable(Balancer(), {"num_epochs": 1}, data=None).as_trainer()
 
