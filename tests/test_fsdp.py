@@ -79,12 +79,14 @@ def test_fsdp_settings_are_checked_before_ray(tiny_data):
         Trees().train({"strategy": "fsdp", "num_workers": 2}, data=tiny_data, wait=False)
 
 
-def test_shard_units_default_to_children_with_parameters_and_check_what_a_model_names():
+def test_shard_units_default_to_the_children_that_hold_parameters():
     net = TinyNet()
     net.ensure_setup()
     modules = {"net": net.net}
     assert shard_units(net, modules) == [net.net[0], net.net[2]]  # the ReLU holds nothing
 
+
+def test_shard_units_a_model_names_must_be_submodules_of_its_modules():
     class Named(TinyNet):
         def shard_modules(self):
             return [self.net[0], nn.Linear(2, 2)]

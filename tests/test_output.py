@@ -12,6 +12,7 @@ import subprocess
 import sys
 import termios
 from pathlib import Path
+from typing import Any
 
 import lane
 import pytest
@@ -91,15 +92,22 @@ def test_the_demos_steps_print_only_raymodels_lines(lane):
     assert sum(bool(re.match(r"\[DigitsNet\] epoch \d+/3", line)) for line in lines) >= 2
 
 
-def test_a_terminal_gets_live_bars_and_a_pipe_plain_lines(ray_session, tmp_path):
-    # The script joins this session's Ray (`RAY_ADDRESS`) rather than start its own.
-    env = {**_env(tmp_path), "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
-    script = (
-        f"import sys; sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
-        "import raymodel as rm\nfrom digits import DigitsNet, load_data\nX, y = load_data()\n"
-        "DigitsNet().train({'num_workers': 0, 'num_epochs': 2, 'batch_size': 8},"
-        " data=rm.data.from_numpy(X, y))\n"
-    )
+#: Two epochs of the digits example in this process (no workers), as a user's script.
+TRAIN_SCRIPT = (
+    f"import sys; sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
+    "import raymodel as rm\nfrom digits import DigitsNet, load_data\nX, y = load_data()\n"
+    "DigitsNet().train({'num_workers': 0, 'num_epochs': 2, 'batch_size': 8},"
+    " data=rm.data.from_numpy(X, y))\n"
+)
+
+
+def _joining(ray_session: Any, tmp_path: Path) -> dict[str, str]:
+    """The script's environment: it joins this session's Ray (`RAY_ADDRESS`) rather than start its own."""
+    return {**_env(tmp_path), "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+
+
+def test_a_terminal_gets_live_bars(ray_session, tmp_path):
+    env, script = _joining(ray_session, tmp_path), TRAIN_SCRIPT
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
     process = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=follower, stderr=follower, cwd=tmp_path)
@@ -119,8 +127,15 @@ def test_a_terminal_gets_live_bars_and_a_pipe_plain_lines(ray_session, tmp_path)
     assert re.search(r"\[DigitsNet\] epochs: 100%\|.*\| 2/2", terminal)  # the epoch counter
     assert "[DigitsNet] epoch 2/2  loss" in terminal
 
+
+def test_a_pipe_gets_plain_lines(ray_session, tmp_path):
     piped = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, "-c", TRAIN_SCRIPT],
+        env=_joining(ray_session, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert piped.returncode == 0 and "%|" not in piped.stdout
     assert re.findall(r"^\[DigitsNet\] epoch (\d)/2  loss", piped.stdout, re.M) == ["1", "2"]

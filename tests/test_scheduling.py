@@ -105,12 +105,15 @@ def test_an_update_is_checked_before_it_is_recorded():
     )
 
 
-def test_settings_for_scheduling_and_elastic_runs_are_checked_up_front(tiny_data):
+def test_a_priority_that_is_no_whole_number_is_refused():
+    with pytest.raises(SettingsError, match="priority"):
+        rm.TrainSettings(priority=1.5)
+
+
+def test_an_elastic_range_is_checked_up_front(tiny_data):
     assert rm.TrainSettings(num_workers=[1, 4]).num_workers == (1, 4)
     with pytest.raises(SettingsError, match=r"1 <= min <= max"):
         rm.TrainSettings(num_workers=(3, 2))
-    with pytest.raises(SettingsError, match="priority"):
-        rm.TrainSettings(priority=1.5)
     with pytest.raises(SettingsError, match="elastic ranges are for `model.train`"):
         rm.TuneSettings(train={"num_workers": (1, 2)})
     import raymodel.backends.xgboost as xgb
