@@ -309,9 +309,17 @@ def test_a_rayclusters_start_params_form_a_cluster_whose_head_runs_the_training_
     assert seen["worker_home"].startswith("s3://models/home"), seen  # the worker's container env: the storage
 
 
-def test_the_strict_check_takes_kuberays_own_samples_and_refuses_a_field_its_schema_lacks():
-    for name in ("ray-cluster", "ray-job", "ray-service"):
-        sample = next(yaml.safe_load_all((TESTS / "kuberay" / f"{name}.sample.yaml").read_text()))
-        assert problems(sample) == [], name
-        sample["spec"]["bogus"] = 1
-        assert problems(sample) == ["spec: Additional properties are not allowed ('bogus' was unexpected)"], name
+def _kuberay_sample(name: str) -> dict:
+    return next(yaml.safe_load_all((TESTS / "kuberay" / f"{name}.sample.yaml").read_text()))
+
+
+@pytest.mark.parametrize("name", ["ray-cluster", "ray-job", "ray-service"])
+def test_the_strict_check_takes_kuberays_own_sample(name):
+    assert problems(_kuberay_sample(name)) == []
+
+
+@pytest.mark.parametrize("name", ["ray-cluster", "ray-job", "ray-service"])
+def test_the_strict_check_refuses_a_field_the_schema_lacks(name):
+    sample = _kuberay_sample(name)
+    sample["spec"]["bogus"] = 1
+    assert problems(sample) == ["spec: Additional properties are not allowed ('bogus' was unexpected)"]

@@ -121,21 +121,32 @@ def test_the_ray_train_run_tells_its_events_rows_with_located_checkpoints_and_fa
     assert failure_text(ValueError("")) == "ValueError: "
 
 
-def test_an_outcome_from_storage_pairs_each_kept_checkpoint_with_its_row_and_the_result_picks_the_best(tmp_path):
-    """A run that keeps its checkpoints itself (a pool's job, RLlib's actor) gives the ones in its folder
-    with the rows of their epochs; the ``TrainResult`` takes the newest and the best by the metric."""
-    from raymodel.train._driver import _collect
+#: The rows of a four-epoch run, and the epochs whose checkpoints it kept (``_kept``).
+HISTORY = [{"epoch": e, "val_loss": v} for e, v in ((1, 0.9), (2, 0.3), (3, 0.5), (4, 0.4))]
 
+
+def _kept(folder: Path) -> RunOutcome:
+    """The outcome of a run that kept the checkpoints of epochs 2 to 4 in ``folder`` (and began a fifth)."""
     for epoch in (2, 3, 4):
-        (tmp_path / f"checkpoint_epoch_{epoch:06d}").mkdir()
-    (tmp_path / "checkpoint_epoch_000005.tmp").mkdir()  # not a complete checkpoint
-    history = [{"epoch": e, "val_loss": v} for e, v in ((1, 0.9), (2, 0.3), (3, 0.5), (4, 0.4))]
-    outcome = RunOutcome.from_storage(str(tmp_path), {"history": history})
-    assert [(Path(c).name, row["val_loss"]) for c, row in outcome.checkpoints] == [
+        (folder / f"checkpoint_epoch_{epoch:06d}").mkdir()
+    (folder / "checkpoint_epoch_000005.tmp").mkdir()  # not a complete checkpoint
+    return RunOutcome.from_storage(str(folder), {"history": HISTORY})
+
+
+def test_an_outcome_from_storage_pairs_each_kept_checkpoint_with_its_epochs_row(tmp_path):
+    """A run that keeps its checkpoints itself (a pool's job, RLlib's actor) gives the ones in its folder
+    with the rows of their epochs."""
+    assert [(Path(c).name, row["val_loss"]) for c, row in _kept(tmp_path).checkpoints] == [
         ("checkpoint_epoch_000002", 0.3),
         ("checkpoint_epoch_000003", 0.5),
         ("checkpoint_epoch_000004", 0.4),
     ]
+
+
+def test_the_result_of_an_outcome_takes_the_newest_checkpoint_and_the_best_by_the_metric(tmp_path):
+    from raymodel.train._driver import _collect
+
+    outcome, history = _kept(tmp_path), HISTORY
     settings = rm.TrainSettings(metric="val_loss", mode="min")
     result = _collect(TinyNet(), settings, outcome, "r1", load_result=False)
     assert Path(result.checkpoint).name == "checkpoint_epoch_000004"
