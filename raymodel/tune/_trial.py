@@ -9,7 +9,7 @@ Tune calls Train: a trial runs the same ``WorkerRun`` lifecycle as
   start-up (``TrialSession``);
 * **a run that is not a Ray Train worker group** (RLlib: the Algorithm and its
   env runners): in the trial's own process too, the env runners in the
-  trial's placement group, one bundle each (``Backend.trial_bundles``);
+  trial's placement group, one bundle each (``OwnRuns.trial_bundles``);
 * **several workers**: a Ray Train V2 worker group, as ``model.train()`` uses;
   its epochs reach the trial through the run's hub and are acknowledged once
   Tune has them, so training waits for Tune's decision before the next epoch.

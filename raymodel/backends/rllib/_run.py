@@ -1,10 +1,10 @@
 """Where an RLlib run is placed: an actor of raymodel's own, not a Ray Train worker group.
 
 RLlib's learners use Ray Train V1 internals, which a Ray Train V2 worker does not have. So
-``RLlibBackend.make_run`` gives an ``AlgorithmRun``: a ``TrainingRun`` (``raymodel.contract``) that runs
-the same ``WorkerRun`` lifecycle as any run (hooks, checkpoints, history rows, the stop vote,
-``job.update``) in one ``AlgorithmActor``; the Algorithm is built there and its env runners are actors
-of their own. Checkpoints go straight into the run's folder (``LocalSession``, which applies
+``AlgorithmRuns.make_run`` (``RLlibBackend.training``) gives an ``AlgorithmRun``: a ``TrainingRun``
+(``raymodel.contract``) that runs the same ``WorkerRun`` lifecycle as any run (hooks, checkpoints,
+history rows, the stop vote, ``job.update``) in one ``AlgorithmActor``; the Algorithm is built there and
+its env runners are actors of their own. Checkpoints go straight into the run's folder (``LocalSession``, which applies
 ``keep_checkpoints``); each report's row goes to the plan's ``RunEvents`` from the actor.
 
 A killed actor (or its node) is started again, within ``max_failures``, and the run goes on from its
