@@ -17,6 +17,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -296,30 +297,34 @@ class _Convolution(rm.RayTorchModel):
         return self(batch[0]).sum()
 
 
-def test_a_network_with_no_recorded_signature_checks_its_first_layer_and_refuses_nan():
+def test_a_network_with_no_recorded_signature_checks_the_width_its_first_layer_takes():
     """Untrained, or built in code: no signature was recorded. The first layer `forward` reaches names
-    the width it takes (not torch's `mat1 and mat2 shapes cannot be multiplied`); NaN, None and infinity
-    are refused (a network answers NaN for them)."""
+    the width it takes (not torch's `mat1 and mat2 shapes cannot be multiplied`)."""
     model = TinyNet()
     assert model.input_signature is None
     assert len(model.predict([[0.0, 1.0, 2.0, 3.0]])) == 1
     with pytest.raises(DataError, match=r"first layer: `net\.0` \(Linear\) takes 4 values a row, got 3"):
         model.predict([[0.0, 1.0, 2.0]])
-    for bad in ([[0.0, None, 2.0, 3.0]], [[0.0, math.nan, 2.0, 3.0]], [[math.inf, 1.0, 2.0, 3.0]]):
-        with pytest.raises(DataError, match=r"1 NaN, None or infinite value\(s\) of 4; a network answers NaN"):
-            model.predict(bad)
     assert all(not layer._forward_pre_hooks for layer in model.net)  # the check leaves nothing behind
     conv = _Convolution()
     assert len(conv.predict(np.zeros((2, 3, 5, 5)).tolist())) == 2
     with pytest.raises(DataError, match=r"`features` \(Conv2d\) takes 3 channels, got 2 \(an input of shape"):
         conv.predict(np.zeros((1, 2, 5, 5)).tolist())
-    model.input_signature = dict(SIGNATURE, nonfinite="allow")  # a recorded signature decides instead
+
+
+def test_a_network_with_no_recorded_signature_refuses_nan_unless_a_signature_allows_it():
+    """NaN, None and infinity are refused (a network answers NaN for them); a recorded signature that
+    allows them decides instead."""
+    model = TinyNet()
+    for bad in ([[0.0, None, 2.0, 3.0]], [[0.0, math.nan, 2.0, 3.0]], [[math.inf, 1.0, 2.0, 3.0]]):
+        with pytest.raises(DataError, match=r"1 NaN, None or infinite value\(s\) of 4; a network answers NaN"):
+            model.predict(bad)
+    model.input_signature = dict(SIGNATURE, nonfinite="allow")
     assert np.isnan(model.predict([[0.0, math.nan, 2.0, 3.0]])).all()
 
 
-@pytest.mark.parametrize("framework", ["xgboost", "lightgbm"])
-def test_a_booster_with_no_recorded_signature_checks_its_width_and_takes_nan_as_missing(tiny, framework):
-    X, y = tiny
+def _booster(framework: str, X: np.ndarray, y: np.ndarray) -> Any:
+    """A model of ``framework`` whose booster was trained here, in code (no signature recorded)."""
     if framework == "xgboost":
         import xgboost
 
@@ -330,20 +335,32 @@ def test_a_booster_with_no_recorded_signature_checks_its_width_and_takes_nan_as_
         model = Trees()
         model.ensure_setup()
         model.booster = xgboost.train(model.params, xgboost.DMatrix(X, y), num_boost_round=2)
-    else:
-        import lightgbm
+        return model
+    import lightgbm
 
-        class Trees(rm.RayLightGBMModel):
-            def setup(self, config):
-                self.params = {"objective": "binary", "verbosity": -1, "min_data_in_leaf": 1}
+    class LightTrees(rm.RayLightGBMModel):
+        def setup(self, config):
+            self.params = {"objective": "binary", "verbosity": -1, "min_data_in_leaf": 1}
 
-        model = Trees()
-        model.ensure_setup()
-        model.booster = lightgbm.train(model.params, lightgbm.Dataset(X, y), num_boost_round=2)
+    model = LightTrees()
+    model.ensure_setup()
+    model.booster = lightgbm.train(model.params, lightgbm.Dataset(X, y), num_boost_round=2)
+    return model
+
+
+@pytest.mark.parametrize("framework", ["xgboost", "lightgbm"])
+def test_a_booster_with_no_recorded_signature_checks_its_width(tiny, framework):
+    X, y = tiny
+    model = _booster(framework, X, y)
     assert len(model.predict(X[:2].tolist())) == 2
     with pytest.raises(DataError, match="^expected rows of 4 values, got 3$"):
         model.predict([[0.0, 1.0, 2.0]])
-    assert len(model.predict([[0.0, math.nan, 2.0, 3.0]])) == 1  # a missing value, which trees handle
+
+
+@pytest.mark.parametrize("framework", ["xgboost", "lightgbm"])
+def test_a_booster_with_no_recorded_signature_takes_nan_as_a_missing_value(tiny, framework):
+    X, y = tiny
+    assert len(_booster(framework, X, y).predict([[0.0, math.nan, 2.0, 3.0]])) == 1  # trees handle it
 
 
 def test_a_keras_model_with_no_recorded_signature_checks_its_input_shape():

@@ -147,6 +147,10 @@ def test_a_rayservices_serve_config_is_the_routes_and_its_keys_come_from_a_secre
         "env"
     ]
     assert "lifecycle" not in head  # a service's cluster serves; no training server on it
+
+
+def test_a_rayservice_of_a_missing_alias_or_of_openais_api_is_refused(store):
+    storage = store.uri("home")
     with pytest.raises(rm.exceptions.RegistryError, match="no alias `nope`"):  # checked against the registry first
         k8s.service("digits", "/digits", "digits@nope", k8s.ClusterShape(image="i", storage=storage))
     with pytest.raises(SettingsError, match="OpenAI's API"):
