@@ -176,6 +176,18 @@ def test_a_backend_without_training_is_refused_where_its_model_class_is_defined(
     assert "RayNoTrainingModel" not in rm.contract.model_classes()
 
 
+def test_a_worker_loop_named_other_than_module_colon_class_is_refused():
+    from raymodel.contract import RayTrain
+    from raymodel.exceptions import ModelDefinitionError
+
+    for loop in ("my_plugin.loop.MyLoop", "my_plugin.loop:", 42):
+        with pytest.raises(
+            ModelDefinitionError,
+            match=r"worker loop must be a callable or its class as 'module:Class'",
+        ):
+            RayTrain(loop)
+
+
 def test_drivers_never_ask_which_backend_they_hold():
     root = Path(rm.__file__).parent
     for folder in ("train", "tune", "serve", "registry"):

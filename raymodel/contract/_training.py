@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from typing import TYPE_CHECKING, Any, Callable, TypeAlias
+
+from raymodel.exceptions import ModelDefinitionError
 
 if TYPE_CHECKING:
     from raymodel.contract._training_run import RunPlan, TrainingRun
@@ -36,6 +39,13 @@ class Training:
     """What every kind of run shares: the backend's ``WorkerLoop``, made on each worker for its run."""
 
     loop: LoopMaker
+
+    def __post_init__(self) -> None:
+        if not callable(self.loop) and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", str(self.loop)):
+            raise ModelDefinitionError(
+                f"a backend's worker loop must be a callable or its class as 'module:Class' "
+                f"(e.g. 'my_plugin.loop:MyLoop'); got {self.loop!r}"
+            )
 
     def worker_loop(self, run: Any) -> Any:
         """The ``WorkerLoop`` that trains ``run``'s model (its ``RunOnWorker``) on this worker."""
