@@ -19,7 +19,6 @@ from raymodel.contract import (
     RayTrain,
     Training,
     rows_of,
-    to_jsonable,
 )
 from raymodel.exceptions import DataError, ModelDefinitionError
 
@@ -75,9 +74,6 @@ class TorchInference(Inference[Model]):
         import torch
 
         return torch.as_tensor(rows_of(payload))
-
-    def postprocess(self, model: Model, output: Any) -> Any:
-        return to_jsonable(output)
 
     @contextlib.contextmanager
     def mode(self, model: Model) -> Iterator[None]:
